@@ -1,0 +1,562 @@
+"""The metric catalog: every metric llm-diag exports, declared once.
+
+Exporters register from here; dashboards and alerts refer to these entries, never to string
+literals, so a rename breaks the build instead of silently emptying a panel. External families we
+read or chart (vLLM, node_exporter, cAdvisor, DCGM) are declared at the bottom with the versions
+they hold for.
+
+Naming (Prometheus practice, see shared/docs/research/collectors.md §9): one prefix ``llmdiag_``,
+base units in the name (``_seconds``, ``_bytes``, ``_ratio``), counters end in ``_total`` (the
+*exposed* name is what is declared), bounded labels only -- never a request id or a prompt.
+``validate_catalog()`` enforces these rules and runs in the test suite.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+MetricType = Literal["counter", "gauge", "histogram"]
+PREFIX = "llmdiag_"
+
+# OpenTelemetry GenAI semantic-convention bucket boundaries (seconds), so our latency histograms
+# line up with vLLM's and OTel's.
+GENAI_REQUEST_DURATION_BUCKETS: tuple[float, ...] = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
+GENAI_TTFT_BUCKETS: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+)  # fmt: skip
+# Queue wait starts far below the GenAI request duration's first bucket: a healthy queue is ~0.
+QUEUE_WAIT_BUCKETS: tuple[float, ...] = (0.0005, 0.001, 0.005, *GENAI_REQUEST_DURATION_BUCKETS)
+TOKEN_COUNT_BUCKETS: tuple[float, ...] = tuple(float(4**i) for i in range(0, 10))  # 1 .. 262144
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One exported metric. ``name`` is the exposed name (counters include ``_total``)."""
+
+    name: str
+    type: MetricType
+    help: str
+    labels: tuple[str, ...] = ()
+    unit: str = ""  # bytes | seconds | ratio | "" (a plain count)
+    source: str = ""  # the collector module that emits it
+    buckets: tuple[float, ...] | None = None
+
+    @property
+    def base_name(self) -> str:
+        """Name without ``_total``: what prometheus_client's Counter expects to be given."""
+        return self.name.removesuffix("_total") if self.type == "counter" else self.name
+
+
+@dataclass(frozen=True)
+class ExternalFamily:
+    """A metric family someone else exports that we read or chart."""
+
+    name: str
+    type: str
+    exporter: str
+    versions: str
+    help: str = ""
+
+
+CATALOG: dict[str, MetricSpec] = {}
+
+
+def _declare(spec: MetricSpec) -> MetricSpec:
+    if spec.name in CATALOG:
+        raise ValueError(f"metric {spec.name} declared twice")
+    CATALOG[spec.name] = spec
+    return spec
+
+
+def metric(name: str) -> MetricSpec:
+    """Look a metric up by its exposed name; an unknown name raises KeyError (the build breaks)."""
+    return CATALOG[name]
+
+
+# --------------------------------------------------------------------------- host: PSI
+
+PSI_RESOURCES: tuple[str, ...] = ("cpu", "memory", "io")
+# node_exporter convention: some -> waiting, full -> stalled. Host cpu "full" is undefined (zero),
+# so it is not exported.
+PSI_HOST_STALLED_RESOURCES: tuple[str, ...] = ("memory", "io")
+
+HOST_PSI_WAITING = {
+    r: _declare(MetricSpec(
+        f"llmdiag_host_pressure_{r}_waiting_seconds_total", "counter",
+        f"Total time at least one task waited on {r} (PSI 'some' total), host-wide.",
+        unit="seconds", source="collectors.host"))
+    for r in PSI_RESOURCES
+}  # fmt: skip
+HOST_PSI_STALLED = {
+    r: _declare(MetricSpec(
+        f"llmdiag_host_pressure_{r}_stalled_seconds_total", "counter",
+        f"Total time all non-idle tasks stalled on {r} at once (PSI 'full' total), host-wide.",
+        unit="seconds", source="collectors.host"))
+    for r in PSI_HOST_STALLED_RESOURCES
+}  # fmt: skip
+HOST_PSI_AVG10 = _declare(MetricSpec(
+    "llmdiag_host_pressure_avg10_ratio", "gauge",
+    "PSI 10-second average as a 0-1 ratio, host-wide, by resource and kind (some|full).",
+    labels=("resource", "kind"), unit="ratio", source="collectors.host"))  # fmt: skip
+
+# --------------------------------------------------------------------------- host: meminfo
+
+# /proc/meminfo key -> snake-case name used in records and in llmdiag_host_memory_<name>_bytes.
+MEMINFO_FIELDS: dict[str, str] = {
+    "MemTotal": "total",
+    "MemFree": "free",
+    "MemAvailable": "available",
+    "Buffers": "buffers",
+    "Cached": "cached",
+    "SwapCached": "swap_cached",
+    "Active": "active",
+    "Inactive": "inactive",
+    "Active(anon)": "active_anon",
+    "Inactive(anon)": "inactive_anon",
+    "Active(file)": "active_file",
+    "Inactive(file)": "inactive_file",
+    "Unevictable": "unevictable",
+    "Mlocked": "mlocked",
+    "SwapTotal": "swap_total",
+    "SwapFree": "swap_free",
+    "Dirty": "dirty",
+    "Writeback": "writeback",
+    "AnonPages": "anon_pages",
+    "Mapped": "mapped",
+    "Shmem": "shmem",
+    "SReclaimable": "slab_reclaimable",
+    "SUnreclaim": "slab_unreclaimable",
+    "PageTables": "page_tables",
+    "CommitLimit": "commit_limit",
+    "Committed_AS": "committed_as",
+}
+HOST_MEMORY = {
+    snake: _declare(MetricSpec(
+        f"llmdiag_host_memory_{snake}_bytes", "gauge",
+        f"/proc/meminfo {key}" + (" (the kernel's estimate when the line is absent)." if snake == "available" else "."),
+        unit="bytes", source="collectors.host"))
+    for key, snake in MEMINFO_FIELDS.items()
+}  # fmt: skip
+
+# --------------------------------------------------------------------------- host: vmstat
+
+VMSTAT_FIELDS: tuple[str, ...] = (
+    "pgfault", "pgmajfault", "pgpgin", "pgpgout", "pswpin", "pswpout", "oom_kill",
+    "workingset_refault", "workingset_refault_anon", "workingset_refault_file",
+    "pgscan_kswapd", "pgscan_direct", "pgscan_khugepaged", "pgscan_anon", "pgscan_file",
+    "pgsteal_kswapd", "pgsteal_direct", "pgsteal_khugepaged", "pgsteal_anon", "pgsteal_file",
+    "allocstall_normal", "allocstall_movable",
+)  # fmt: skip
+HOST_VMSTAT = {
+    f: _declare(MetricSpec(
+        f"llmdiag_host_vmstat_{f}_total", "counter", f"/proc/vmstat {f} (cumulative count since boot).",
+        source="collectors.host"))
+    for f in VMSTAT_FIELDS
+}  # fmt: skip
+
+# --------------------------------------------------------------------------- cgroup memory
+
+_CG = ("cgroup",)
+CGROUP_USAGE = _declare(
+    MetricSpec(
+        "llmdiag_cgroup_memory_usage_bytes",
+        "gauge",
+        "cgroup memory usage (v2 memory.current, v1 memory.usage_in_bytes).",
+        _CG,
+        "bytes",
+        "collectors.cgroup",
+    )
+)
+CGROUP_WORKING_SET = _declare(
+    MetricSpec(
+        "llmdiag_cgroup_memory_working_set_bytes",
+        "gauge",
+        "Usage minus inactive_file, clamped at 0 (cAdvisor's working set): what the OOM killer cannot reclaim cheaply.",
+        _CG,
+        "bytes",
+        "collectors.cgroup",
+    )
+)
+CGROUP_LIMIT = _declare(
+    MetricSpec(
+        "llmdiag_cgroup_memory_limit_bytes",
+        "gauge",
+        "Hard memory limit (v2 memory.max, v1 memory.limit_in_bytes); absent when unlimited.",
+        _CG,
+        "bytes",
+        "collectors.cgroup",
+    )
+)
+CGROUP_HIGH = _declare(
+    MetricSpec(
+        "llmdiag_cgroup_memory_high_bytes",
+        "gauge",
+        "v2 memory.high throttling boundary; absent when 'max'.",
+        _CG,
+        "bytes",
+        "collectors.cgroup",
+    )
+)
+CGROUP_PEAK = _declare(
+    MetricSpec(
+        "llmdiag_cgroup_memory_peak_bytes",
+        "gauge",
+        "Peak usage (v2 memory.peak, v1 memory.max_usage_in_bytes).",
+        _CG,
+        "bytes",
+        "collectors.cgroup",
+    )
+)
+CGROUP_SWAP = _declare(
+    MetricSpec(
+        "llmdiag_cgroup_memory_swap_bytes",
+        "gauge",
+        "Swap used by the group (v2 memory.swap.current, v1 memory.stat swap).",
+        _CG,
+        "bytes",
+        "collectors.cgroup",
+    )
+)
+CGROUP_STAT_BYTES = {
+    key: _declare(MetricSpec(
+        f"llmdiag_cgroup_memory_{key}_bytes", "gauge", f"memory.stat {key} (v1: the hierarchical total_ value).",
+        _CG, "bytes", "collectors.cgroup"))
+    for key in ("anon", "file", "active_file", "inactive_file", "shmem", "file_mapped")
+}  # fmt: skip
+CGROUP_STAT_COUNTERS = {
+    key: _declare(MetricSpec(
+        f"llmdiag_cgroup_memory_{key}_total", "counter", f"memory.stat {key} (cumulative).",
+        _CG, "", "collectors.cgroup"))
+    for key in ("pgmajfault", "workingset_refault_anon", "workingset_refault_file")
+}  # fmt: skip
+CGROUP_EVENTS = _declare(
+    MetricSpec(
+        "llmdiag_cgroup_memory_events_total",
+        "counter",
+        "memory.events by key (low, high, max, oom, oom_kill, oom_group_kill); v1 failcnt maps to 'max' and "
+        "memory.oom_control oom_kill to 'oom_kill'. scope is hierarchical or local (memory.events.local).",
+        ("cgroup", "event", "scope"),
+        "",
+        "collectors.cgroup",
+    )
+)
+CGROUP_UNDER_OOM = _declare(
+    MetricSpec(
+        "llmdiag_cgroup_memory_under_oom",
+        "gauge",
+        "1 while the v1 group is under OOM (memory.oom_control under_oom).",
+        _CG,
+        "",
+        "collectors.cgroup",
+    )
+)
+CGROUP_PSI_WAITING = _declare(
+    MetricSpec(
+        "llmdiag_cgroup_pressure_memory_waiting_seconds_total",
+        "counter",
+        "The group's memory PSI 'some' total (cgroup2 memory.pressure; on a hybrid host, the v2 twin).",
+        _CG,
+        "seconds",
+        "collectors.cgroup",
+    )
+)
+CGROUP_PSI_STALLED = _declare(
+    MetricSpec(
+        "llmdiag_cgroup_pressure_memory_stalled_seconds_total",
+        "counter",
+        "The group's memory PSI 'full' total.",
+        _CG,
+        "seconds",
+        "collectors.cgroup",
+    )
+)
+
+# --------------------------------------------------------------------------- processes
+
+_PROC = ("pid", "comm")
+PROCESS_RSS = _declare(
+    MetricSpec(
+        "llmdiag_process_resident_memory_bytes",
+        "gauge",
+        "Resident set size of a watched process (top-N by RSS, plus every process holding a model file).",
+        _PROC,
+        "bytes",
+        "collectors.processes",
+    )
+)
+PROCESS_PSS = _declare(
+    MetricSpec(
+        "llmdiag_process_proportional_memory_bytes",
+        "gauge",
+        "Proportional set size (smaps_rollup Pss): shared pages divided among their users.",
+        _PROC,
+        "bytes",
+        "collectors.processes",
+    )
+)
+PROCESS_USS = _declare(
+    MetricSpec(
+        "llmdiag_process_unique_memory_bytes",
+        "gauge",
+        "Unique set size (private clean + private dirty): what killing the process would free.",
+        _PROC,
+        "bytes",
+        "collectors.processes",
+    )
+)
+PROCESS_SWAP = _declare(
+    MetricSpec(
+        "llmdiag_process_swap_bytes",
+        "gauge",
+        "Swapped-out memory of the process (smaps_rollup Swap).",
+        _PROC,
+        "bytes",
+        "collectors.processes",
+    )
+)
+PROCESS_MAJOR_FAULTS = _declare(
+    MetricSpec(
+        "llmdiag_process_major_faults_total",
+        "counter",
+        "Major page faults of the process (/proc/<pid>/stat majflt).",
+        _PROC,
+        "",
+        "collectors.processes",
+    )
+)
+MODEL_PROCESSES = _declare(
+    MetricSpec(
+        "llmdiag_model_processes",
+        "gauge",
+        "How many processes map or hold open each model file: 4 for one model means 4 private copies may be resident.",
+        ("model",),
+        "",
+        "collectors.processes",
+    )
+)
+
+# --------------------------------------------------------------------------- GPU (NVML)
+
+_GPU = ("gpu", "uuid")
+GPU_AVAILABLE = _declare(
+    MetricSpec(
+        "llmdiag_gpu_available",
+        "gauge",
+        "1 when NVML answered; 0 when no driver/library (the reason is in the snapshot).",
+        (),
+        "",
+        "collectors.gpu",
+    )
+)
+GPU_MEMORY = {
+    part: _declare(MetricSpec(
+        f"llmdiag_gpu_memory_{part}_bytes", "gauge", f"NVML memory info v2 '{part}' of the device.", _GPU, "bytes",
+        "collectors.gpu"))
+    for part in ("total", "used", "free", "reserved")
+}  # fmt: skip
+GPU_UTILIZATION = _declare(
+    MetricSpec(
+        "llmdiag_gpu_utilization_ratio",
+        "gauge",
+        "Share of the last sample period a kernel ran (resource=gpu) or memory was read/written (resource=memory).",
+        ("gpu", "uuid", "resource"),
+        "ratio",
+        "collectors.gpu",
+    )
+)
+GPU_PROCESS_MEMORY = _declare(
+    MetricSpec(
+        "llmdiag_gpu_process_memory_bytes",
+        "gauge",
+        "GPU memory used by a process (NVML compute processes; host PIDs).",
+        ("gpu", "pid"),
+        "bytes",
+        "collectors.gpu",
+    )
+)
+
+# --------------------------------------------------------------------------- kernel OOM
+
+OOM_KILLS = _declare(
+    MetricSpec(
+        "llmdiag_oom_kills_total",
+        "counter",
+        "Kernel OOM kills seen in /dev/kmsg since the agent started, by constraint (CONSTRAINT_MEMCG = a cgroup limit, "
+        "CONSTRAINT_NONE = the whole host).",
+        ("constraint",),
+        "",
+        "collectors.kmsg",
+    )
+)
+
+# --------------------------------------------------------------------------- the agent itself
+
+AGENT_SAMPLE_DURATION = _declare(
+    MetricSpec(
+        "llmdiag_agent_sample_duration_seconds",
+        "gauge",
+        "Wall time of the agent's last full sample.",
+        (),
+        "seconds",
+        "collectors.agent",
+    )
+)
+AGENT_SAMPLER_ERRORS = _declare(
+    MetricSpec(
+        "llmdiag_agent_sampler_errors_total",
+        "counter",
+        "Samples in which a sampler failed or reported a field missing, by sampler.",
+        ("sampler",),
+        "",
+        "collectors.agent",
+    )
+)
+RECORDER_SIZE = _declare(
+    MetricSpec(
+        "llmdiag_recorder_size_bytes",
+        "gauge",
+        "Size of the flight recorder on disk (database plus WAL).",
+        (),
+        "bytes",
+        "collectors.recorder",
+    )
+)
+RECORDER_WRITE_ERRORS = _declare(
+    MetricSpec(
+        "llmdiag_recorder_write_errors_total",
+        "counter",
+        "Batches the flight recorder failed to write.",
+        (),
+        "",
+        "collectors.recorder",
+    )
+)
+
+# --------------------------------------------------------------------------- in-process tracker
+
+_REQ = ("route", "model")
+REQUEST_QUEUE_WAIT = _declare(
+    MetricSpec(
+        "llmdiag_request_queue_wait_seconds",
+        "histogram",
+        "Time from arrival until the request got an inference slot.",
+        _REQ,
+        "seconds",
+        "collectors.tracking",
+        QUEUE_WAIT_BUCKETS,
+    )
+)
+REQUEST_INFERENCE = _declare(
+    MetricSpec(
+        "llmdiag_request_inference_seconds",
+        "histogram",
+        "Time from the start of inference to the end of the request.",
+        _REQ,
+        "seconds",
+        "collectors.tracking",
+        GENAI_REQUEST_DURATION_BUCKETS,
+    )
+)
+REQUEST_E2E = _declare(
+    MetricSpec(
+        "llmdiag_request_e2e_seconds",
+        "histogram",
+        "Time from arrival to the end of the request.",
+        _REQ,
+        "seconds",
+        "collectors.tracking",
+        GENAI_REQUEST_DURATION_BUCKETS,
+    )
+)
+REQUEST_TTFT = _declare(
+    MetricSpec(
+        "llmdiag_request_ttft_seconds",
+        "histogram",
+        "Time from arrival to the first streamed token.",
+        _REQ,
+        "seconds",
+        "collectors.tracking",
+        GENAI_TTFT_BUCKETS,
+    )
+)
+QUEUE_DEPTH = _declare(
+    MetricSpec("llmdiag_queue_depth", "gauge", "Requests waiting for an inference slot now.", _REQ, "", "collectors.tracking")
+)
+ACTIVE_INFERENCES = _declare(
+    MetricSpec("llmdiag_active_inferences", "gauge", "Requests holding an inference slot now.", _REQ, "", "collectors.tracking")
+)
+REQUESTS = _declare(
+    MetricSpec(
+        "llmdiag_requests_total",
+        "counter",
+        "Finished requests by outcome (ok, error, queue_timeout, inference_timeout, rejected).",
+        ("route", "model", "outcome"),
+        "",
+        "collectors.tracking",
+    )
+)
+TRACKER_ERRORS = _declare(
+    MetricSpec(
+        "llmdiag_tracker_errors_total",
+        "counter",
+        "Failures inside llm-diag's own recording (never raised into the app), by stage.",
+        ("stage",),
+        "",
+        "collectors.tracking",
+    )
+)
+
+
+# --------------------------------------------------------------------------- external families
+
+EXTERNAL: tuple[ExternalFamily, ...] = (
+    ExternalFamily("vllm:num_requests_running", "gauge", "vLLM", "v1 engine (0.9+)", "Requests in the running batch."),
+    ExternalFamily("vllm:num_requests_waiting", "gauge", "vLLM", "v1 engine (0.9+)", "Requests waiting to be scheduled."),
+    ExternalFamily("vllm:kv_cache_usage_perc", "gauge", "vLLM", "0.9+", "KV-cache usage as a 0-1 fraction."),
+    ExternalFamily("vllm:num_preemptions_total", "counter", "vLLM", "v1 engine", "Preempted sequences."),
+    ExternalFamily("vllm:request_queue_time_seconds", "histogram", "vLLM", "v1 engine", "Time in WAITING."),
+    ExternalFamily("vllm:request_inference_time_seconds", "histogram", "vLLM", "v1 engine", "Time in RUNNING."),
+    ExternalFamily("vllm:e2e_request_latency_seconds", "histogram", "vLLM", "v1 engine", "End-to-end latency."),
+    ExternalFamily("vllm:time_to_first_token_seconds", "histogram", "vLLM", "v1 engine", "TTFT."),
+    ExternalFamily("tgi_queue_size", "gauge", "TGI", "2.x/3.x", "Requests waiting."),
+    ExternalFamily("tgi_request_queue_duration", "histogram", "TGI", "2.x/3.x", "Queue time (seconds, no unit suffix)."),
+    ExternalFamily("node_pressure_memory_waiting_seconds_total", "counter", "node_exporter", "1.x", "Host memory PSI some."),
+    ExternalFamily("node_pressure_memory_stalled_seconds_total", "counter", "node_exporter", "1.x", "Host memory PSI full."),
+    ExternalFamily("node_memory_MemAvailable_bytes", "gauge", "node_exporter", "1.x", "MemAvailable."),
+    ExternalFamily("node_vmstat_pgmajfault", "untyped", "node_exporter", "1.x", "Major faults (no _total)."),
+    ExternalFamily("container_memory_working_set_bytes", "gauge", "cAdvisor", "0.4x", "Usage - inactive_file."),
+    ExternalFamily("container_pressure_memory_waiting_seconds_total", "counter", "cAdvisor", "0.50+", "cgroup2 PSI some."),
+    ExternalFamily("DCGM_FI_DEV_FB_USED", "gauge", "dcgm-exporter", "3.x/4.x", "Framebuffer used, MiB."),
+    ExternalFamily("DCGM_FI_DEV_FB_FREE", "gauge", "dcgm-exporter", "3.x/4.x", "Framebuffer free, MiB."),
+)
+
+_NAME_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
+_UNIT_SUFFIX = {"bytes": "_bytes", "seconds": "_seconds", "ratio": "_ratio"}
+_FORBIDDEN_LABELS = {"request_id", "prompt", "completion", "trace_id", "user"}
+
+
+def validate_catalog(catalog: dict[str, MetricSpec] | None = None) -> list[str]:
+    """Return every naming-rule violation (empty when the catalog is clean)."""
+    problems: list[str] = []
+    for name, spec in (catalog or CATALOG).items():
+        if not name.startswith(PREFIX) or not _NAME_RE.match(name):
+            problems.append(f"{name}: must be snake case with prefix {PREFIX}")
+        if spec.type == "counter" and not name.endswith("_total"):
+            problems.append(f"{name}: counters end in _total")
+        if spec.type != "counter" and name.endswith("_total"):
+            problems.append(f"{name}: only counters end in _total")
+        suffix = _UNIT_SUFFIX.get(spec.unit)
+        if suffix and suffix not in name:
+            problems.append(f"{name}: unit {spec.unit} must appear in the name as {suffix}")
+        if spec.type == "histogram" and not spec.buckets:
+            problems.append(f"{name}: histograms declare their buckets")
+        bad = _FORBIDDEN_LABELS.intersection(spec.labels)
+        if bad:
+            problems.append(f"{name}: unbounded labels {sorted(bad)}")
+        if not spec.help.strip():
+            problems.append(f"{name}: help text is required")
+    return problems

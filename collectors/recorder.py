@@ -1,0 +1,336 @@
+"""The flight recorder: a bounded, crash-safe local store of records (SQLite in WAL mode).
+
+Why SQLite/WAL: several writers (the host agent, every tracked serving process) append at once; a
+``kill -9`` or an OOM kill of any of them must never corrupt the file (WAL with synchronous=NORMAL
+loses at most the last uncommitted transaction, never the database); and ``diag bundle`` must read
+the last hour without any server running. Rows hold the same JSON a bundle's ``timeline/*.jsonl``
+holds, so a third party can write records without importing llm-diag.
+
+Bounds: rows older than ``retention_s`` go first, then the oldest rows until the database plus its
+WAL fit in ``max_size_bytes``. ``auto_vacuum=INCREMENTAL`` returns freed pages to the file system,
+so the bound is on bytes on disk, not only on rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from collectors.records import Record, RecordDecodeError, record_from_json
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RETENTION_S = 2 * 3600.0
+DEFAULT_MAX_SIZE_BYTES = 256 * 1024 * 1024
+ENV_RECORDER = "LLMDIAG_RECORDER"
+FORMAT_VERSION = "1"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS records (
+    id INTEGER PRIMARY KEY,
+    ts REAL NOT NULL,
+    kind TEXT NOT NULL,
+    schema INTEGER NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS records_ts ON records(ts);
+CREATE INDEX IF NOT EXISTS records_kind_ts ON records(kind, ts);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+def default_recorder_path() -> Path:
+    """``$LLMDIAG_RECORDER``, else ``<user state dir>/llm-diag/recorder.db`` (e.g. ~/.local/state/...)."""
+    env = os.environ.get(ENV_RECORDER)
+    if env:
+        return Path(env)
+    from platformdirs import user_state_dir
+
+    return Path(user_state_dir("llm-diag")) / "recorder.db"
+
+
+@dataclass(frozen=True)
+class TrimResult:
+    deleted_by_age: int
+    deleted_by_size: int
+    size_bytes: int
+
+
+class FlightRecorder:
+    """One connection to the recorder file. Not shared across threads: give each thread its own."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        retention_s: float = DEFAULT_RETENTION_S,
+        max_size_bytes: int = DEFAULT_MAX_SIZE_BYTES,
+        *,
+        readonly: bool = False,
+    ) -> None:
+        if retention_s <= 0:
+            raise ValueError("retention must be positive")
+        if max_size_bytes < 64 * 1024:
+            raise ValueError("max size must be at least 64 KiB")
+        self.path = Path(path)
+        self.retention_s = retention_s
+        self.max_size_bytes = max_size_bytes
+        self.readonly = readonly
+        if readonly:
+            if not self.path.exists():
+                raise FileNotFoundError(f"no flight recorder at {self.path}")
+            uri = f"file:{self.path}?mode=ro"
+            self._db = sqlite3.connect(uri, uri=True, timeout=10.0, check_same_thread=False)
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, timeout=10.0, check_same_thread=False, isolation_level=None)
+            self._init_schema()
+
+    # ------------------------------------------------------------------ setup
+
+    def _init_schema(self) -> None:
+        db = self._db
+        db.execute("PRAGMA busy_timeout=10000")
+        # auto_vacuum only takes effect before the first table exists.
+        db.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        # After a checkpoint the WAL is truncated to this size, so the WAL stays inside the bound.
+        db.execute(f"PRAGMA journal_size_limit={self._wal_budget()}")
+        db.executescript(_SCHEMA)
+        db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('format', ?)", (FORMAT_VERSION,))
+
+    def _wal_budget(self) -> int:
+        return max(32 * 1024, min(16 * 1024 * 1024, self.max_size_bytes // 8))
+
+    # ------------------------------------------------------------------ writing
+
+    def write(self, records: Iterable[Record]) -> int:
+        """Append records in one transaction. Returns how many were written."""
+        rows = [(r.ts, r.KIND, r.SCHEMA, r.to_json()) for r in records]
+        return self.write_rows(rows)
+
+    def write_rows(self, rows: Sequence[tuple[float, str, int, str]]) -> int:
+        """Append pre-serialised rows ``(ts, kind, schema, json)`` in one transaction."""
+        if not rows:
+            return 0
+        with self._transaction():
+            self._db.executemany("INSERT INTO records(ts, kind, schema, body) VALUES (?, ?, ?, ?)", rows)
+        return len(rows)
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # ------------------------------------------------------------------ bounds
+
+    def size_bytes(self) -> int:
+        """Database file plus WAL, as on disk."""
+        total = 0
+        for suffix in ("", "-wal"):
+            with contextlib.suppress(OSError):
+                total += os.stat(f"{self.path}{suffix}").st_size
+        return total
+
+    def trim(self, now: float | None = None) -> TrimResult:
+        """Enforce retention, then size; oldest rows go first. Safe to call from any writer."""
+        now = time.time() if now is None else now
+        with self._transaction():
+            by_age = self._db.execute("DELETE FROM records WHERE ts < ?", (now - self.retention_s,)).rowcount
+        self._reclaim()
+        by_size = 0
+        budget = self.max_size_bytes - self._wal_budget()
+        for _ in range(64):  # each pass deletes a share proportional to the excess; converges in a few
+            used = self._used_bytes()
+            if used <= budget:
+                break
+            count = self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+            if count == 0:
+                break
+            per_row = max(1.0, used / count)
+            n = max(16, int((used - budget) / per_row * 1.1) + 1)
+            with self._transaction():
+                by_size += self._db.execute(
+                    "DELETE FROM records WHERE id IN (SELECT id FROM records ORDER BY ts LIMIT ?)", (n,)
+                ).rowcount
+            self._reclaim()
+        return TrimResult(by_age, by_size, self.size_bytes())
+
+    def _used_bytes(self) -> int:
+        page_size = self._db.execute("PRAGMA page_size").fetchone()[0]
+        pages = self._db.execute("PRAGMA page_count").fetchone()[0]
+        free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
+        return (pages - free) * page_size
+
+    def _reclaim(self) -> None:
+        """Give freed pages back to the file system and fold the WAL into the database."""
+        # Through execute() the pragma frees a single page; executescript steps it to completion.
+        self._db.executescript("PRAGMA incremental_vacuum;")
+        with contextlib.suppress(sqlite3.OperationalError):
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    # ------------------------------------------------------------------ reading
+
+    def rows(
+        self, kinds: Sequence[str] | None = None, since: float | None = None, until: float | None = None
+    ) -> Iterator[tuple[float, str, str]]:
+        """Raw rows ``(ts, kind, json)`` in time order: the cheap path for loaders that parse columns."""
+        where, params = [], []
+        if kinds:
+            where.append(f"kind IN ({','.join('?' * len(kinds))})")
+            params.extend(kinds)
+        if since is not None:
+            where.append("ts >= ?")
+            params.append(since)
+        if until is not None:
+            where.append("ts <= ?")
+            params.append(until)
+        sql = "SELECT ts, kind, body FROM records"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY ts, id"
+        yield from self._db.execute(sql, params)
+
+    def read(
+        self, kinds: Sequence[str] | None = None, since: float | None = None, until: float | None = None
+    ) -> Iterator[Record]:
+        """Decoded records in time order; rows this version cannot decode are skipped and logged once each kind."""
+        warned: set[str] = set()
+        for _ts, kind, body in self.rows(kinds, since, until):
+            try:
+                yield record_from_json(body)
+            except RecordDecodeError as exc:
+                if kind not in warned:
+                    warned.add(kind)
+                    log.warning("skipping undecodable %s rows in %s: %s", kind, self.path, exc)
+
+    def count(self, kind: str | None = None) -> int:
+        if kind is None:
+            return self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+        return self._db.execute("SELECT COUNT(*) FROM records WHERE kind = ?", (kind,)).fetchone()[0]
+
+    def integrity_ok(self) -> bool:
+        return self._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+    def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self._db.close()
+
+    def __enter__(self) -> FlightRecorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RecorderWriter:
+    """A background writer for hot paths (request handlers, the event loop).
+
+    ``submit`` only appends to a bounded in-memory queue -- no disk I/O on the caller's thread, and it
+    never raises. A daemon thread writes batches every ``flush_interval_s`` and trims now and then.
+    When the queue is full, records are dropped and counted (``dropped``) rather than blocking the
+    app: losing telemetry is better than stalling inference.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        retention_s: float = DEFAULT_RETENTION_S,
+        max_size_bytes: int = DEFAULT_MAX_SIZE_BYTES,
+        *,
+        flush_interval_s: float = 0.5,
+        max_queue: int = 100_000,
+        trim_interval_s: float = 30.0,
+    ) -> None:
+        self.path = Path(path)
+        self._args = (retention_s, max_size_bytes)
+        self._queue: queue.Queue[Record | None] = queue.Queue(maxsize=max_queue)
+        self._flush_interval_s = flush_interval_s
+        self._trim_interval_s = trim_interval_s
+        self.dropped = 0
+        self.written = 0
+        self.write_errors = 0
+        self._flushed = threading.Condition()
+        self._pending = 0
+        self._thread = threading.Thread(target=self._run, name="llmdiag-recorder", daemon=True)
+        self._thread.start()
+
+    def submit(self, record: Record) -> bool:
+        try:
+            self._queue.put_nowait(record)
+        except queue.Full:
+            self.dropped += 1
+            return False
+        with self._flushed:
+            self._pending += 1
+        return True
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until everything submitted so far is on disk (tests, shutdown)."""
+        deadline = time.monotonic() + timeout
+        with self._flushed:
+            while self._pending > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._flushed.wait(left)
+        return True
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.flush(timeout)
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=1.0)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        recorder = None
+        last_trim = 0.0
+        while True:
+            batch: list[Record] = []
+            stop = False
+            try:
+                item = self._queue.get(timeout=self._flush_interval_s)
+                if item is None:
+                    stop = True
+                else:
+                    batch.append(item)
+                while len(batch) < 5000:
+                    item = self._queue.get_nowait()
+                    if item is None:
+                        stop = True
+                        break
+                    batch.append(item)
+            except queue.Empty:
+                pass
+            if batch:
+                try:
+                    if recorder is None:
+                        recorder = FlightRecorder(self.path, *self._args)
+                    self.written += recorder.write(batch)
+                    now = time.monotonic()
+                    if now - last_trim >= self._trim_interval_s:
+                        last_trim = now
+                        recorder.trim()
+                except Exception as exc:  # the app must never see our failures
+                    self.write_errors += 1
+                    log.warning("flight recorder write failed (%d records lost): %s", len(batch), exc)
+                with self._flushed:
+                    self._pending -= len(batch)
+                    self._flushed.notify_all()
+            if stop:
+                break
+        if recorder is not None:
+            recorder.close()

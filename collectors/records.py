@@ -1,0 +1,408 @@
+"""Typed, versioned records: the one shape every source writes and every loader reads.
+
+Why one module: the flight recorder, bundles (``timeline/*.jsonl``) and third-party writers (a vLLM
+plugin, a sidecar) must agree on the same JSON objects without importing each other. Each record is a
+plain dataclass with a ``KIND`` (its name on the wire) and a ``SCHEMA`` version. ``to_dict`` adds
+``kind`` and ``schema`` to the object; ``record_from_dict`` picks the class by ``kind`` and ignores
+keys it does not know, so an older reader survives a newer writer that only *adds* fields.
+
+Units are base units throughout: seconds (``ts`` is Unix time as a float), bytes, token counts.
+A value that could not be read is ``None`` and its name is listed in ``missing`` with the reason --
+a sampler never invents a zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
+
+RequestOutcome = Literal["ok", "error", "queue_timeout", "inference_timeout", "rejected"]
+REQUEST_OUTCOMES: tuple[str, ...] = get_args(RequestOutcome)
+
+
+@dataclass
+class Record:
+    """Base of every record: a time stamp plus the wire identity (``KIND``, ``SCHEMA``)."""
+
+    KIND: ClassVar[str] = ""
+    SCHEMA: ClassVar[int] = 1
+
+    ts: float
+
+    def to_dict(self) -> dict[str, Any]:
+        body = dataclasses.asdict(self)
+        return {"kind": self.KIND, "schema": self.SCHEMA, **body}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False, default=_json_default)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
+
+
+# --------------------------------------------------------------------------- host and cgroup
+
+
+@dataclass
+class PsiLine:
+    """One ``some``/``full`` line of a PSI file. avgs are percent (0-100); total is microseconds."""
+
+    avg10: float
+    avg60: float
+    avg300: float
+    total_us: int
+
+
+@dataclass
+class Psi:
+    """A PSI file (host ``/proc/pressure/*`` or cgroup2 ``*.pressure``). ``full`` is absent for host cpu before 5.13."""
+
+    some: PsiLine | None = None
+    full: PsiLine | None = None
+
+
+@dataclass
+class HostSnapshot(Record):
+    """Host-wide memory and pressure at one instant.
+
+    ``memory`` is /proc/meminfo in bytes keyed by snake-case names (``total``, ``available``,
+    ``inactive_file`` ...); ``memory_available_estimated`` says MemAvailable was absent and
+    ``available`` is the kernel's own fallback estimate. ``vmstat`` holds cumulative counters.
+    """
+
+    KIND: ClassVar[str] = "host"
+    psi: dict[str, Psi] = field(default_factory=dict)  # cpu, memory, io (irq where present)
+    memory: dict[str, int] = field(default_factory=dict)
+    memory_available_estimated: bool = False
+    vmstat: dict[str, int] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)  # field -> reason
+
+
+@dataclass
+class CgroupSnapshot(Record):
+    """Memory state of one watched cgroup, v1, v2, or hybrid (v1 memory + v2 pressure).
+
+    ``limit_bytes`` None means unlimited (v2 ``max``, v1 the page-counter maximum). ``events`` maps
+    v2 memory.events keys (low/high/max/oom/oom_kill/oom_group_kill ...) to counts; on v1, ``failcnt``
+    is reported as ``max`` and memory.oom_control ``oom_kill`` as ``oom_kill`` so both versions read
+    the same downstream. ``working_set_bytes`` = usage - inactive_file, clamped at 0 (cAdvisor).
+    """
+
+    KIND: ClassVar[str] = "cgroup"
+    path: str = ""  # the cgroup path as /proc/<pid>/cgroup prints it, e.g. /process_api/abc/svc
+    version: Literal["v1", "v2", "hybrid", "none"] = "none"
+    usage_bytes: int | None = None
+    working_set_bytes: int | None = None
+    peak_bytes: int | None = None
+    limit_bytes: int | None = None
+    high_bytes: int | None = None
+    low_bytes: int | None = None
+    min_bytes: int | None = None
+    swap_bytes: int | None = None
+    events: dict[str, int] = field(default_factory=dict)
+    events_local: dict[str, int] = field(default_factory=dict)
+    stat: dict[str, int] = field(default_factory=dict)
+    under_oom: bool | None = None
+    pressure: Psi | None = None  # memory pressure of the group (v2 or the hybrid's v2 twin)
+    missing: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ProcessSample(Record):
+    """One process: memory, faults, cgroup, redacted command line and the model files it holds."""
+
+    KIND: ClassVar[str] = "process"
+    pid: int = 0
+    ppid: int | None = None
+    comm: str = ""
+    cmdline: str = ""  # secret argument values replaced by "<redacted>"
+    start_time_s: float | None = None  # seconds since boot; (pid, start_time_s) identifies a process
+    rss_bytes: int | None = None
+    pss_bytes: int | None = None
+    uss_bytes: int | None = None
+    swap_bytes: int | None = None
+    major_faults: int | None = None
+    minor_faults: int | None = None
+    num_threads: int | None = None
+    memory_cgroup: str | None = None
+    model_files: list[str] = field(default_factory=list)  # absolute paths, mapped or open
+    missing: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class GpuDevice:
+    index: int
+    uuid: str
+    name: str
+    total_bytes: int | None = None
+    used_bytes: int | None = None
+    free_bytes: int | None = None
+    reserved_bytes: int | None = None
+    utilization_gpu_ratio: float | None = None
+    utilization_memory_ratio: float | None = None
+
+
+@dataclass
+class GpuProcess:
+    gpu_index: int
+    pid: int  # a host PID: NVML is not pid-namespace aware
+    used_bytes: int | None = None
+
+
+@dataclass
+class GpuSnapshot(Record):
+    """NVML view. ``available`` False carries ``reason`` (e.g. "NVML Shared Library Not Found")."""
+
+    KIND: ClassVar[str] = "gpu"
+    available: bool = False
+    reason: str | None = None
+    driver_version: str | None = None
+    devices: list[GpuDevice] = field(default_factory=list)
+    processes: list[GpuProcess] = field(default_factory=list)
+
+
+@dataclass
+class OomEvent(Record):
+    """A kernel OOM kill, from the ``oom-kill:`` and ``Killed process`` lines of /dev/kmsg.
+
+    ``constraint`` is the kernel's (CONSTRAINT_MEMCG for a cgroup limit, CONSTRAINT_NONE for the
+    whole host, ...); ``ts`` is wall time computed from the record's monotonic stamp.
+    """
+
+    KIND: ClassVar[str] = "oom"
+    constraint: str | None = None
+    oom_memcg: str | None = None
+    task_memcg: str | None = None
+    task: str | None = None
+    pid: int | None = None
+    uid: int | None = None
+    total_vm_bytes: int | None = None
+    anon_rss_bytes: int | None = None
+    file_rss_bytes: int | None = None
+    shmem_rss_bytes: int | None = None
+    source: str = "kmsg"
+
+
+# --------------------------------------------------------------------------- in-process tracker
+
+
+@dataclass
+class RequestTiming(Record):
+    """One request: arrival -> start of inference -> finish, in Unix seconds.
+
+    ``start`` is None when the request never got an inference slot (rejected, queue timeout).
+    Prompts and completions are never recorded: only their token counts.
+    """
+
+    KIND: ClassVar[str] = "request"
+    arrival: float = 0.0
+    start: float | None = None
+    finish: float = 0.0
+    outcome: RequestOutcome = "ok"
+    route: str = ""
+    model: str = ""
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    ttft_s: float | None = None
+    pid: int | None = None
+    trace_id: str | None = None
+
+    @property
+    def queue_wait_s(self) -> float | None:
+        return None if self.start is None else max(0.0, self.start - self.arrival)
+
+    @property
+    def inference_s(self) -> float | None:
+        return None if self.start is None else max(0.0, self.finish - self.start)
+
+
+@dataclass
+class BatchStats(Record):
+    """One batch formed by the server's batcher: request count vs token count decides the peak."""
+
+    KIND: ClassVar[str] = "batch"
+    model: str = ""
+    requests: int = 0
+    input_tokens: int = 0
+    max_request_tokens: int = 0
+    active_decode_sequences: int = 0
+    concurrent_batches: int = 1
+    phase: str = "mixed"  # prefill | decode | mixed
+    pid: int | None = None
+
+
+@dataclass
+class RoutingStats(Record):
+    """MoE routing of one layer over one step. Full per-expert counts stay here, never in Prometheus."""
+
+    KIND: ClassVar[str] = "routing"
+    model: str = ""
+    layer: int = 0
+    expert_tokens: list[int] = field(default_factory=list)
+    top_expert_tokens: int = 0
+    median_expert_tokens: float = 0.0
+    skew: float | None = None  # top / median; None when the median is 0
+    balancedness: float | None = None  # mean / max (vLLM/SGLang definition)
+    overflow_tokens: int = 0
+    pid: int | None = None
+
+
+@dataclass
+class LoaderEvent(Record):
+    """A model load or registry refresh: how long, how many bytes, cache hit, and on the request path or not."""
+
+    KIND: ClassVar[str] = "loader"
+    name: str = ""
+    start: float = 0.0
+    duration_s: float = 0.0
+    bytes_read: int | None = None
+    cache_hit: bool | None = None
+    in_request_path: bool = False
+    pid: int | None = None
+
+
+@dataclass
+class TorchMemorySnapshot(Record):
+    """``torch.cuda.memory_stats`` summary of one device, from inside the serving process."""
+
+    KIND: ClassVar[str] = "torch_memory"
+    device: int = 0
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    num_ooms: int | None = None
+    num_alloc_retries: int | None = None
+    pid: int | None = None
+
+
+@dataclass
+class CudaOomError(Record):
+    """A parsed ``torch.OutOfMemoryError`` message. Sizes in bytes; None where the message lacked the field."""
+
+    KIND: ClassVar[str] = "cuda_oom"
+    device: int | None = None
+    tried_to_allocate_bytes: int | None = None
+    total_capacity_bytes: int | None = None
+    free_bytes: int | None = None
+    process_in_use_bytes: int | None = None
+    allocated_by_pytorch_bytes: int | None = None
+    reserved_unallocated_bytes: int | None = None
+    other_processes: list[dict[str, int]] = field(default_factory=list)  # [{"pid":..., "bytes":...}]
+    pid: int | None = None
+
+
+# --------------------------------------------------------------------------- alerts (triage input)
+
+
+@dataclass
+class Alert(Record):
+    """One alert from an Alertmanager webhook (v4), as triage stores it."""
+
+    KIND: ClassVar[str] = "alert"
+    status: str = "firing"
+    alertname: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    starts_at: float | None = None
+    ends_at: float | None = None
+    fingerprint: str = ""
+
+
+# --------------------------------------------------------------------------- decoding
+
+RECORD_TYPES: dict[str, type[Record]] = {
+    cls.KIND: cls
+    for cls in (
+        HostSnapshot,
+        CgroupSnapshot,
+        ProcessSample,
+        GpuSnapshot,
+        OomEvent,
+        RequestTiming,
+        BatchStats,
+        RoutingStats,
+        LoaderEvent,
+        TorchMemorySnapshot,
+        CudaOomError,
+        Alert,
+    )
+}
+
+
+class RecordDecodeError(ValueError):
+    """A JSON object that is not a record we can read (unknown kind, newer major schema, bad types)."""
+
+
+def record_from_dict(obj: dict[str, Any]) -> Record:
+    """Build the record named by ``obj["kind"]``; unknown keys are ignored (forward compatibility)."""
+    kind = obj.get("kind")
+    cls = RECORD_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise RecordDecodeError(f"unknown record kind {kind!r}")
+    schema = obj.get("schema", 1)
+    if not isinstance(schema, int) or schema > cls.SCHEMA:
+        raise RecordDecodeError(f"{kind} schema {schema!r} is newer than this reader ({cls.SCHEMA})")
+    try:
+        return _build(cls, obj)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise RecordDecodeError(f"bad {kind} record: {exc}") from exc
+
+
+def record_from_json(text: str) -> Record:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecordDecodeError(f"not JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise RecordDecodeError("a record is a JSON object")
+    return record_from_dict(obj)
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _build(cls: type, obj: dict[str, Any]) -> Any:
+    hints = _hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in obj:
+            kwargs[f.name] = _convert(hints[f.name], obj[f.name])
+    return cls(**kwargs)
+
+
+def _convert(tp: Any, value: Any) -> Any:
+    """Rebuild nested dataclasses from plain JSON values, following the type hints."""
+    if value is None:
+        return None
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        for arg in get_args(tp):
+            if arg is type(None):
+                continue
+            return _convert(arg, value)
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if not isinstance(value, dict):
+            raise TypeError(f"{tp.__name__} expects an object")
+        return _build(tp, value)
+    if origin is list:
+        (item,) = get_args(tp) or (Any,)
+        return [_convert(item, v) for v in value]
+    if origin is dict:
+        _, item = get_args(tp) or (str, Any)
+        return {k: _convert(item, v) for k, v in value.items()}
+    if tp is float and isinstance(value, int):
+        return float(value)
+    return value
