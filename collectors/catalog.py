@@ -415,6 +415,12 @@ AGENT_SAMPLER_ERRORS = _declare(
         "collectors.agent",
     )
 )
+AGENT_RESIDENT_MEMORY = _declare(MetricSpec(
+    "llmdiag_agent_resident_memory_bytes", "gauge", "Resident memory of the agent itself (it must stay small).", (),
+    "bytes", "collectors.agent"))
+AGENT_CPU = _declare(MetricSpec(
+    "llmdiag_agent_cpu_seconds_total", "counter", "User + system CPU time of the agent itself.", (), "seconds",
+    "collectors.agent"))
 RECORDER_SIZE = _declare(
     MetricSpec(
         "llmdiag_recorder_size_bytes",
@@ -509,6 +515,83 @@ TRACKER_ERRORS = _declare(
         "collectors.tracking",
     )
 )
+
+# Admission control and the memory guard (collectors.tracking.admission). Limits are exported so a
+# rule can multiply workers x concurrency against the memory limit (unsafe_config); in multiprocess
+# mode they sum over live workers.
+ADMISSION_REJECTIONS = _declare(MetricSpec(
+    "llmdiag_admission_rejections_total", "counter",
+    "Requests refused before inference, by reason (queue_full, memory_watermark, memory_psi, queue_timeout).",
+    ("route", "model", "reason"), "", "collectors.tracking"))
+ADMISSION_MAX_CONCURRENCY = _declare(MetricSpec(
+    "llmdiag_admission_max_concurrency", "gauge",
+    "Configured inference slots (summed over live worker processes); absent when unlimited.",
+    ("model",), "", "collectors.tracking"))
+ADMISSION_QUEUE_CAPACITY = _declare(MetricSpec(
+    "llmdiag_admission_queue_capacity", "gauge",
+    "Configured bound of the wait queue (summed over live worker processes); absent when unbounded.",
+    ("model",), "", "collectors.tracking"))
+MEMORY_GUARD_USED = _declare(MetricSpec(
+    "llmdiag_memory_guard_used_ratio", "gauge",
+    "Memory in use as the guard sees it: cgroup working set / cgroup limit, else (MemTotal - MemAvailable) / MemTotal.",
+    ("model",), "ratio", "collectors.tracking"))
+MEMORY_GUARD_ACCEPTING = _declare(MetricSpec(
+    "llmdiag_memory_guard_accepting", "gauge",
+    "1 while the memory guard admits new work, 0 while it refuses it (lowest over live workers).",
+    ("model",), "", "collectors.tracking"))
+
+# Batching, MoE routing, loaders (collectors.tracking.batches / .loader). Per-expert counts stay in
+# the flight recorder: only per-layer summaries are exported, never one series per expert.
+BATCH_SIZE_BUCKETS: tuple[float, ...] = tuple(float(2**i) for i in range(0, 11))  # 1 .. 1024 requests
+LOADER_DURATION_BUCKETS: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)  # fmt: skip
+BATCH_INPUT_TOKENS = _declare(MetricSpec(
+    "llmdiag_batch_input_tokens", "histogram",
+    "Total input tokens of one batch: with the request count it tells a token-heavy batch from a crowded one.",
+    ("model", "phase"), "", "collectors.tracking", TOKEN_COUNT_BUCKETS))
+BATCH_REQUESTS = _declare(MetricSpec(
+    "llmdiag_batch_requests", "histogram", "Requests in one batch.",
+    ("model", "phase"), "", "collectors.tracking", BATCH_SIZE_BUCKETS))
+BATCH_MAX_REQUEST_TOKENS = _declare(MetricSpec(
+    "llmdiag_batch_max_request_tokens", "histogram", "Tokens of the largest request in one batch.",
+    ("model", "phase"), "", "collectors.tracking", TOKEN_COUNT_BUCKETS))
+MOE_EXPERT_SKEW = _declare(MetricSpec(
+    "llmdiag_moe_expert_skew_ratio", "gauge",
+    "Last routing step of a MoE layer: tokens of the busiest expert / median tokens per expert (absent when the median is 0).",
+    ("model", "layer"), "ratio", "collectors.tracking"))
+MOE_EXPERT_BALANCEDNESS = _declare(MetricSpec(
+    "llmdiag_moe_expert_balancedness_ratio", "gauge",
+    "Last routing step of a MoE layer: mean / max tokens per expert (1 = perfectly balanced; vLLM/SGLang definition).",
+    ("model", "layer"), "ratio", "collectors.tracking"))
+MOE_EXPERT_OVERFLOW = _declare(MetricSpec(
+    "llmdiag_moe_expert_overflow_tokens_total", "counter",
+    "Tokens routed to experts beyond their capacity (dropped or re-routed), by layer.",
+    ("model", "layer"), "", "collectors.tracking"))
+LOADER_DURATION = _declare(MetricSpec(
+    "llmdiag_loader_duration_seconds", "histogram",
+    "Duration of a model load or registry refresh; in_request_path=true when it ran inside a waiting request's "
+    "arrival-to-start window.",
+    ("model", "in_request_path"), "seconds", "collectors.tracking", LOADER_DURATION_BUCKETS))
+LOADER_EVENTS = _declare(MetricSpec(
+    "llmdiag_loader_events_total", "counter", "Model loads / registry refreshes by cache result (hit, miss, unknown).",
+    ("model", "cache", "in_request_path"), "", "collectors.tracking"))
+LOADER_READ = _declare(MetricSpec(
+    "llmdiag_loader_read_bytes_total", "counter", "Bytes loaders reported reading.",
+    ("model",), "bytes", "collectors.tracking"))
+
+# torch CUDA allocator, from inside the serving process (collectors.tracking.torch_memory).
+TORCH_MEMORY = {
+    part: _declare(MetricSpec(
+        f"llmdiag_torch_memory_{part}_bytes", "gauge",
+        f"torch.cuda.memory_stats {part.replace('_', ' ')} bytes of the device (summed over live workers); "
+        "reserved - allocated is the caching allocator's slack.",
+        ("device",), "bytes", "collectors.tracking"))
+    for part in ("allocated", "reserved", "allocated_peak", "reserved_peak")
+}  # fmt: skip
+CUDA_OOM_ERRORS = _declare(MetricSpec(
+    "llmdiag_cuda_oom_errors_total", "counter", "CUDA out-of-memory errors caught in the serving process.",
+    ("model", "device"), "", "collectors.tracking"))
 
 
 # --------------------------------------------------------------------------- external families

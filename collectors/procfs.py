@@ -10,10 +10,14 @@ they do not understand rather than failing the whole file.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from collectors.records import Psi, PsiLine
+
+# The kernel prints PSI averages as "%lu.%02lu"; anything else (nan, 1e2, 1_0) is garbage.
+_PSI_AVG = re.compile(r"[0-9]{1,3}\.[0-9]{1,2}")
 
 # Kernel text files we read are small (vmstat ~ 8 KiB, smaps_rollup < 1 KiB). A cap protects the
 # agent from a pathological or hostile file (a FIFO, /dev/zero bind-mounted in a fixture...).
@@ -22,10 +26,17 @@ MAX_READ_BYTES = 1 << 20
 
 @dataclass(frozen=True)
 class ReadResult:
-    """Text of a file, or why it could not be read."""
+    """Text of a file, or why it could not be read.
+
+    ``truncated`` says the file was longer than the cap and ``text`` holds only its first
+    ``max_bytes``: the last line may be cut mid-number, so a caller that cannot tolerate that
+    (a single-value file, a counter) should treat it as unreadable.
+    """
 
     text: str | None
     error: str | None = None
+    truncated: bool = False
+    errno: int | None = None  # of the failed open/read: lets a caller tell "absent" (ENOENT) from "broken"
 
     @property
     def ok(self) -> bool:
@@ -40,10 +51,12 @@ def read_text(path: str | os.PathLike[str], max_bytes: int = MAX_READ_BYTES) -> 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        return ReadResult(None, _describe(exc))
+        return ReadResult(None, _describe(exc), errno=exc.errno)
+    except ValueError:  # a NUL inside the path (e.g. from a garbled /proc/<pid>/cgroup line)
+        return ReadResult(None, "invalid path (embedded NUL byte)")
     try:
         chunks: list[bytes] = []
-        remaining = max_bytes
+        remaining = max_bytes + 1  # one byte past the cap tells "exactly max_bytes" from "longer"
         while remaining > 0:
             chunk = os.read(fd, min(65536, remaining))
             if not chunk:
@@ -52,10 +65,13 @@ def read_text(path: str | os.PathLike[str], max_bytes: int = MAX_READ_BYTES) -> 
             remaining -= len(chunk)
         data = b"".join(chunks)
     except OSError as exc:
-        return ReadResult(None, _describe(exc))
+        return ReadResult(None, _describe(exc), errno=exc.errno)
     finally:
         os.close(fd)
-    return ReadResult(data.decode("utf-8", errors="replace"))
+    truncated = len(data) > max_bytes
+    if truncated:
+        data = data[:max_bytes]
+    return ReadResult(data.decode("utf-8", errors="replace"), truncated=truncated)
 
 
 def _describe(exc: OSError) -> str:
@@ -63,15 +79,25 @@ def _describe(exc: OSError) -> str:
     return f"{name} ({exc.filename})" if exc.filename else name
 
 
+def _int_token(token: str) -> int | None:
+    """A kernel-printed decimal integer, or None.
+
+    Stricter than ``int()``: Python also accepts ``1_000``, ``+5`` and non-ASCII digits (``١٢``),
+    none of which the kernel prints, so a garbled file could otherwise yield a plausible number.
+    The length cap (a u64 has 20 digits) also keeps ``int()`` away from its 4300-digit limit,
+    past which it raises.
+    """
+    digits = token[1:] if token[:1] == "-" else token
+    if not digits or len(digits) > 24 or not digits.isascii() or not digits.isdigit():
+        return None
+    return int(token)
+
+
 def parse_int(text: str | None) -> int | None:
     """A single-integer file (memory.current, usage_in_bytes ...). None if it is not one."""
     if text is None:
         return None
-    value = text.strip()
-    try:
-        return int(value)
-    except ValueError:
-        return None
+    return _int_token(text.strip())
 
 
 def parse_limit(text: str | None) -> tuple[bool, int | None]:
@@ -98,10 +124,9 @@ def parse_flat_keyed(text: str | None) -> dict[str, int]:
         parts = line.split()
         if len(parts) != 2:
             continue
-        try:
-            result[parts[0]] = int(parts[1])
-        except ValueError:
-            continue
+        value = _int_token(parts[1])
+        if value is not None:
+            result[parts[0]] = value
     return result
 
 
@@ -119,16 +144,17 @@ def parse_psi(text: str | None) -> Psi | None:
             key, sep, value = item.partition("=")
             if sep:
                 fields[key] = value
-        try:
-            parsed = PsiLine(
-                avg10=float(fields["avg10"]),
-                avg60=float(fields["avg60"]),
-                avg300=float(fields["avg300"]),
-                total_us=int(fields["total"]),
-            )
-        except (KeyError, ValueError):
+        avgs = [_PSI_AVG.fullmatch(fields.get(k, "")) for k in ("avg10", "avg60", "avg300")]
+        total = _int_token(fields.get("total", ""))
+        if not all(avgs) or total is None or total < 0:
             continue
-        if not all(0.0 <= v <= 100.0 for v in (parsed.avg10, parsed.avg60, parsed.avg300)) or parsed.total_us < 0:
+        parsed = PsiLine(
+            avg10=float(fields["avg10"]),
+            avg60=float(fields["avg60"]),
+            avg300=float(fields["avg300"]),
+            total_us=total,
+        )
+        if not all(v <= 100.0 for v in (parsed.avg10, parsed.avg60, parsed.avg300)):
             continue
         lines[parts[0]] = parsed
     if not lines:
@@ -148,9 +174,8 @@ def parse_meminfo(text: str | None) -> dict[str, int]:
         parts = rest.split()
         if not parts or len(parts) > 2:
             continue
-        try:
-            value = int(parts[0])
-        except ValueError:
+        value = _int_token(parts[0])
+        if value is None:
             continue
         if len(parts) == 2:
             if parts[1] != "kB":

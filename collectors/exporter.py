@@ -1,0 +1,197 @@
+"""Prometheus exposition of the latest snapshot, with every family built from the catalog.
+
+A custom ``Collector`` (not long-lived Gauge objects) because the set of series follows the host:
+processes come and go, cgroups appear, a GPU may vanish. Each scrape renders the latest snapshot
+afresh, so a process that exited leaves no stale series behind. Cumulative kernel counters are
+passed through as counters (never turned into deltas), following node_exporter and cAdvisor.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from collectors import catalog as cat
+from collectors.catalog import MetricSpec
+from collectors.records import CgroupSnapshot, GpuSnapshot, HostSnapshot, OomEvent, ProcessSample
+from collectors.snapshot import Snapshot
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def family(spec: MetricSpec) -> GaugeMetricFamily | CounterMetricFamily:
+    """An empty metric family for a catalog entry; labels come from the catalog too."""
+    if spec.type == "counter":
+        return CounterMetricFamily(spec.name, spec.help, labels=list(spec.labels))
+    if spec.type == "gauge":
+        return GaugeMetricFamily(spec.name, spec.help, labels=list(spec.labels))
+    raise ValueError(f"{spec.name}: the snapshot exporter only renders gauges and counters")
+
+
+class _Families:
+    """Families created on first use, emitted in catalog order, only when they hold a sample."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+
+    def add(self, spec: MetricSpec, value: float | int | None, labels: Iterable[str] = ()) -> None:
+        if value is None:
+            return
+        fam = self._by_name.get(spec.name)
+        if fam is None:
+            fam = self._by_name[spec.name] = family(spec)
+        fam.add_metric(list(labels), float(value))
+
+    def emit(self) -> Iterator[Metric]:
+        yield from self._by_name.values()
+
+
+def host_metrics(out: _Families, host: HostSnapshot) -> None:
+    for resource, psi in host.psi.items():
+        if psi.some is not None and resource in cat.HOST_PSI_WAITING:
+            out.add(cat.HOST_PSI_WAITING[resource], psi.some.total_us / 1e6)
+            out.add(cat.HOST_PSI_AVG10, psi.some.avg10 / 100.0, (resource, "some"))
+        if psi.full is not None and resource in cat.HOST_PSI_STALLED:
+            out.add(cat.HOST_PSI_STALLED[resource], psi.full.total_us / 1e6)
+            out.add(cat.HOST_PSI_AVG10, psi.full.avg10 / 100.0, (resource, "full"))
+    for name, value in host.memory.items():
+        spec = cat.HOST_MEMORY.get(name)
+        if spec is not None:
+            out.add(spec, value)
+    for name, value in host.vmstat.items():
+        spec = cat.HOST_VMSTAT.get(name)
+        if spec is not None:
+            out.add(spec, value)
+
+
+def cgroup_metrics(out: _Families, cg: CgroupSnapshot) -> None:
+    lbl = (cg.path,)
+    out.add(cat.CGROUP_USAGE, cg.usage_bytes, lbl)
+    out.add(cat.CGROUP_WORKING_SET, cg.working_set_bytes, lbl)
+    out.add(cat.CGROUP_LIMIT, cg.limit_bytes, lbl)
+    out.add(cat.CGROUP_HIGH, cg.high_bytes, lbl)
+    out.add(cat.CGROUP_PEAK, cg.peak_bytes, lbl)
+    out.add(cat.CGROUP_SWAP, cg.swap_bytes, lbl)
+    for key, spec in cat.CGROUP_STAT_BYTES.items():
+        out.add(spec, cg.stat.get(key), lbl)
+    for key, spec in cat.CGROUP_STAT_COUNTERS.items():
+        out.add(spec, cg.stat.get(key), lbl)
+    for event, value in sorted(cg.events.items()):
+        out.add(cat.CGROUP_EVENTS, value, (cg.path, event, "hierarchical"))
+    for event, value in sorted(cg.events_local.items()):
+        out.add(cat.CGROUP_EVENTS, value, (cg.path, event, "local"))
+    if cg.under_oom is not None:
+        out.add(cat.CGROUP_UNDER_OOM, int(cg.under_oom), lbl)
+    if cg.pressure is not None:
+        if cg.pressure.some is not None:
+            out.add(cat.CGROUP_PSI_WAITING, cg.pressure.some.total_us / 1e6, lbl)
+        if cg.pressure.full is not None:
+            out.add(cat.CGROUP_PSI_STALLED, cg.pressure.full.total_us / 1e6, lbl)
+
+
+def process_metrics(out: _Families, processes: Iterable[ProcessSample], model_counts: dict[str, int]) -> None:
+    for p in processes:
+        lbl = (str(p.pid), p.comm)
+        out.add(cat.PROCESS_RSS, p.rss_bytes, lbl)
+        out.add(cat.PROCESS_PSS, p.pss_bytes, lbl)
+        out.add(cat.PROCESS_USS, p.uss_bytes, lbl)
+        out.add(cat.PROCESS_SWAP, p.swap_bytes, lbl)
+        out.add(cat.PROCESS_MAJOR_FAULTS, p.major_faults, lbl)
+    for model, count in sorted(model_counts.items()):
+        out.add(cat.MODEL_PROCESSES, count, (model,))
+
+
+def gpu_metrics(out: _Families, gpu: GpuSnapshot) -> None:
+    out.add(cat.GPU_AVAILABLE, int(gpu.available))
+    for dev in gpu.devices:
+        lbl = (str(dev.index), dev.uuid)
+        for part, value in (
+            ("total", dev.total_bytes),
+            ("used", dev.used_bytes),
+            ("free", dev.free_bytes),
+            ("reserved", dev.reserved_bytes),
+        ):
+            out.add(cat.GPU_MEMORY[part], value, lbl)
+        out.add(cat.GPU_UTILIZATION, dev.utilization_gpu_ratio, (*lbl, "gpu"))
+        out.add(cat.GPU_UTILIZATION, dev.utilization_memory_ratio, (*lbl, "memory"))
+    for proc in gpu.processes:
+        out.add(cat.GPU_PROCESS_MEMORY, proc.used_bytes, (str(proc.gpu_index), str(proc.pid)))
+
+
+class SnapshotCollector(Collector):
+    """Holds the latest snapshot plus counters the agent accumulates (OOM kills, sampler errors)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest: Snapshot | None = None
+        self._oom_kills: Counter[str] = Counter()
+        self._sampler_errors: Counter[str] = Counter()
+        self._recorder_size: int | None = None
+        self._recorder_errors = 0
+
+    def update(self, snapshot: Snapshot, recorder_size: int | None = None, recorder_error: bool = False) -> None:
+        with self._lock:
+            self._latest = snapshot
+            self._count_ooms(snapshot.ooms)
+            for sampler in snapshot.errors:
+                self._sampler_errors[sampler] += 1
+            if snapshot.host.missing:
+                self._sampler_errors["host"] += 1
+            if any(cg.usage_bytes is None for cg in snapshot.cgroups):  # optional v2-only files don't count
+                self._sampler_errors["cgroup"] += 1
+            if recorder_size is not None:
+                self._recorder_size = recorder_size
+            self._recorder_errors += int(recorder_error)
+
+    def _count_ooms(self, ooms: Iterable[OomEvent]) -> None:
+        for oom in ooms:
+            self._oom_kills[oom.constraint or "unknown"] += 1
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            snap = self._latest
+            oom_kills = dict(self._oom_kills)
+            errors = dict(self._sampler_errors)
+            recorder_size, recorder_errors = self._recorder_size, self._recorder_errors
+        out = _Families()
+        if snap is not None:
+            host_metrics(out, snap.host)
+            for cg in snap.cgroups:
+                cgroup_metrics(out, cg)
+            process_metrics(out, snap.processes, snap.model_processes())
+            gpu_metrics(out, snap.gpu)
+            out.add(cat.AGENT_SAMPLE_DURATION, snap.duration_s)
+        # Counters exist from the first scrape (at zero) so rate() and absent() behave.
+        for constraint in sorted(set(oom_kills) | {"CONSTRAINT_MEMCG", "CONSTRAINT_NONE"}):
+            out.add(cat.OOM_KILLS, oom_kills.get(constraint, 0), (constraint,))
+        for sampler in sorted(set(errors) | {"host", "cgroup", "processes", "gpu", "kmsg"}):
+            out.add(cat.AGENT_SAMPLER_ERRORS, errors.get(sampler, 0), (sampler,))
+        out.add(cat.AGENT_RESIDENT_MEMORY, _own_rss_bytes())
+        times = os.times()
+        out.add(cat.AGENT_CPU, times.user + times.system)
+        out.add(cat.RECORDER_SIZE, recorder_size)
+        out.add(cat.RECORDER_WRITE_ERRORS, recorder_errors)
+        yield from out.emit()
+
+
+def _own_rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * _PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def exposition(snapshot: Snapshot) -> bytes:
+    """The text exposition of one snapshot (what ``diag collect --once`` prints)."""
+    registry = CollectorRegistry(auto_describe=False)
+    collector = SnapshotCollector()
+    collector.update(snapshot)
+    registry.register(collector)
+    return generate_latest(registry)

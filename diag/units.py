@@ -1,0 +1,48 @@
+"""Human units on the command line: durations (``90s``, ``30m``, ``2h``, ``1d``) and sizes (``256MiB``, ``1G``).
+
+Errors say what was expected, because an on-call engineer typing under stress deserves better than
+a traceback.
+"""
+
+from __future__ import annotations
+
+import re
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
+_SIZE_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from ``500ms``, ``90s``, ``30m``, ``2h``, ``1d``; a bare number is seconds."""
+    match = _DURATION_RE.match(text)
+    if not match:
+        raise ValueError(f"{text!r} is not a duration; use e.g. 90s, 30m, 2h or 1d")
+    value = float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "s").lower()]
+    if value <= 0:
+        raise ValueError(f"{text!r}: a duration must be positive")
+    return value
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``256MiB``, ``1G``, ``512k``, ``1000000``. K/M/G/T are powers of 1024 (what people mean for RAM)."""
+    match = _SIZE_RE.match(text)
+    if not match:
+        raise ValueError(f"{text!r} is not a size; use e.g. 256MiB, 1GiB or a number of bytes")
+    number, prefix = float(match.group(1)), match.group(2).lower()
+    value = int(number * 1024 ** _SIZE_POWERS[prefix])
+    if value <= 0:
+        raise ValueError(f"{text!r}: a size must be positive")
+    return value
+
+
+def format_bytes(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"

@@ -1,0 +1,184 @@
+"""Redaction: canaries never survive, ordinary arguments do, and nothing raises on odd input."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from collectors.redact import REDACTED, is_secret_name, redact_argv, redact_argv_counts, redact_text
+
+CANARY = "CANARYs3cr3tVALUE9876"
+OPENAI = "sk-proj-" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4"
+HF = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz123456"
+GHP = "ghp_" + "0123456789abcdefghijABCDEFGHIJ012345"
+AWS = "AKIA" + "IOSFODNN7EXAMPLE"
+JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--api-key", CANARY],
+        ["serve", f"--api-key={CANARY}"],
+        ["serve", "--token", CANARY],
+        ["serve", "--hf-token", CANARY],
+        ["serve", "--password", CANARY],
+        ["serve", f"--db-password={CANARY}"],
+        ["serve", "--secret", CANARY],
+        ["serve", "--client-secret", CANARY],
+        ["serve", "--auth", CANARY],
+        ["serve", "--authorization", CANARY],
+        ["serve", "--credentials", CANARY],
+        ["serve", "-token", CANARY],  # Go-style single-dash long flag
+        ["serve", "--apiKey", CANARY],
+        ["env", f"HF_TOKEN={CANARY}", "python", "serve.py"],
+        ["env", f"OPENAI_API_KEY={CANARY}", "python"],
+        ["env", f"PGPASSWORD={CANARY}", "psql"],
+        ["env", f"SECRET_KEY_BASE={CANARY}", "rails"],
+        ["curl", "-H", f"Authorization: Bearer {CANARY}", "http://127.0.0.1/"],
+        ["curl", "-H", "Authorization:", "Bearer", CANARY],
+        ["curl", "-H", f"Authorization: Basic {CANARY}"],
+        ["curl", "-H", f"authorization: {CANARY}"],
+        ["tool", "bearer", CANARY],
+        ["psql", f"postgres://admin:{CANARY}@db:5432/app"],
+        ["git", "clone", f"https://x-access-token:{CANARY}@github.com/o/r"],
+        ["serve", f"--db=postgresql://u:{CANARY}@h/db"],
+        ["serve", f"--url=http://h/?api_key={CANARY}&x=1"],
+        ["serve", "--config", f'{{"password": "{CANARY}"}}'],
+        ["serve", OPENAI],
+        ["serve", HF],
+        ["serve", GHP],
+        ["serve", AWS],
+        ["serve", JWT],
+        ["serve", f"--weird={OPENAI}"],
+    ],
+)
+def test_secret_values_never_survive(argv: list[str]) -> None:
+    out = redact_argv(argv)
+    for secret in (CANARY, OPENAI, HF, GHP, AWS, JWT):
+        assert secret not in out
+    assert REDACTED in out
+    assert out.split(" ")[0] == argv[0]  # the program name is kept
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["python", "-m", "llama_cpp.server", "--model", "/m.gguf", "--port", "8000"],
+        ["vllm", "serve", "--max-tokens", "5", "--max-model-len", "4096", "--tokenizer", "/tok"],
+        ["setxkbmap", "--keyboard", "us"],
+        ["serve", "--key-file", "/etc/ssl/key.pem", "--ssl-keyfile", "/k.pem", "--auth-type", "basic"],
+        ["serve", "--token-limit", "100", "--num-keys", "3", "--max-new-tokens", "64"],
+        ["env", "TOKENIZERS_PARALLELISM=false", "OMP_NUM_THREADS=1", "python", "x.py"],
+        ["env", "AWS_ACCESS_KEY_ID_FILE=/run/id", "PWD=/srv", "python"],
+        ["ssh", "git@github.com"],
+        ["serve", "--use-auth-token", "--model", "m"],  # a flag followed by a flag takes no value
+        ["serve", "--detokenize", "on", "--monkey", "patch"],
+    ],
+)
+def test_ordinary_arguments_survive(argv: list[str]) -> None:
+    assert redact_argv(argv) == " ".join(argv)
+
+
+def test_only_the_value_goes() -> None:
+    assert redact_argv(["serve", "--api-key", CANARY, "--port", "8000"]) == "serve --api-key <redacted> --port 8000"
+    assert redact_argv(["serve", f"--api-key={CANARY}"]) == "serve --api-key=<redacted>"
+    assert redact_argv(["env", f"HF_TOKEN={CANARY}", "x"]) == "env HF_TOKEN=<redacted> x"
+
+
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("HF_TOKEN", True),
+        ("OPENAI_API_KEY", True),
+        ("AWS_SECRET_ACCESS_KEY", True),
+        ("hf_token", True),
+        ("apiKey", True),
+        ("DB_PASSWD", True),
+        ("PGPASSWORD", True),
+        ("GOOGLE_APPLICATION_CREDENTIALS_JSON", True),
+        ("AUTH", True),
+        ("API_KEY_2", True),
+        ("TOKENIZERS_PARALLELISM", False),
+        ("MAX_TOKENS", False),
+        ("KEYBOARD", False),
+        ("PATH", False),
+        ("PWD", False),
+        ("AWS_ACCESS_KEY_ID", False),
+        ("SSL_KEY_FILE", False),
+        ("", False),
+    ],
+)
+def test_is_secret_name(name: str, secret: bool) -> None:
+    assert is_secret_name(name) is secret
+
+
+def test_redact_text_counts_per_rule() -> None:
+    text = "\n".join(
+        [
+            f"connecting to postgres://app:{CANARY}@db/app",
+            f"Authorization: Bearer {CANARY}",
+            f"using key {OPENAI} and {HF}",
+            f'config: {{"api_key": "{CANARY}", "max_tokens": 5}}',
+            f"argv: serve --password {CANARY} --port 8000",
+            "-----BEGIN PRIVATE KEY-----",
+            CANARY,
+            "-----END PRIVATE KEY-----",
+        ]
+    )
+    out, counts = redact_text(text)
+    assert CANARY not in out and OPENAI not in out and HF not in out
+    assert counts == {
+        "private_key": 1,
+        "url_credentials": 1,
+        "bearer": 1,
+        "token_openai": 1,
+        "token_huggingface": 1,
+        "key_value": 1,
+        "flag_value": 1,
+    }
+    assert '"max_tokens": 5' in out and "--port 8000" in out
+
+
+def test_a_harmless_pair_does_not_hide_a_secret_one() -> None:
+    out, counts = redact_text(f"a=password={CANARY}&token={CANARY}")
+    assert CANARY not in out
+    assert counts == {"key_value": 2}
+
+
+def test_redaction_is_stable_when_applied_twice() -> None:
+    once, _ = redact_text(f"token={CANARY} Authorization: Bearer {CANARY}")
+    twice, counts = redact_text(once)
+    assert twice == once
+    assert counts == {}
+
+
+def test_argv_counts() -> None:
+    _, counts = redact_argv_counts(["serve", "--api-key", CANARY, HF])
+    assert counts == {"flag_value": 1, "token_huggingface": 1}
+
+
+_secret_flags = st.sampled_from(["--api-key", "--token", "--password", "--secret", "--auth-token", "--hf_token"])
+_plain = st.text(alphabet=st.characters(codec="utf-8"), max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(before=st.lists(_plain, max_size=5), flag=_secret_flags, after=st.lists(_plain, max_size=5), joined=st.booleans())
+def test_canary_after_a_secret_flag_never_survives(before: list[str], flag: str, after: list[str], joined: bool) -> None:
+    argv = [*before, f"{flag}={CANARY}"] if joined else [*before, flag, CANARY]
+    assert CANARY not in redact_argv([*argv, *after])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=400))
+def test_redact_text_never_raises(text: str) -> None:
+    out, counts = redact_text(text)
+    assert isinstance(out, str)
+    assert all(isinstance(v, int) and v > 0 for v in counts.values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=40), max_size=12))
+def test_redact_argv_never_raises(argv: list[str]) -> None:
+    assert isinstance(redact_argv(argv), str)
