@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from collectors.procfs import read_text
+from collectors.procfs import ReadResult, read_text
 from collectors.records import ProcessSample
 from collectors.redact import redact_argv
 
@@ -212,6 +212,9 @@ class _Known:
     vsize_at_scan: int = 0
     cmdline_raw: bytes | None = None
     cmdline: str = ""
+    rollup: dict[str, int] | None = None  # last smaps_rollup values (the expensive read)
+    rollup_at: float = 0.0
+    rss_at_rollup: int = 0
 
 
 @dataclass
@@ -239,6 +242,7 @@ class ProcessSampler:
         extra_model_paths: Sequence[str] = (),
         watch_pids: Sequence[int] = (),
         model_rescan_s: float = 5.0,
+        smaps_interval_s: float = 5.0,
         rss_jump_bytes: int = 32 << 20,
         rss_jump_ratio: float = 0.2,
     ) -> None:
@@ -246,6 +250,7 @@ class ProcessSampler:
         self.top_n = max(0, int(top_n))
         self.watch_pids = frozenset(int(p) for p in watch_pids)
         self.model_rescan_s = max(0.0, float(model_rescan_s))
+        self.smaps_interval_s = max(0.0, float(smaps_interval_s))
         self.rss_jump_bytes = int(rss_jump_bytes)
         self.rss_jump_ratio = float(rss_jump_ratio)
         self.errors = 0
@@ -422,10 +427,22 @@ class ProcessSampler:
             known.cmdline_raw, known.cmdline = raw, display
             sample.cmdline = display
 
-        rollup = read_text(self._pid_path(pid, "smaps_rollup"))
-        values = parse_smaps_rollup(rollup.text) if rollup.ok else {}
-        if not rollup.ok and self._gone(pid):
-            return None
+        # smaps_rollup walks every mapping in the kernel (~0.5-1.5 ms for a big Python/torch process), so
+        # PSS/USS/swap are re-read every smaps_interval_s, or at once when RSS moved a lot; RSS itself is fresh.
+        rss_moved = abs((c.rss or 0) - known.rss_at_rollup)
+        if (
+            known.rollup is not None
+            and ts - known.rollup_at < self.smaps_interval_s
+            and not (rss_moved >= self.rss_jump_bytes and rss_moved >= self.rss_jump_ratio * max(known.rss_at_rollup, 1))
+        ):
+            rollup, values = ReadResult(""), known.rollup
+        else:
+            rollup = read_text(self._pid_path(pid, "smaps_rollup"))
+            values = parse_smaps_rollup(rollup.text) if rollup.ok else {}
+            if not rollup.ok and self._gone(pid):
+                return None
+            if rollup.ok:
+                known.rollup, known.rollup_at, known.rss_at_rollup = values, ts, c.rss or 0
 
         def reason(keys: str) -> str:
             return f"smaps_rollup: {rollup.error}" if not rollup.ok else f"smaps_rollup lacks {keys}"

@@ -298,6 +298,24 @@ class CudaOomError(Record):
     pid: int | None = None
 
 
+@dataclass
+class ServiceConfig(Record):
+    """How a serving process is configured, written once at start-up (and on change).
+
+    Why a record: the ``unsafe_config`` rule judges workers x concurrency x per-request memory against
+    the limit, queue size 0, preload per worker, unbounded prompts -- facts no sampler can see.
+    ``settings`` keys are free-form but these are understood: workers, max_concurrency, queue_size,
+    queue_timeout_s, request_timeout_s, preload (per-worker|shared), refresh (none|every-request|ttl),
+    max_prompt_tokens, memory_guard, batching (requests|tokens), max_batch_tokens, weights_bytes,
+    model_path, experts.
+    """
+
+    KIND: ClassVar[str] = "config"
+    service: str = ""
+    pid: int | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
 # --------------------------------------------------------------------------- alerts (triage input)
 
 
@@ -331,6 +349,7 @@ RECORD_TYPES: dict[str, type[Record]] = {
         LoaderEvent,
         TorchMemorySnapshot,
         CudaOomError,
+        ServiceConfig,
         Alert,
     )
 }

@@ -204,6 +204,63 @@ def collect(
     typer.echo(f"diag collect: stopped after {agent.samples} samples", err=True)
 
 
+@app.command()
+def analyze(
+    recorder: Annotated[Path | None, typer.Option(help="Flight recorder to read (default: the agent's).")] = None,
+    bundle: Annotated[Path | None, typer.Option(help="Analyse an incident bundle directory instead.")] = None,
+    prometheus: Annotated[str | None, typer.Option(help="Prometheus base URL: the fleet-scale path (query_range).")] = None,
+    selector: Annotated[
+        str, typer.Option(help='With --prometheus: label matchers for the service, e.g. \'job="llm",instance="10.0.0.5:9464"\'.')
+    ] = "",
+    since: Annotated[str, typer.Option(help="How far back to look, e.g. 30m, 2h.")] = "1h",
+    as_json: Annotated[bool, typer.Option("--json", help="The documented JSON document instead of text.")] = False,
+) -> None:
+    """Classify what the records show: the verdict first, findings with evidence, and what could not be evaluated.
+
+    JSON shape: {"verdict": {"primary", "contributing"}, "findings": [{"class", "rule", "confidence", "summary",
+    "evidence", "rules_out", "remediation", "start", "end"}], "not_evaluated": [{"rule", "class", "missing"}]}
+
+    Examples:\n
+      diag analyze --since 30m\n
+      diag analyze --bundle ./llm-diag-bundle-20261130T1200Z --json\n
+      diag analyze --prometheus http://127.0.0.1:9090 --selector 'job="llm-api"'
+    """
+    from diag.loaders import load_bundle, load_recorder
+    from diag.rules.engine import analyze as run_rules
+
+    sources = [s for s in (recorder, bundle, prometheus) if s is not None]
+    if len(sources) > 1:
+        _fail("give one of --recorder, --bundle, --prometheus")
+    try:
+        since_s = parse_duration(since)
+    except ValueError as exc:
+        _fail(str(exc))
+        return
+    try:
+        if bundle is not None:
+            timeline = load_bundle(bundle)
+        elif prometheus is not None:
+            from diag.prometheus_loader import load_prometheus
+
+            timeline = load_prometheus(prometheus, selector=selector, since_s=since_s)
+        else:
+            path = recorder or default_recorder_path()
+            if not path.exists():
+                _fail(f"no flight recorder at {path}; run `diag collect` first, or pass --recorder/--bundle/--prometheus")
+            timeline = load_recorder(path, since_s=since_s)
+    except (OSError, ValueError) as exc:
+        _fail(str(exc))
+        return
+    result = run_rules(timeline)
+    if as_json:
+        json.dump(result.to_dict(), sys.stdout, indent=2, allow_nan=False, default=str)
+        sys.stdout.write("\n")
+    else:
+        from diag.analysis_view import render_analysis
+
+        render_analysis(result)
+
+
 def main() -> None:  # pragma: no cover - console entry point
     app()
 

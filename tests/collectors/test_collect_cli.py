@@ -16,8 +16,9 @@ import pytest
 
 from collectors.catalog import CATALOG, MEMINFO_FIELDS
 from collectors.recorder import FlightRecorder
+from tests.paths import EXTERNAL
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "external"
+FIXTURES = EXTERNAL
 NODE_EXPORTER = FIXTURES / "node_exporter"
 DIAG = [sys.executable, "-m", "diag.cli"]
 SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")

@@ -19,8 +19,8 @@ from collectors.catalog import MEMINFO_FIELDS, PSI_RESOURCES, VMSTAT_FIELDS
 from collectors.host import HostSampler, parse_zoneinfo
 from collectors.procfs import parse_flat_keyed, parse_meminfo
 from collectors.records import HostSnapshot, record_from_json
+from tests.paths import EXTERNAL
 
-EXTERNAL = Path("/work/shared/fixtures/external")
 NODE_PROC = EXTERNAL / "node_exporter" / "proc"
 NODE_EXPECTED = EXTERNAL / "node_exporter" / "expected_metrics.prom"
 PROCFS_PROC = EXTERNAL / "procfs" / "proc"

@@ -18,9 +18,10 @@ from collectors import procfs
 from collectors.cgroup import CgroupSampler, clean_cgroup_path, map_v1_stat, parse_proc_cgroup
 from collectors.host import HostSampler, parse_zoneinfo
 from collectors.records import CgroupSnapshot, Psi
+from tests.paths import EXTERNAL
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "cgroup"
-NODE_PROC = Path("/work/shared/fixtures/external/node_exporter/proc")
+NODE_PROC = EXTERNAL / "node_exporter" / "proc"
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -24,8 +24,9 @@ from collectors.processes import (
     split_cmdline,
 )
 from collectors.records import ProcessSample, record_from_json
+from tests.paths import EXTERNAL
 
-FIXTURE_PROC = Path("/work/shared/fixtures/external/procfs/proc")
+FIXTURE_PROC = EXTERNAL / "procfs" / "proc"
 PAGE = os.sysconf("SC_PAGE_SIZE")
 TCK = os.sysconf("SC_CLK_TCK")
 KIB = 1024
@@ -223,6 +224,18 @@ def test_model_discovery_is_cached_and_rescanned(tmp_path: Path) -> None:
     (d / "maps").write_text(_maps_line("/m/other.gguf"))
     (d / "stat").write_text(_stat_line(10, start=2000, rss_pages=100 + (64 << 20) // PAGE))
     assert sampler.sample(now=105.7)[0].model_files == ["/m/other.gguf"]
+
+
+def test_smaps_rollup_is_reread_on_its_interval_or_an_rss_jump(tmp_path: Path) -> None:
+    d = make_proc(tmp_path, 10, rss_pages=100)
+    sampler = ProcessSampler(tmp_path, smaps_interval_s=5.0, rss_jump_bytes=1 << 20, rss_jump_ratio=0.5)
+    assert sampler.sample(now=100.0)[0].pss_bytes == 50 * 1024
+    (d / "smaps_rollup").write_text(_rollup(pss_kb=80))
+    assert sampler.sample(now=101.0)[0].pss_bytes == 50 * 1024  # cached: the read is the costly part
+    assert sampler.sample(now=105.0)[0].pss_bytes == 80 * 1024  # interval elapsed
+    (d / "smaps_rollup").write_text(_rollup(pss_kb=90))
+    (d / "stat").write_text(_stat_line(10, rss_pages=100 + (64 << 20) // PAGE))
+    assert sampler.sample(now=105.1)[0].pss_bytes == 90 * 1024  # RSS jumped: re-read at once
 
 
 def test_an_mmap_growing_the_address_space_triggers_a_rescan(tmp_path: Path) -> None:

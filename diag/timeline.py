@@ -1,0 +1,442 @@
+"""The Timeline: every recorded signal as columns (numpy arrays), aligned on Unix time.
+
+Rules see only a Timeline (ARCHITECTURE.md). It is built by loaders from the flight recorder, a
+bundle directory or a Prometheus server, so the rules do not care where the data came from -- and
+it is columnar because the rules are statistics over long series (24 h at 1 Hz, a million
+requests), which is what numpy is for.
+
+Naming of series (the *signals* rules ask for, and what ``not_evaluated`` names when absent):
+
+- host: ``memory.<snake name>`` (bytes), ``psi.<cpu|memory|io>.<some|full>.<avg10|avg60|avg300>``
+  (percent), ``psi.<res>.<kind>.total_s`` (cumulative seconds), ``vmstat.<field>`` (cumulative).
+- per cgroup path: ``usage``, ``working_set``, ``peak``, ``limit``, ``high``, ``swap``,
+  ``events.<key>``, ``events_local.<key>``, ``stat.<key>``, ``under_oom``, and the group's memory
+  PSI as ``psi.memory.<kind>.<field>``.
+- per process track (pid + start time): ``rss``, ``pss``, ``uss``, ``swap``, ``major_faults``,
+  ``minor_faults``; static facts (comm, cmdline, model files, cgroup) beside them.
+- per GPU index: ``total``, ``used``, ``free``, ``reserved``, ``util_gpu``, ``util_memory``.
+- tables (one row per event): requests, batches, routing, loader, torch, and lists of OOM events,
+  CUDA OOM errors and service configurations.
+
+Missing values are NaN in float columns; an absent signal is an absent key, never a column of zeros.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from collectors.records import CudaOomError, OomEvent, ServiceConfig, record_from_dict
+
+NAN = float("nan")
+
+
+@dataclass
+class Series:
+    """One numeric signal over time; ``ts`` ascending seconds, ``values`` float64 with NaN for missing."""
+
+    ts: np.ndarray
+    values: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.ts.size)
+
+    def window(self, start: float | None = None, end: float | None = None) -> Series:
+        lo = 0 if start is None else int(np.searchsorted(self.ts, start, "left"))
+        hi = self.ts.size if end is None else int(np.searchsorted(self.ts, end, "right"))
+        return Series(self.ts[lo:hi], self.values[lo:hi])
+
+    def valid(self) -> Series:
+        """Only the samples that have a value."""
+        keep = ~np.isnan(self.values)
+        return Series(self.ts[keep], self.values[keep])
+
+    def rate(self) -> Series:
+        """Per-second rate of a cumulative counter; a reset (decrease) yields NaN for that step, not a negative rate."""
+        s = self.valid()
+        if len(s) < 2:
+            return Series(np.empty(0), np.empty(0))
+        dt = np.diff(s.ts)
+        dv = np.diff(s.values)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = np.where((dt > 0) & (dv >= 0), dv / np.where(dt > 0, dt, 1.0), np.nan)
+        return Series(s.ts[1:], r)
+
+    def increase(self) -> float:
+        """Total increase of a counter over the series, counting through resets like PromQL's increase()."""
+        s = self.valid()
+        if len(s) < 2:
+            return 0.0
+        dv = np.diff(s.values)
+        return float(np.where(dv >= 0, dv, s.values[1:]).sum())
+
+    def last(self) -> float:
+        s = self.valid()
+        return float(s.values[-1]) if len(s) else NAN
+
+
+@dataclass
+class Table:
+    """Rows of one event kind as columns. Float columns use NaN for missing; string columns are object arrays."""
+
+    columns: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(next(iter(self.columns.values())).size) if self.columns else 0
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.columns[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.columns
+
+    def select(self, mask: np.ndarray) -> Table:
+        return Table({k: v[mask] for k, v in self.columns.items()})
+
+
+@dataclass
+class ProcessTrack:
+    """One process over its lifetime (a pid reused by another program is another track)."""
+
+    pid: int
+    start_time_s: float | None
+    comm: str = ""
+    cmdline: str = ""
+    memory_cgroup: str | None = None
+    model_files: set[str] = field(default_factory=set)
+    series: dict[str, Series] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.pid}@{self.start_time_s}"
+
+
+@dataclass
+class Timeline:
+    start: float
+    end: float
+    source: str = ""
+    host: dict[str, Series] = field(default_factory=dict)
+    cgroups: dict[str, dict[str, Series]] = field(default_factory=dict)
+    processes: dict[str, ProcessTrack] = field(default_factory=dict)
+    gpus: dict[int, dict[str, Series]] = field(default_factory=dict)
+    gpu_unavailable_reason: str | None = None
+    gpu_processes: Table = field(default_factory=Table)  # ts, gpu, pid, used_bytes
+    requests: Table = field(default_factory=Table)
+    batches: Table = field(default_factory=Table)
+    routing: Table = field(default_factory=Table)
+    loader: Table = field(default_factory=Table)
+    torch: Table = field(default_factory=Table)
+    ooms: list[OomEvent] = field(default_factory=list)
+    cuda_ooms: list[CudaOomError] = field(default_factory=list)
+    configs: list[ServiceConfig] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)  # records read per kind
+    skipped: dict[str, int] = field(default_factory=dict)  # undecodable rows per kind
+
+    @property
+    def duration_s(self) -> float:
+        return max(0.0, self.end - self.start)
+
+    def signals(self) -> set[str]:
+        """Names of the signals present, as rules declare them (``host:memory.available``, ``requests``...)."""
+        names = {f"host:{k}" for k, s in self.host.items() if len(s.valid())}
+        for series in self.cgroups.values():
+            names.update(f"cgroup:{k}" for k, s in series.items() if len(s.valid()))
+        if self.processes:
+            names.add("processes")
+            names.update(f"process:{k}" for t in self.processes.values() for k in t.series)
+        if any(t.model_files for t in self.processes.values()):
+            names.add("process:model_files")
+        for dev in self.gpus.values():
+            names.update(f"gpu:{k}" for k in dev)
+        for name in ("requests", "batches", "routing", "loader", "torch", "gpu_processes"):
+            if len(getattr(self, name)):
+                names.add(name)
+        if self.ooms or self.counts.get("host"):  # kmsg watched while the agent ran: absence of OOMs is evidence
+            names.add("ooms")
+        if self.cuda_ooms:
+            names.add("cuda_ooms")
+        if self.configs:
+            names.add("config")
+        return names
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _f(value: Any) -> float:
+    if value is None:
+        return NAN
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return NAN
+
+
+class _SeriesBuilder:
+    """Collects (ts, value) pairs per name; a name first seen late is back-filled with NaN-free sparse rows."""
+
+    def __init__(self) -> None:
+        self.ts: dict[str, list[float]] = defaultdict(list)
+        self.values: dict[str, list[float]] = defaultdict(list)
+
+    def add(self, name: str, ts: float, value: Any) -> None:
+        v = _f(value)
+        if math.isnan(v):
+            return
+        self.ts[name].append(ts)
+        self.values[name].append(v)
+
+    def build(self) -> dict[str, Series]:
+        out = {}
+        for name, ts in self.ts.items():
+            t = np.asarray(ts, dtype=np.float64)
+            v = np.asarray(self.values[name], dtype=np.float64)
+            order = np.argsort(t, kind="stable")
+            out[name] = Series(t[order], v[order])
+        return out
+
+
+def _add_psi(builder: _SeriesBuilder, prefix: str, ts: float, psi: Mapping[str, Any] | None) -> None:
+    if not psi:
+        return
+    for kind in ("some", "full"):
+        line = psi.get(kind)
+        if not line:
+            continue
+        for key in ("avg10", "avg60", "avg300"):
+            builder.add(f"{prefix}.{kind}.{key}", ts, line.get(key))
+        total = line.get("total_us")
+        if total is not None:
+            builder.add(f"{prefix}.{kind}.total_s", ts, _f(total) / 1e6)
+
+
+_REQUEST_COLUMNS = ("ts", "arrival", "start", "finish", "prompt_tokens", "output_tokens", "ttft_s", "pid")
+_REQUEST_STR_COLUMNS = ("outcome", "route", "model")
+_BATCH_COLUMNS = ("ts", "requests", "input_tokens", "max_request_tokens", "active_decode_sequences", "concurrent_batches", "pid")
+_ROUTING_COLUMNS = ("ts", "layer", "top_expert_tokens", "median_expert_tokens", "skew", "balancedness", "overflow_tokens", "pid")
+_LOADER_COLUMNS = ("ts", "start", "duration_s", "bytes_read", "cache_hit", "in_request_path", "pid")
+_TORCH_COLUMNS = (
+    "ts", "device", "allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "num_ooms",
+    "num_alloc_retries", "pid",
+)  # fmt: skip
+
+
+class TimelineBuilder:
+    """Feed record dicts (as stored: ``{"kind": ..., "schema": ..., ...}``) in any order; ``build()`` sorts by time.
+
+    Dicts rather than dataclasses on purpose: a million request rows decoded into dataclasses cost
+    seconds; reading the few fields we need from the parsed JSON does not.
+    """
+
+    def __init__(self, source: str = "") -> None:
+        self.source = source
+        self.start = math.inf
+        self.end = -math.inf
+        self.host = _SeriesBuilder()
+        self.cgroups: dict[str, _SeriesBuilder] = defaultdict(_SeriesBuilder)
+        self.procs: dict[str, ProcessTrack] = {}
+        self.proc_series: dict[str, _SeriesBuilder] = defaultdict(_SeriesBuilder)
+        self.gpus: dict[int, _SeriesBuilder] = defaultdict(_SeriesBuilder)
+        self.gpu_reason: str | None = None
+        self.rows: dict[str, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
+        self.ooms: list[OomEvent] = []
+        self.cuda_ooms: list[CudaOomError] = []
+        self.configs: list[ServiceConfig] = []
+        self.counts: dict[str, int] = defaultdict(int)
+        self.skipped: dict[str, int] = defaultdict(int)
+
+    def add_json(self, text: str, kind_hint: str = "?") -> None:
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            self.skipped[kind_hint] += 1
+            return
+        if isinstance(obj, dict):
+            self.add(obj)
+        else:
+            self.skipped[kind_hint] += 1
+
+    def add(self, obj: Mapping[str, Any]) -> None:
+        kind = obj.get("kind")
+        ts = _f(obj.get("ts"))
+        if not isinstance(kind, str) or math.isnan(ts):
+            self.skipped[str(kind)] += 1
+            return
+        handler = _HANDLERS.get(kind)
+        if handler is None:
+            self.skipped[kind] += 1
+            return
+        try:
+            handler(self, ts, obj)
+        except (TypeError, ValueError, AttributeError, KeyError):
+            self.skipped[kind] += 1
+            return
+        self.counts[kind] += 1
+        self.start = min(self.start, ts)
+        self.end = max(self.end, ts)
+
+    # ---- per kind
+
+    def _host(self, ts: float, obj: Mapping[str, Any]) -> None:
+        b = self.host
+        for name, value in (obj.get("memory") or {}).items():
+            b.add(f"memory.{name}", ts, value)
+        for name, value in (obj.get("vmstat") or {}).items():
+            b.add(f"vmstat.{name}", ts, value)
+        for resource, psi in (obj.get("psi") or {}).items():
+            _add_psi(b, f"psi.{resource}", ts, psi)
+
+    def _cgroup(self, ts: float, obj: Mapping[str, Any]) -> None:
+        b = self.cgroups[str(obj.get("path") or "?")]
+        for name in ("usage", "working_set", "peak", "limit", "high", "low", "min", "swap"):
+            b.add(name, ts, obj.get(f"{name}_bytes"))
+        for name, value in (obj.get("events") or {}).items():
+            b.add(f"events.{name}", ts, value)
+        for name, value in (obj.get("events_local") or {}).items():
+            b.add(f"events_local.{name}", ts, value)
+        for name, value in (obj.get("stat") or {}).items():
+            b.add(f"stat.{name}", ts, value)
+        if obj.get("under_oom") is not None:
+            b.add("under_oom", ts, int(bool(obj["under_oom"])))
+        _add_psi(b, "psi.memory", ts, obj.get("pressure"))
+
+    def _process(self, ts: float, obj: Mapping[str, Any]) -> None:
+        pid = int(obj["pid"])
+        start_time = obj.get("start_time_s")
+        key = f"{pid}@{start_time}"
+        track = self.procs.get(key)
+        if track is None:
+            track = self.procs[key] = ProcessTrack(pid, start_time)
+        track.comm = obj.get("comm") or track.comm
+        track.cmdline = obj.get("cmdline") or track.cmdline
+        track.memory_cgroup = obj.get("memory_cgroup") or track.memory_cgroup
+        track.model_files.update(obj.get("model_files") or ())
+        b = self.proc_series[key]
+        for name in ("rss", "pss", "uss", "swap"):
+            b.add(name, ts, obj.get(f"{name}_bytes"))
+        b.add("major_faults", ts, obj.get("major_faults"))
+        b.add("minor_faults", ts, obj.get("minor_faults"))
+
+    def _gpu(self, ts: float, obj: Mapping[str, Any]) -> None:
+        if not obj.get("available"):
+            self.gpu_reason = obj.get("reason") or "unavailable"
+            return
+        for dev in obj.get("devices") or ():
+            b = self.gpus[int(dev["index"])]
+            for name in ("total", "used", "free", "reserved"):
+                b.add(name, ts, dev.get(f"{name}_bytes"))
+            b.add("util_gpu", ts, dev.get("utilization_gpu_ratio"))
+            b.add("util_memory", ts, dev.get("utilization_memory_ratio"))
+        rows = self.rows["gpu_processes"]
+        for proc in obj.get("processes") or ():
+            rows["ts"].append(ts)
+            rows["gpu"].append(_f(proc.get("gpu_index")))
+            rows["pid"].append(_f(proc.get("pid")))
+            rows["used_bytes"].append(_f(proc.get("used_bytes")))
+
+    def _oom(self, ts: float, obj: Mapping[str, Any]) -> None:
+        self.ooms.append(record_from_dict(dict(obj)))  # type: ignore[arg-type]
+
+    def _cuda_oom(self, ts: float, obj: Mapping[str, Any]) -> None:
+        self.cuda_ooms.append(record_from_dict(dict(obj)))  # type: ignore[arg-type]
+
+    def _config(self, ts: float, obj: Mapping[str, Any]) -> None:
+        self.configs.append(record_from_dict(dict(obj)))  # type: ignore[arg-type]
+
+    def build(self) -> Timeline:
+        start = self.start if self.start != math.inf else 0.0
+        end = self.end if self.end != -math.inf else 0.0
+        processes = {}
+        for key, track in self.procs.items():
+            track.series = self.proc_series[key].build()
+            processes[key] = track
+        tables = {name: _to_table(rows) for name, rows in self.rows.items()}
+        requests = tables.get("requests", Table())
+        if len(requests):
+            requests = _derive_request_columns(requests)
+        return Timeline(
+            start=start,
+            end=end,
+            source=self.source,
+            host=self.host.build(),
+            cgroups={path: b.build() for path, b in self.cgroups.items()},
+            processes=processes,
+            gpus={i: b.build() for i, b in self.gpus.items()},
+            gpu_unavailable_reason=self.gpu_reason if not self.gpus else None,
+            gpu_processes=tables.get("gpu_processes", Table()),
+            requests=requests,
+            batches=tables.get("batches", Table()),
+            routing=tables.get("routing", Table()),
+            loader=tables.get("loader", Table()),
+            torch=tables.get("torch", Table()),
+            ooms=sorted(self.ooms, key=lambda o: o.ts),
+            cuda_ooms=sorted(self.cuda_ooms, key=lambda o: o.ts),
+            configs=sorted(self.configs, key=lambda c: c.ts),
+            counts=dict(self.counts),
+            skipped=dict(self.skipped),
+        )
+
+
+def _table_handler(name: str, numeric: tuple[str, ...], strings: tuple[str, ...] = ()) -> Any:
+    """A handler that appends the named fields of a record to the rows of table ``name``."""
+
+    def handler(self: TimelineBuilder, ts: float, obj: Mapping[str, Any]) -> None:
+        rows = self.rows[name]
+        for col in numeric:
+            rows[col].append(ts if col == "ts" else _f(obj.get(col)))
+        for col in strings:
+            rows[col].append(str(obj.get(col) or ""))
+
+    return handler
+
+
+def _to_table(rows: Mapping[str, list[Any]]) -> Table:
+    cols = {}
+    for name, values in rows.items():
+        if values and isinstance(values[0], str):
+            cols[name] = np.asarray(values, dtype=object)
+        else:
+            cols[name] = np.asarray(values, dtype=np.float64)
+    table = Table(cols)
+    if "ts" in cols and len(table):
+        table = table.select(np.argsort(cols["ts"], kind="stable"))
+    return table
+
+
+def _derive_request_columns(t: Table) -> Table:
+    cols = dict(t.columns)
+    start, arrival, finish = cols["start"], cols["arrival"], cols["finish"]
+    cols["queue_wait_s"] = np.maximum(start - arrival, 0.0)  # NaN where the request never started
+    cols["inference_s"] = np.maximum(finish - start, 0.0)
+    cols["e2e_s"] = np.maximum(finish - arrival, 0.0)
+    return Table(cols)
+
+
+_HANDLERS: dict[str, Any] = {
+    "host": TimelineBuilder._host,
+    "cgroup": TimelineBuilder._cgroup,
+    "process": TimelineBuilder._process,
+    "gpu": TimelineBuilder._gpu,
+    "oom": TimelineBuilder._oom,
+    "cuda_oom": TimelineBuilder._cuda_oom,
+    "config": TimelineBuilder._config,
+    "request": _table_handler("requests", _REQUEST_COLUMNS, _REQUEST_STR_COLUMNS),
+    "batch": _table_handler("batches", _BATCH_COLUMNS),
+    "routing": _table_handler("routing", _ROUTING_COLUMNS),
+    "loader": _table_handler("loader", _LOADER_COLUMNS),
+    "torch_memory": _table_handler("torch", _TORCH_COLUMNS),
+}
+
+
+def timeline_from_records(records: Iterable[Mapping[str, Any]], source: str = "") -> Timeline:
+    builder = TimelineBuilder(source)
+    for obj in records:
+        builder.add(obj)
+    return builder.build()
