@@ -15,6 +15,8 @@ Naming of series (the *signals* rules ask for, and what ``not_evaluated`` names 
 - per process track (pid + start time): ``rss``, ``pss``, ``uss``, ``swap``, ``major_faults``,
   ``minor_faults``; static facts (comm, cmdline, model files, cgroup) beside them.
 - per GPU index: ``total``, ``used``, ``free``, ``reserved``, ``util_gpu``, ``util_memory``.
+- ``service``: aggregated request-side series (quantiles, rates) for sources that have no per-request
+  rows, such as a Prometheus server.
 - tables (one row per event): requests, batches, routing, loader, torch, and lists of OOM events,
   CUDA OOM errors and service configurations.
 
@@ -128,6 +130,10 @@ class Timeline:
     gpus: dict[int, dict[str, Series]] = field(default_factory=dict)
     gpu_unavailable_reason: str | None = None
     gpu_processes: Table = field(default_factory=Table)  # ts, gpu, pid, used_bytes
+    # Aggregated request-side series when per-request rows are not available (the Prometheus path):
+    # queue_wait_p50_s/p95_s, inference_p50_s/p95_s, e2e_p95_s, throughput_rps, active_inferences, queue_depth,
+    # rejected_rps, error_rps, prompt_tokens_rps ... (see diag/prometheus_loader.py for the exact set).
+    service: dict[str, Series] = field(default_factory=dict)
     requests: Table = field(default_factory=Table)
     batches: Table = field(default_factory=Table)
     routing: Table = field(default_factory=Table)
@@ -153,6 +159,7 @@ class Timeline:
             names.update(f"process:{k}" for t in self.processes.values() for k in t.series)
         if any(t.model_files for t in self.processes.values()):
             names.add("process:model_files")
+        names.update(f"service:{k}" for k, s in self.service.items() if len(s.valid()))
         for dev in self.gpus.values():
             names.update(f"gpu:{k}" for k in dev)
         for name in ("requests", "batches", "routing", "loader", "torch", "gpu_processes"):

@@ -1,0 +1,116 @@
+"""Timeline building from records, the recorder and a bundle directory; Series arithmetic."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from collectors.recorder import FlightRecorder
+from collectors.records import (
+    CgroupSnapshot,
+    HostSnapshot,
+    LoaderEvent,
+    OomEvent,
+    ProcessSample,
+    Psi,
+    PsiLine,
+    RequestTiming,
+    ServiceConfig,
+)
+from diag.loaders import load_bundle, load_recorder
+from diag.timeline import Series, timeline_from_records
+
+
+def _records(t0: float) -> list:
+    out = []
+    for i in range(10):
+        ts = t0 + i
+        out.append(
+            HostSnapshot(
+                ts=ts,
+                psi={"memory": Psi(some=PsiLine(1.0 * i, 0.5, 0.1, 1000 * i), full=PsiLine(0.5, 0.2, 0.0, 500 * i))},
+                memory={"total": 1000, "available": 900 - i},
+                vmstat={"pgmajfault": 10 * i},
+            )
+        )
+        out.append(CgroupSnapshot(ts=ts, path="/svc", version="v1", usage_bytes=100 + i, limit_bytes=None, events={"max": i}))
+        out.append(ProcessSample(ts=ts, pid=42, comm="python", start_time_s=5.0, rss_bytes=1 << 20, model_files=["/m.gguf"]))
+    out.append(RequestTiming(ts=t0 + 3, arrival=t0 + 1, start=t0 + 2, finish=t0 + 3, outcome="ok", prompt_tokens=5))
+    out.append(RequestTiming(ts=t0 + 4, arrival=t0 + 2, start=None, finish=t0 + 4, outcome="rejected"))
+    out.append(LoaderEvent(ts=t0 + 2, name="ckpt", start=t0 + 1.5, duration_s=0.5, in_request_path=True))
+    out.append(OomEvent(ts=t0 + 5, constraint="CONSTRAINT_MEMCG", pid=7, task="python"))
+    out.append(ServiceConfig(ts=t0, service="demo", settings={"workers": 4}))
+    return out
+
+
+def test_records_become_columns() -> None:
+    t0 = 1_000_000.0
+    tl = timeline_from_records(r.to_dict() for r in _records(t0))
+    assert tl.start == t0 and tl.end == t0 + 9
+    assert np.array_equal(tl.host["memory.available"].values, 900 - np.arange(10.0))
+    assert tl.host["psi.memory.some.total_s"].values[-1] == pytest.approx(0.009)
+    assert tl.host["psi.memory.full.avg10"].values[0] == 0.5
+    assert tl.cgroups["/svc"]["events.max"].increase() == 9
+    track = next(iter(tl.processes.values()))
+    assert track.pid == 42 and track.model_files == {"/m.gguf"} and len(track.series["rss"]) == 10
+    req = tl.requests
+    assert len(req) == 2
+    assert req["queue_wait_s"][0] == 1.0 and math.isnan(req["queue_wait_s"][1])
+    assert list(req["outcome"]) == ["ok", "rejected"]
+    assert tl.loader["in_request_path"][0] == 1.0
+    assert tl.ooms[0].constraint == "CONSTRAINT_MEMCG" and tl.configs[0].settings == {"workers": 4}
+    signals = tl.signals()
+    for name in ("host:memory.available", "cgroup:events.max", "processes", "process:model_files", "requests", "loader",
+                 "ooms", "config"):  # fmt: skip
+        assert name in signals, name
+    assert "routing" not in signals and "torch" not in signals
+
+
+def test_bad_rows_are_counted_not_fatal() -> None:
+    from diag.timeline import TimelineBuilder
+
+    b = TimelineBuilder()
+    b.add_json("{not json", "host")
+    b.add_json('{"kind": "martian", "ts": 1}', "martian")
+    b.add_json('{"kind": "process", "ts": 1}', "process")  # no pid
+    b.add_json(HostSnapshot(ts=2.0, memory={"total": 5}).to_json(), "host")
+    tl = b.build()
+    assert tl.counts == {"host": 1}
+    assert tl.skipped == {"host": 1, "martian": 1, "process": 1}
+
+
+def test_series_rate_and_increase_handle_resets() -> None:
+    s = Series(np.array([0.0, 1.0, 2.0, 3.0]), np.array([10.0, 20.0, 5.0, 15.0]))
+    assert s.increase() == 10 + 5 + 10
+    r = s.rate()
+    assert r.values[0] == 10 and math.isnan(r.values[1]) and r.values[2] == 10
+    assert len(s.window(1.0, 2.0)) == 2
+
+
+def test_recorder_and_bundle_loaders_agree(tmp_path: Path) -> None:
+    now = time.time()
+    records = _records(now - 20)
+    with FlightRecorder(tmp_path / "r.db") as rec:
+        rec.write(records)
+        rec.write([HostSnapshot(ts=now - 7200, memory={"total": 1})])  # outside --since
+    from_recorder = load_recorder(tmp_path / "r.db", since_s=3600)
+    bundle = tmp_path / "bundle" / "timeline"
+    bundle.mkdir(parents=True)
+    by_kind: dict[str, list[str]] = {}
+    for r in records:
+        by_kind.setdefault(r.KIND, []).append(r.to_json())
+    for kind, lines in by_kind.items():
+        (bundle / f"{kind}.jsonl").write_text("\n".join(lines) + "\n")
+    (bundle / "host.jsonl").open("a").write("garbage line\n")
+    from_bundle = load_bundle(tmp_path / "bundle")
+    assert from_recorder.counts == from_bundle.counts
+    assert from_bundle.skipped == {"host": 1}
+    assert np.array_equal(from_recorder.host["memory.available"].values, from_bundle.host["memory.available"].values)
+    assert from_recorder.start == pytest.approx(now - 20)
+    with pytest.raises(FileNotFoundError, match="not an llm-diag bundle"):
+        load_bundle(tmp_path)
+
