@@ -522,23 +522,23 @@ TRACKER_ERRORS = _declare(
 ADMISSION_REJECTIONS = _declare(MetricSpec(
     "llmdiag_admission_rejections_total", "counter",
     "Requests refused before inference, by reason (queue_full, memory_watermark, memory_psi, queue_timeout).",
-    ("route", "model", "reason"), "", "collectors.tracking"))
+    ("route", "model", "reason"), "", "collectors.tracking"))  # fmt: skip
 ADMISSION_MAX_CONCURRENCY = _declare(MetricSpec(
     "llmdiag_admission_max_concurrency", "gauge",
     "Configured inference slots (summed over live worker processes); absent when unlimited.",
-    ("model",), "", "collectors.tracking"))
+    ("model",), "", "collectors.tracking"))  # fmt: skip
 ADMISSION_QUEUE_CAPACITY = _declare(MetricSpec(
     "llmdiag_admission_queue_capacity", "gauge",
     "Configured bound of the wait queue (summed over live worker processes); absent when unbounded.",
-    ("model",), "", "collectors.tracking"))
+    ("model",), "", "collectors.tracking"))  # fmt: skip
 MEMORY_GUARD_USED = _declare(MetricSpec(
     "llmdiag_memory_guard_used_ratio", "gauge",
     "Memory in use as the guard sees it: cgroup working set / cgroup limit, else (MemTotal - MemAvailable) / MemTotal.",
-    ("model",), "ratio", "collectors.tracking"))
+    ("model",), "ratio", "collectors.tracking"))  # fmt: skip
 MEMORY_GUARD_ACCEPTING = _declare(MetricSpec(
     "llmdiag_memory_guard_accepting", "gauge",
     "1 while the memory guard admits new work, 0 while it refuses it (lowest over live workers).",
-    ("model",), "", "collectors.tracking"))
+    ("model",), "", "collectors.tracking"))  # fmt: skip
 
 # Batching, MoE routing, loaders (collectors.tracking.batches / .loader). Per-expert counts stay in
 # the flight recorder: only per-layer summaries are exported, never one series per expert.
@@ -549,36 +549,37 @@ LOADER_DURATION_BUCKETS: tuple[float, ...] = (
 BATCH_INPUT_TOKENS = _declare(MetricSpec(
     "llmdiag_batch_input_tokens", "histogram",
     "Total input tokens of one batch: with the request count it tells a token-heavy batch from a crowded one.",
-    ("model", "phase"), "", "collectors.tracking", TOKEN_COUNT_BUCKETS))
+    ("model", "phase"), "", "collectors.tracking", TOKEN_COUNT_BUCKETS))  # fmt: skip
 BATCH_REQUESTS = _declare(MetricSpec(
     "llmdiag_batch_requests", "histogram", "Requests in one batch.",
-    ("model", "phase"), "", "collectors.tracking", BATCH_SIZE_BUCKETS))
+    ("model", "phase"), "", "collectors.tracking", BATCH_SIZE_BUCKETS))  # fmt: skip
 BATCH_MAX_REQUEST_TOKENS = _declare(MetricSpec(
     "llmdiag_batch_max_request_tokens", "histogram", "Tokens of the largest request in one batch.",
-    ("model", "phase"), "", "collectors.tracking", TOKEN_COUNT_BUCKETS))
+    ("model", "phase"), "", "collectors.tracking", TOKEN_COUNT_BUCKETS))  # fmt: skip
 MOE_EXPERT_SKEW = _declare(MetricSpec(
     "llmdiag_moe_expert_skew_ratio", "gauge",
-    "Last routing step of a MoE layer: tokens of the busiest expert / median tokens per expert (absent when the median is 0).",
-    ("model", "layer"), "ratio", "collectors.tracking"))
+    "Last routing step of a MoE layer: tokens of the busiest expert / median tokens per expert "
+    "(+Inf when the median is 0 but some expert got tokens).",
+    ("model", "layer"), "ratio", "collectors.tracking"))  # fmt: skip
 MOE_EXPERT_BALANCEDNESS = _declare(MetricSpec(
     "llmdiag_moe_expert_balancedness_ratio", "gauge",
     "Last routing step of a MoE layer: mean / max tokens per expert (1 = perfectly balanced; vLLM/SGLang definition).",
-    ("model", "layer"), "ratio", "collectors.tracking"))
+    ("model", "layer"), "ratio", "collectors.tracking"))  # fmt: skip
 MOE_EXPERT_OVERFLOW = _declare(MetricSpec(
     "llmdiag_moe_expert_overflow_tokens_total", "counter",
     "Tokens routed to experts beyond their capacity (dropped or re-routed), by layer.",
-    ("model", "layer"), "", "collectors.tracking"))
+    ("model", "layer"), "", "collectors.tracking"))  # fmt: skip
 LOADER_DURATION = _declare(MetricSpec(
     "llmdiag_loader_duration_seconds", "histogram",
     "Duration of a model load or registry refresh; in_request_path=true when it ran inside a waiting request's "
     "arrival-to-start window.",
-    ("model", "in_request_path"), "seconds", "collectors.tracking", LOADER_DURATION_BUCKETS))
+    ("model", "in_request_path"), "seconds", "collectors.tracking", LOADER_DURATION_BUCKETS))  # fmt: skip
 LOADER_EVENTS = _declare(MetricSpec(
     "llmdiag_loader_events_total", "counter", "Model loads / registry refreshes by cache result (hit, miss, unknown).",
-    ("model", "cache", "in_request_path"), "", "collectors.tracking"))
+    ("model", "cache", "in_request_path"), "", "collectors.tracking"))  # fmt: skip
 LOADER_READ = _declare(MetricSpec(
     "llmdiag_loader_read_bytes_total", "counter", "Bytes loaders reported reading.",
-    ("model",), "bytes", "collectors.tracking"))
+    ("model",), "bytes", "collectors.tracking"))  # fmt: skip
 
 # torch CUDA allocator, from inside the serving process (collectors.tracking.torch_memory).
 TORCH_MEMORY = {
@@ -591,7 +592,7 @@ TORCH_MEMORY = {
 }  # fmt: skip
 CUDA_OOM_ERRORS = _declare(MetricSpec(
     "llmdiag_cuda_oom_errors_total", "counter", "CUDA out-of-memory errors caught in the serving process.",
-    ("model", "device"), "", "collectors.tracking"))
+    ("model", "device"), "", "collectors.tracking"))  # fmt: skip
 
 
 # --------------------------------------------------------------------------- external families
@@ -616,6 +617,75 @@ EXTERNAL: tuple[ExternalFamily, ...] = (
     ExternalFamily("DCGM_FI_DEV_FB_USED", "gauge", "dcgm-exporter", "3.x/4.x", "Framebuffer used, MiB."),
     ExternalFamily("DCGM_FI_DEV_FB_FREE", "gauge", "dcgm-exporter", "3.x/4.x", "Framebuffer free, MiB."),
 )
+
+# External families the Prometheus loader (diag/prometheus_loader.py) falls back to where ours are
+# absent, as named constants so the loader never spells a name. ``_external`` returns the entry
+# above when the name is already declared, else declares it (appended to EXTERNAL below).
+_EXTERNAL_ADDED: list[ExternalFamily] = []
+
+
+def _external(name: str, type_: str, exporter: str, versions: str, help_: str) -> ExternalFamily:
+    for fam in (*EXTERNAL, *_EXTERNAL_ADDED):
+        if fam.name == name:
+            return fam
+    fam = ExternalFamily(name, type_, exporter, versions, help_)
+    _EXTERNAL_ADDED.append(fam)
+    return fam
+
+
+def _node_meminfo_name(key: str) -> str:
+    """node_exporter's gauge for a /proc/meminfo key: ``(x)`` becomes ``_x`` (``Active(anon)`` -> ``Active_anon``)."""
+    return "node_memory_" + key.replace("(", "_").replace(")", "") + "_bytes"
+
+
+NODE_MEMORY: dict[str, ExternalFamily] = {
+    snake: _external(_node_meminfo_name(key), "gauge", "node_exporter", "1.x", f"/proc/meminfo {key}, bytes.")
+    for key, snake in MEMINFO_FIELDS.items()
+}
+NODE_PSI_WAITING: dict[str, ExternalFamily] = {
+    r: _external(f"node_pressure_{r}_waiting_seconds_total", "counter", "node_exporter", "1.x", f"Host {r} PSI some total.")
+    for r in PSI_RESOURCES
+}
+NODE_PSI_STALLED: dict[str, ExternalFamily] = {
+    r: _external(f"node_pressure_{r}_stalled_seconds_total", "counter", "node_exporter", "1.x", f"Host {r} PSI full total.")
+    for r in PSI_HOST_STALLED_RESOURCES
+}
+NODE_VMSTAT: dict[str, ExternalFamily] = {
+    f: _external(f"node_vmstat_{f}", "untyped", "node_exporter", "1.x",
+                 f"/proc/vmstat {f} (no _total; only oom_kill|pgpg*|pswp*|pg*fault by default).")
+    for f in VMSTAT_FIELDS
+}  # fmt: skip
+# cAdvisor, label ``id`` = the cgroup path. container_spec_memory_limit_bytes is 0 when unlimited;
+# container_memory_max_usage_bytes is 0 when v2 memory.peak is missing, so it is not read.
+CADVISOR_MEMORY: dict[str, ExternalFamily] = {
+    "usage": _external("container_memory_usage_bytes", "gauge", "cAdvisor", "0.4x", "cgroup memory usage."),
+    "working_set": _external("container_memory_working_set_bytes", "gauge", "cAdvisor", "0.4x", "Usage - inactive_file."),
+    "swap": _external("container_memory_swap", "gauge", "cAdvisor", "0.4x", "Swap used (bytes, no unit suffix)."),
+    "limit": _external("container_spec_memory_limit_bytes", "gauge", "cAdvisor", "0.4x", "Memory limit; 0 = unlimited."),
+}
+CADVISOR_PSI_WAITING = _external(
+    "container_pressure_memory_waiting_seconds_total", "counter", "cAdvisor", "0.50+", "cgroup2 PSI some.")
+CADVISOR_PSI_STALLED = _external(
+    "container_pressure_memory_stalled_seconds_total", "counter", "cAdvisor", "0.50+", "cgroup2 PSI full.")
+VLLM_RUNNING = _external("vllm:num_requests_running", "gauge", "vLLM", "v1 engine (0.9+)", "Requests in the running batch.")
+VLLM_WAITING = _external("vllm:num_requests_waiting", "gauge", "vLLM", "v1 engine (0.9+)", "Requests waiting.")
+VLLM_QUEUE_TIME = _external("vllm:request_queue_time_seconds", "histogram", "vLLM", "v1 engine", "Time in WAITING.")
+VLLM_INFERENCE_TIME = _external("vllm:request_inference_time_seconds", "histogram", "vLLM", "v1 engine", "Time in RUNNING.")
+VLLM_E2E = _external("vllm:e2e_request_latency_seconds", "histogram", "vLLM", "v1 engine", "End-to-end latency.")
+VLLM_SUCCESS = _external("vllm:request_success_total", "counter", "vLLM", "v1 engine",
+                         "Finished requests by finished_reason (stop, length, abort).")
+DCGM_FB_USED = _external("DCGM_FI_DEV_FB_USED", "gauge", "dcgm-exporter", "3.x/4.x", "Framebuffer used, MiB.")
+DCGM_FB_FREE = _external("DCGM_FI_DEV_FB_FREE", "gauge", "dcgm-exporter", "3.x/4.x", "Framebuffer free, MiB.")
+PROMETHEUS_UP = _external("up", "gauge", "Prometheus", "any", "Per scrape target: 1 when its last scrape succeeded.")
+EXTERNAL = (*EXTERNAL, *_EXTERNAL_ADDED)
+
+
+def external(name: str) -> ExternalFamily:
+    """Look an external family up by name; an undeclared name raises KeyError (like ``metric``)."""
+    for fam in EXTERNAL:
+        if fam.name == name:
+            return fam
+    raise KeyError(name)
 
 _NAME_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
 _UNIT_SUFFIX = {"bytes": "_bytes", "seconds": "_seconds", "ratio": "_ratio"}

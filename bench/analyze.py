@@ -1,0 +1,360 @@
+"""Benchmark: ``load_recorder`` + ``analyze`` on a flight recorder the size of a busy day.
+
+Full size (16x) = 24 h of 1 Hz samples and 1 M requests, in one recorder file:
+
+- host: one ``HostSnapshot`` per second (PSI cpu/memory/io some+full, 26 meminfo fields, 22 vmstat
+  counters -- the shape the real agent writes);
+- one watched cgroup: one ``CgroupSnapshot`` per second (hybrid: v1 memory + v2 PSI twin);
+- 10 processes: one ``ProcessSample`` each per second (one of them holds a model file);
+- 1 M ``RequestTiming`` rows: Poisson arrivals (~11.6 req/s) served by 16 slots with lognormal
+  service times (an M/G/16 queue simulated exactly, so waits appear when bursts do), 0.5 % errors,
+  0.2 % rejections; plus one ``ServiceConfig``.
+
+1x and 4x are the first 1/16 and 4/16 of the same day (rows copied by time in SQLite), so the three
+sizes hold the same mix. Each size is loaded and analysed in a fresh subprocess, which reports the
+wall time of ``load_recorder(path)`` and of ``analyze(timeline)`` separately and its peak RSS
+(``VmHWM``). Whatever rules are registered in ``diag/rules`` run.
+
+Targets (issue 4): full size <= 10 s (load + analyse) and <= 1 GiB peak RSS.
+
+    .venv/bin/python bench/analyze.py [--scales 1,4,16] [--keep DIR] [--profile]
+
+Prints figures; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+from collectors.catalog import MEMINFO_FIELDS, VMSTAT_FIELDS  # noqa: E402
+from collectors.recorder import FlightRecorder  # noqa: E402
+from collectors.records import (  # noqa: E402
+    CgroupSnapshot,
+    HostSnapshot,
+    ProcessSample,
+    Psi,
+    PsiLine,
+    RequestTiming,
+    ServiceConfig,
+)
+
+DAY_S = 86_400
+FULL_REQUESTS = 1_000_000
+N_PROCESSES = 10
+SLOTS = 16
+GIB = 1 << 30
+T0 = 1_790_000_000.0  # a fixed Unix time (2026-09), so runs are comparable
+
+
+# --------------------------------------------------------------------------- generation
+
+
+def _dumps(obj: dict) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def _host_rows(rng: np.random.Generator, n: int) -> list[tuple[float, str, int, str]]:
+    """1 Hz host samples: a daily load wave on memory, small noisy PSI, monotonic counters."""
+    tpl = HostSnapshot(
+        ts=0.0,
+        psi={r: Psi(some=PsiLine(0, 0, 0, 0), full=PsiLine(0, 0, 0, 0)) for r in ("cpu", "memory", "io")},
+        memory={snake: 0 for snake in MEMINFO_FIELDS.values()},
+        vmstat={f: 0 for f in VMSTAT_FIELDS},
+    ).to_dict()
+    t = np.arange(n, dtype=np.float64)
+    total = 24 << 30
+    wave = 0.5 + 0.5 * np.sin(2 * np.pi * t / DAY_S)
+    used = (6 << 30) + (4 << 30) * wave + rng.normal(0, 64 << 20, n)
+    psi_some = {r: np.clip(rng.gamma(0.5, 0.4, n), 0, 100) for r in ("cpu", "memory", "io")}
+    totals = {r: np.cumsum(psi_some[r] / 100 * 1e6).astype(np.int64) for r in psi_some}
+    vm_rates = {f: rng.poisson(50 if "pg" in f else 1, n) for f in VMSTAT_FIELDS}
+    vm_cum = {f: np.cumsum(v) for f, v in vm_rates.items()}
+    rows = []
+    tsv = T0 + t
+    for i in range(n):
+        mem = tpl["memory"]
+        u = int(used[i])
+        for snake in mem:
+            mem[snake] = (u // 7) & ~4095
+        mem["total"] = total
+        mem["free"] = total - u
+        mem["available"] = total - u + (2 << 30)
+        mem["swap_total"] = mem["swap_free"] = 0
+        for r in ("cpu", "memory", "io"):
+            some = tpl["psi"][r]["some"]
+            full = tpl["psi"][r]["full"]
+            a = round(float(psi_some[r][i]), 2)
+            some["avg10"], some["avg60"], some["avg300"], some["total_us"] = a, a, a, int(totals[r][i])
+            full["avg10"], full["avg60"], full["avg300"], full["total_us"] = a / 2, a / 2, a / 2, int(totals[r][i] // 2)
+        vm = tpl["vmstat"]
+        for f in vm:
+            vm[f] = int(vm_cum[f][i])
+        tpl["ts"] = float(tsv[i])
+        rows.append((float(tsv[i]), "host", HostSnapshot.SCHEMA, _dumps(tpl)))
+    return rows
+
+
+def _cgroup_rows(rng: np.random.Generator, n: int) -> list[tuple[float, str, int, str]]:
+    tpl = CgroupSnapshot(
+        ts=0.0, path="/system.slice/llm.service", version="hybrid", usage_bytes=0, working_set_bytes=0, peak_bytes=0,
+        limit_bytes=16 << 30, swap_bytes=0, events={"max": 0, "oom_kill": 0},
+        stat={"anon": 0, "file": 0, "inactive_file": 0, "pgmajfault": 0},
+        under_oom=False, pressure=Psi(some=PsiLine(0, 0, 0, 0), full=PsiLine(0, 0, 0, 0)),
+    ).to_dict()  # fmt: skip
+    t = np.arange(n, dtype=np.float64)
+    usage = (5 << 30) + (3 << 30) * (0.5 + 0.5 * np.sin(2 * np.pi * t / DAY_S)) + rng.normal(0, 32 << 20, n)
+    some = np.clip(rng.gamma(0.5, 0.3, n), 0, 100)
+    some_total = np.cumsum(some / 100 * 1e6).astype(np.int64)
+    majflt = np.cumsum(rng.poisson(3, n))
+    rows = []
+    for i in range(n):
+        u = int(usage[i])
+        tpl["ts"] = T0 + i
+        tpl["usage_bytes"], tpl["working_set_bytes"] = u, int(u * 0.9)
+        tpl["peak_bytes"] = max(tpl["peak_bytes"], u)
+        tpl["stat"].update(anon=int(u * 0.8), file=int(u * 0.2), inactive_file=int(u * 0.1), pgmajfault=int(majflt[i]))
+        p = tpl["pressure"]
+        a = round(float(some[i]), 2)
+        p["some"].update(avg10=a, avg60=a, avg300=a, total_us=int(some_total[i]))
+        p["full"].update(avg10=a / 2, avg60=a / 2, avg300=a / 2, total_us=int(some_total[i] // 2))
+        rows.append((T0 + i, "cgroup", CgroupSnapshot.SCHEMA, _dumps(tpl)))
+    return rows
+
+
+def _process_rows(rng: np.random.Generator, n: int) -> list[tuple[float, str, int, str]]:
+    rows = []
+    for k in range(N_PROCESSES):
+        pid = 4000 + k
+        tpl = ProcessSample(
+            ts=0.0, pid=pid, ppid=1, comm="python" if k == 0 else f"worker{k}",
+            cmdline="python -m server --model /models/m.safetensors" if k == 0 else f"worker{k} --flag",
+            start_time_s=100.0 + k, num_threads=8, memory_cgroup="/system.slice/llm.service",
+            model_files=["/models/m.safetensors"] if k == 0 else [],
+        ).to_dict()  # fmt: skip
+        base = (4 << 30) if k == 0 else (200 << 20) * (1 + k % 3)
+        rss = base + rng.normal(0, 16 << 20, n)
+        maj = np.cumsum(rng.poisson(0.2, n))
+        minf = np.cumsum(rng.poisson(200, n))
+        for i in range(n):
+            r = int(rss[i])
+            tpl["ts"] = T0 + i + 0.01 * k
+            tpl["rss_bytes"], tpl["pss_bytes"], tpl["uss_bytes"], tpl["swap_bytes"] = r, int(r * 0.95), int(r * 0.9), 0
+            tpl["major_faults"], tpl["minor_faults"] = int(maj[i]), int(minf[i])
+            rows.append((tpl["ts"], "process", ProcessSample.SCHEMA, _dumps(tpl)))
+    return rows
+
+
+def _request_rows(rng: np.random.Generator, n: int, span_s: float) -> list[tuple[float, str, int, str]]:
+    """An M/G/16 queue: Poisson arrivals, lognormal service, first come first served."""
+    rate = n / span_s
+    arrivals = T0 + np.cumsum(rng.exponential(1.0 / rate, n))
+    service = rng.lognormal(np.log(0.8), 0.6, n)
+    prompt = np.maximum(1, rng.lognormal(np.log(400), 0.9, n)).astype(np.int64)
+    output = np.maximum(1, rng.lognormal(np.log(150), 0.7, n)).astype(np.int64)
+    fate = rng.random(n)
+    free = [float(arrivals[0])] * SLOTS
+    tpl = RequestTiming(ts=0.0, route="/v1/completions", model="m", pid=4000).to_dict()
+    rows = []
+    for i in range(n):
+        a = float(arrivals[i])
+        tpl["arrival"] = a
+        tpl["prompt_tokens"], tpl["output_tokens"] = int(prompt[i]), int(output[i])
+        if fate[i] < 0.002:  # refused at the door
+            tpl["start"], tpl["finish"], tpl["outcome"], tpl["ttft_s"] = None, a + 0.001, "rejected", None
+            tpl["output_tokens"] = None
+        else:
+            start = max(a, heapq.heappop(free))
+            finish = start + float(service[i])
+            heapq.heappush(free, finish)
+            tpl["start"], tpl["finish"] = start, finish
+            tpl["outcome"] = "error" if fate[i] > 0.995 else "ok"
+            tpl["ttft_s"] = start - a + float(service[i]) * 0.1
+        tpl["ts"] = tpl["finish"]
+        rows.append((tpl["finish"], "request", RequestTiming.SCHEMA, _dumps(tpl)))
+    return rows
+
+
+def generate(path: Path, seconds: int, requests: int, seed: int = 7) -> dict[str, int]:
+    rng = np.random.default_rng(seed)
+    big = 1 << 40
+    counts = {}
+    with FlightRecorder(path, retention_s=10 * DAY_S, max_size_bytes=big) as rec:
+        rec.write([ServiceConfig(ts=T0, service="bench", pid=4000, settings={"workers": 1, "max_concurrency": SLOTS})])
+        for kind, make in (
+            ("host", lambda: _host_rows(rng, seconds)),
+            ("cgroup", lambda: _cgroup_rows(rng, seconds)),
+            ("process", lambda: _process_rows(rng, seconds)),
+            ("request", lambda: _request_rows(rng, requests, float(seconds))),
+        ):
+            rows = make()
+            for lo in range(0, len(rows), 200_000):
+                rec.write_rows(rows[lo : lo + 200_000])
+            counts[kind] = len(rows)
+            del rows
+    return counts
+
+
+def subset(full: Path, out: Path, seconds: float) -> None:
+    """Copy the first ``seconds`` of the full recorder into a new recorder file (same schema)."""
+    FlightRecorder(out, retention_s=10 * DAY_S, max_size_bytes=1 << 40).close()
+    db = sqlite3.connect(out)
+    db.execute("ATTACH DATABASE ? AS src", (str(full),))
+    db.execute("INSERT INTO records(ts, kind, schema, body) SELECT ts, kind, schema, body FROM src.records WHERE ts < ?",
+               (T0 + seconds,))  # fmt: skip
+    db.commit()
+    db.execute("DETACH DATABASE src")
+    db.close()
+
+
+# --------------------------------------------------------------------------- measurement (child process)
+
+
+def _vm_hwm() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return -1
+
+
+def _vm_rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return -1
+
+
+def child(path: str, profile: bool, workers: int | None) -> None:
+    import resource
+
+    from diag.loaders import load_recorder
+    from diag.rules.base import RULES
+    from diag.rules.engine import analyze, load_rules
+
+    load_rules()  # imports (numpy/scipy/rules) are not what we measure
+    base_rss = _vm_rss()
+    prof = None
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    timeline = load_recorder(path, workers=workers)
+    t1 = time.perf_counter()
+    c1 = time.process_time()
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    rss_loaded = _vm_rss()
+    result = analyze(timeline)
+    t2 = time.perf_counter()
+    c2 = time.process_time()
+    per_rule = []  # each evaluated rule again, alone: where the analysis time goes
+    for rule_id in result.evaluated:
+        r0 = time.perf_counter()
+        RULES[rule_id].fn(timeline)
+        per_rule.append((rule_id, round(time.perf_counter() - r0, 3)))
+    per_rule.sort(key=lambda x: -x[1])
+    if prof is not None:
+        import pstats
+
+        prof.disable()
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(25)
+    print(json.dumps({
+        "load_s": t1 - t0, "analyze_s": t2 - t1, "base_rss": base_rss, "rss_loaded": rss_loaded, "hwm": _vm_hwm(),
+        "load_cpu_s": c1 - c0 + kids.ru_utime + kids.ru_stime, "analyze_cpu_s": c2 - c1, "worker_hwm": kids.ru_maxrss * 1024,
+        "slowest_rules": per_rule[:5], "load_avg": os.getloadavg()[0],
+        "counts": timeline.counts, "rules_evaluated": len(result.evaluated),
+        "not_evaluated": [f"{e['rule']} (missing {', '.join(e['missing'])})" for e in result.not_evaluated],
+        "findings": [(f.rule, round(f.confidence, 2)) for f in result.findings], "primary": result.primary,
+    }))  # fmt: skip
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scales", default="1,4,16", help="multiples of 1/16 of a day (16 = 24 h + 1 M requests)")
+    ap.add_argument("--keep", type=Path, help="generate into (or reuse) this directory instead of a temp one")
+    ap.add_argument("--profile", action="store_true", help="cProfile the largest run (to stderr)")
+    ap.add_argument("--workers", type=int, help="load_recorder(workers=...) (default: its own choice)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.profile, args.workers)
+        return
+    scales = sorted({int(s) for s in args.scales.split(",")})
+    tmp = None
+    if args.keep:
+        folder = args.keep
+        folder.mkdir(parents=True, exist_ok=True)
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="llmdiag-bench-")
+        folder = Path(tmp.name)
+    try:
+        full = folder / "x16.db"
+        if not full.exists():
+            t = time.perf_counter()
+            counts = generate(full, DAY_S, FULL_REQUESTS)
+            print(f"generated {full.name}: {counts} in {time.perf_counter() - t:.1f} s, "
+                  f"{full.stat().st_size / 2**20:.0f} MiB")  # fmt: skip
+        rows = []
+        for scale in scales:
+            path = full if scale == 16 else folder / f"x{scale}.db"
+            if not path.exists():
+                subset(full, path, DAY_S * scale / 16)
+            cmd = [sys.executable, __file__, "--child", str(path)]
+            if args.workers is not None:
+                cmd += ["--workers", str(args.workers)]
+            if args.profile and scale == max(scales):
+                cmd.append("--profile")
+            out = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
+            if out.returncode != 0:
+                print(f"x{scale}: child failed (rc {out.returncode})\n{out.stderr[-3000:]}")
+                continue
+            if args.profile and scale == max(scales):
+                print(out.stderr)
+            res = json.loads(out.stdout.strip().splitlines()[-1])
+            rows.append((scale, res))
+            c = res["counts"]
+            total = res["load_s"] + res["analyze_s"]
+            print(f"x{scale:<2} ({scale / 16 * 24:4.1f} h: host {c.get('host', 0)}, cgroup {c.get('cgroup', 0)}, "
+                  f"process {c.get('process', 0)}, request {c.get('request', 0)})\n"
+                  f"     wall: load {res['load_s']:.2f} s + analyze {res['analyze_s']:.2f} s = {total:.2f} s "
+                  f"({total / scale:.3f} s per 1x)\n"
+                  f"     CPU:  load {res['load_cpu_s']:.2f} s (all readers) + analyze {res['analyze_cpu_s']:.2f} s "
+                  f"({(res['load_cpu_s'] + res['analyze_cpu_s']) / scale:.3f} s per 1x); load average at start "
+                  f"{res['load_avg']:.1f}\n"
+                  f"     RSS: before {res['base_rss'] / 2**20:.0f} MiB, after load {res['rss_loaded'] / 2**20:.0f} MiB, "
+                  f"peak {res['hwm'] / 2**20:.0f} MiB (a forked reader's peak: {res['worker_hwm'] / 2**20:.0f} MiB)\n"
+                  f"     rules: {res['rules_evaluated']} evaluated, verdict {res['primary']}; slowest {res['slowest_rules']}\n"
+                  f"     not evaluated: {'; '.join(res['not_evaluated']) or 'none'}")  # fmt: skip
+            if res["findings"]:
+                print(f"     findings: {res['findings']}")
+        if rows and rows[-1][0] == 16:
+            res = rows[-1][1]
+            total = res["load_s"] + res["analyze_s"]
+            print(f"full size: {total:.2f} s wall, {res['load_cpu_s'] + res['analyze_cpu_s']:.2f} s CPU "
+                  f"(target <= 10 s: {'met' if total <= 10 else 'MISSED'}), "
+                  f"peak RSS {res['hwm'] / GIB:.2f} GiB (target <= 1 GiB: {'met' if res['hwm'] <= GIB else 'MISSED'})")
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
