@@ -17,7 +17,7 @@ wall time of ``load_recorder(path)`` and of ``analyze(timeline)`` separately and
 
 Targets (issue 4): full size <= 10 s (load + analyse) and <= 1 GiB peak RSS.
 
-    .venv/bin/python bench/analyze.py [--scales 1,4,16] [--keep DIR] [--profile]
+    .venv/bin/python bench/analyze.py [--scales 1,4,16] [--keep DIR] [--profile] [--workers N] [--repeat N]
 
 Prints figures; asserts nothing.
 """
@@ -292,6 +292,7 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, help="generate into (or reuse) this directory instead of a temp one")
     ap.add_argument("--profile", action="store_true", help="cProfile the largest run (to stderr)")
     ap.add_argument("--workers", type=int, help="load_recorder(workers=...) (default: its own choice)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per size; the median one (by wall time) is shown")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -322,14 +323,24 @@ def main() -> None:
                 cmd += ["--workers", str(args.workers)]
             if args.profile and scale == max(scales):
                 cmd.append("--profile")
-            out = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
-            if out.returncode != 0:
-                print(f"x{scale}: child failed (rc {out.returncode})\n{out.stderr[-3000:]}")
+            runs = []
+            for _ in range(max(1, args.repeat)):
+                out = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
+                if out.returncode != 0:
+                    print(f"x{scale}: child failed (rc {out.returncode})\n{out.stderr[-3000:]}")
+                    break
+                if args.profile and scale == max(scales):
+                    print(out.stderr)
+                runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            if len(runs) < max(1, args.repeat):
                 continue
-            if args.profile and scale == max(scales):
-                print(out.stderr)
-            res = json.loads(out.stdout.strip().splitlines()[-1])
+            runs.sort(key=lambda r: r["load_s"] + r["analyze_s"])
+            res = runs[len(runs) // 2]  # the median run by wall time (a shared machine is noisy)
             rows.append((scale, res))
+            if len(runs) > 1:
+                walls = ", ".join(f"{r['load_s'] + r['analyze_s']:.2f}" for r in runs)
+                cpus = ", ".join(f"{r['load_cpu_s'] + r['analyze_cpu_s']:.2f}" for r in runs)
+                print(f"x{scale:<2} {len(runs)} runs, the median one below; wall {walls} s; CPU {cpus} s")
             c = res["counts"]
             total = res["load_s"] + res["analyze_s"]
             print(f"x{scale:<2} ({scale / 16 * 24:4.1f} h: host {c.get('host', 0)}, cgroup {c.get('cgroup', 0)}, "

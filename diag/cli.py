@@ -261,6 +261,17 @@ def analyze(
         render_analysis(result)
 
 
+def _register_subcommands() -> None:
+    from diag.bundle.cli import register as register_bundle
+    from diag.demo.cli import register as register_demo
+
+    register_bundle(app)
+    register_demo(app)
+
+
+_register_subcommands()
+
+
 def main() -> None:  # pragma: no cover - console entry point
     app()
 

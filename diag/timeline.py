@@ -30,12 +30,15 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
+from itertools import chain, compress
+from operator import attrgetter, itemgetter, methodcaller
 from typing import Any
 
 import numpy as np
 
 from collectors.records import CudaOomError, OomEvent, ServiceConfig, record_from_dict
+from diag import fastdecode
+from diag.fastdecode import TYPED_KINDS, paused_gc
 
 NAN = float("nan")
 
@@ -187,7 +190,7 @@ def _f(value: Any) -> float:
         return NAN
     try:
         return float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer beyond float range
         return NAN
 
 
@@ -220,6 +223,18 @@ class _SeriesBuilder:
             self.values[name].extend(other.values[name])
         for name, chunks in other.chunks.items():
             self.chunks[name].extend(chunks)
+
+    def compact(self) -> None:
+        """Each series' chunks as one chunk, in the same order (no sorting): far cheaper to pickle than
+        thousands of small arrays. Series that shared their time chunks share the joined time array."""
+        joined: dict[tuple[int, ...], tuple[np.ndarray, list[Any]]] = {}  # keeps the old chunks alive: ids stay unique
+        for name, chunks in self.chunks.items():
+            if len(chunks) < 2:
+                continue
+            key = tuple(id(t) for t, _ in chunks)
+            if key not in joined:
+                joined[key] = (np.concatenate([c[0] for c in chunks]), chunks)
+            self.chunks[name] = [(joined[key][0], np.concatenate([c[1] for c in chunks]))]
 
     def build(self) -> dict[str, Series]:
         out = {}
@@ -282,7 +297,9 @@ class TimelineBuilder:
     """Feed record dicts (as stored: ``{"kind": ..., "schema": ..., ...}``) in any order; ``build()`` sorts by time.
 
     Dicts rather than dataclasses on purpose: a million request rows decoded into dataclasses cost
-    seconds; reading the few fields we need from the parsed JSON does not.
+    seconds; reading the few fields we need from the parsed JSON does not. Loaders feed stored JSON
+    in batches instead (``add_bodies``, ``add_array``): typed Structs holding only those fields,
+    turned into numpy columns a batch at a time. ``decode_paths`` counts the rows each path took.
     """
 
     def __init__(self, source: str = "") -> None:
@@ -303,8 +320,9 @@ class TimelineBuilder:
         self.configs: list[ServiceConfig] = []
         self.counts: dict[str, int] = defaultdict(int)
         self.skipped: dict[str, int] = defaultdict(int)
+        self.decode_paths: dict[str, int] = defaultdict(int)  # rows per add_bodies path: typed, json, per_row
 
-    def add_json(self, text: str, kind_hint: str = "?") -> None:
+    def add_json(self, text: str | bytes, kind_hint: str = "?") -> None:
         try:
             obj = json.loads(text)
         except ValueError:
@@ -334,25 +352,70 @@ class TimelineBuilder:
         self.start = min(self.start, ts)
         self.end = max(self.end, ts)
 
-    def add_bodies(self, kind: str, bodies: Sequence[str]) -> None:
+    def add_bodies(self, kind: str, bodies: Sequence[str] | Sequence[bytes]) -> None:
         """Many stored JSON bodies of one kind at once: the fast path for loaders (same result as ``add_json`` each).
 
         Why: 24 h at 1 Hz plus a million requests is ~2 M rows, and per-row decoding with per-field
-        appends costs ~10 us a row. Here one ``json.loads`` decodes the batch and every field becomes
+        appends costs ~10 us a row. Here the batch is decoded at once -- typed (msgspec Structs, see
+        ``diag/fastdecode.py``) for the hot kinds, else one ``json.loads`` -- and every field becomes
         a numpy column in one pass. Anything unexpected (a bad row, a value numpy will not take, a
-        nested shape) sends the batch -- or just the odd rows -- through the per-row path, so the
-        counts of skipped rows and the values are those ``add_json`` would give.
+        nested shape) sends the batch from the typed to the json path, and there the batch -- or
+        just the odd rows -- through the per-row path, so the counts of skipped rows and the values
+        are those ``add_json`` would give.
         """
         if not bodies:
             return
         bulk = _BULK.get(kind)
+        with paused_gc():
+            if bulk is None:
+                for body in bodies:
+                    self.add_json(body, kind)
+                return
+            text = _joined(bodies)
+            if kind in TYPED_KINDS and self._add_typed(kind, bulk, text, len(bodies)):
+                return
+            self._add_decoded(kind, bulk, text, bodies)
+
+    def add_array(self, kind: str, text: str | bytes, n: int, *, ordered: bool = False) -> bool:
+        """A ready JSON array of ``n`` stored bodies of ``kind`` (a loader that can have it joined for free).
+
+        All or nothing, typed decoding only: True when taken; False, with nothing changed, when the
+        kind has no typed decoding or any row does not fit -- the caller then hands the bodies to
+        ``add_bodies``. ``ordered``: refuse it too when the rows' times go backwards, for sources
+        whose order is not guaranteed (time order decides which row's facts are the latest).
+        """
+        bulk = _BULK.get(kind)
+        if bulk is None or kind not in TYPED_KINDS:
+            return False
+        with paused_gc():
+            return self._add_typed(kind, bulk, text, n, ordered=ordered)
+
+    def _add_typed(self, kind: str, bulk: Any, text: str | bytes, n: int, *, ordered: bool = False) -> bool:
+        """The whole batch as Structs, or False (nothing changed) when any row does not fit."""
+        objs = fastdecode.decode(kind, text)
+        if objs is None or len(objs) != n or list(map(_ATTR_KIND, objs)).count(kind) != n:
+            return False
+        ts = np.fromiter(map(_ATTR_TS, objs), np.float64, n)  # typed: finite floats (JSON has no NaN)
+        if ordered and n > 1 and not bool(np.all(ts[1:] >= ts[:-1])):
+            return False
+        try:
+            commit = bulk(self, ts, objs, _STRUCTS)
+        except Exception:  # e.g. a Struct lacking a field a handler reads: the json path decides
+            return False
+        commit()
+        self._accepted(kind, ts)
+        self.decode_paths["typed"] += n
+        return True
+
+    def _add_decoded(self, kind: str, bulk: Any, text: str | bytes, bodies: Sequence[str] | Sequence[bytes]) -> None:
+        """The json path: one ``json.loads`` for the batch, dict handlers, the per-row path for what they cannot take."""
         objs: Any = None
-        if bulk is not None:
-            try:
-                objs = json.loads("[" + ",".join(bodies) + "]")
-            except ValueError:
-                objs = None
+        try:
+            objs = json.loads(text)
+        except ValueError:
+            objs = None
         if not isinstance(objs, list) or len(objs) != len(bodies):  # a body that is not one JSON value
+            self.decode_paths["per_row"] += len(bodies)
             for body in bodies:
                 self.add_json(body, kind)
             return
@@ -369,8 +432,9 @@ class TimelineBuilder:
                 elif o.get("kind") != kind:
                     self.add(o)
         try:
-            ts = _column(_values(good, "ts"))
+            ts = _column(_DICTS.values(good, "ts"))
         except (TypeError, ValueError, OverflowError):
+            self.decode_paths["per_row"] += len(good)
             for o in good:
                 self.add(o)
             return
@@ -382,15 +446,34 @@ class TimelineBuilder:
         if not good:
             return
         try:
-            commit = bulk(self, ts, good)
+            commit = bulk(self, ts, good, _DICTS)
         except Exception:  # whatever it was, the per-row path decides row by row
+            self.decode_paths["per_row"] += len(good)
             for o in good:
                 self.add(o)
             return
         commit()
-        self.counts[kind] += len(good)
+        self._accepted(kind, ts)
+        self.decode_paths["json"] += len(good)
+
+    def _accepted(self, kind: str, ts: np.ndarray) -> None:
+        self.counts[kind] += int(ts.size)
         self.start = min(self.start, float(ts.min()))
         self.end = max(self.end, float(ts.max()))
+
+    def compact(self) -> TimelineBuilder:
+        """Join the column chunks of each series and table (what ``build`` would do, without sorting).
+
+        For a parallel reader about to send its builder to the parent: a day of rows in 256 KiB
+        batches is ~60 000 small arrays, which pickle several times slower than a few large ones.
+        """
+        for b in (self.host, *self.cgroups.values(), *self.proc_series.values(), *self.gpus.values()):
+            b.compact()
+        for name, chunks in self.table_chunks.items():
+            columns = list(chunks[0]) if chunks else []
+            if len(chunks) > 1 and all(list(c) == columns for c in chunks):
+                self.table_chunks[name] = [{col: np.concatenate([c[col] for c in chunks]) for col in columns}]
+        return self
 
     def merge(self, other: TimelineBuilder) -> None:
         """Fold in a builder that read a *later*, disjoint part of the same source (parallel loading)."""
@@ -424,6 +507,8 @@ class TimelineBuilder:
             self.counts[kind] += n
         for kind, n in other.skipped.items():
             self.skipped[kind] += n
+        for path, n in other.decode_paths.items():
+            self.decode_paths[path] += n
 
     # ---- per kind
 
@@ -500,8 +585,10 @@ class TimelineBuilder:
         for key, track in self.procs.items():
             track.series = self.proc_series[key].build()
             processes[key] = track
-        tables = {name: _to_table(self.rows.get(name, {}), self.table_chunks.get(name, []))
-                  for name in dict.fromkeys([*self.rows, *self.table_chunks])}
+        tables = {
+            name: _to_table(self.rows.get(name, {}), self.table_chunks.get(name, []))
+            for name in dict.fromkeys([*self.rows, *self.table_chunks])
+        }
         requests = tables.get("requests", Table())
         if len(requests):
             requests = _derive_request_columns(requests)
@@ -557,8 +644,9 @@ def _to_table(rows: Mapping[str, list[Any]], chunks: list[dict[str, np.ndarray]]
         arrays = [part[name] for part in parts if name in part]
         cols[name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
     table = Table(cols)
-    if "ts" in cols and len(table):
-        table = table.select(np.argsort(cols["ts"], kind="stable"))
+    ts = cols.get("ts")
+    if ts is not None and ts.size > 1 and not bool(np.all(ts[1:] >= ts[:-1])):  # read in time order: nothing to do
+        table = table.select(np.argsort(ts, kind="stable"))
     return table
 
 
@@ -589,9 +677,10 @@ _HANDLERS: dict[str, Any] = {
 
 # --------------------------------------------------------------------------- the bulk path (add_bodies)
 #
-# Each bulk handler mirrors the per-row handler of its kind, column-wise. It computes everything
-# first and returns a ``commit`` closure that only appends: if computing raises, nothing was
-# changed and the batch goes through the per-row path instead.
+# Each bulk handler mirrors the per-row handler of its kind, column-wise, over a batch read through
+# ``_Rows``: json dicts (the json path) or msgspec Structs (the typed path). It computes everything
+# first and returns a ``commit`` closure that only appends: if computing raises, nothing was changed
+# and the batch goes through a slower path instead.
 
 
 def _list_dict() -> defaultdict[str, list[Any]]:
@@ -599,7 +688,15 @@ def _list_dict() -> defaultdict[str, list[Any]]:
 
 
 _GET_KIND = itemgetter("kind")
-_GET_TS = itemgetter("ts")
+_ATTR_KIND = attrgetter("kind")
+_ATTR_TS = attrgetter("ts")
+
+
+def _joined(bodies: Sequence[str] | Sequence[bytes]) -> str | bytes:
+    """The bodies as one JSON array (text in, text out; bytes in, bytes out)."""
+    if isinstance(bodies[0], bytes):
+        return b"[" + b",".join(bodies) + b"]"  # type: ignore[arg-type]
+    return "[" + ",".join(bodies) + "]"  # type: ignore[arg-type]
 
 
 def _column(values: list[Any]) -> np.ndarray:
@@ -610,33 +707,73 @@ def _column(values: list[Any]) -> np.ndarray:
     return col
 
 
-def _block(objs: list[Any], keys: Sequence[str]) -> list[np.ndarray] | None:
-    """``obj[key]`` for every key as float columns, in one C-level pass; None when some object lacks a key."""
+def _block(objs: list[Any], keys: Sequence[str], get: Any = itemgetter, typed: bool = False) -> list[np.ndarray] | None:
+    """``get(key)(obj)`` for every key as float columns, in one C-level pass; None when some object lacks a key.
+
+    ``typed``: every value is a float or None (typed decoding checked it), so ``np.fromiter`` can
+    fill the block -- about half the cost per value of ``np.array`` over a list of tuples, which
+    the json path keeps because it also converts (or rejects) odd values exactly like ``_f``.
+    """
     if not keys:
         return []
+    n, k = len(objs), len(keys)
     try:
-        rows = list(map(itemgetter(*keys), objs))
+        if typed:
+            if k == 1:
+                return [np.fromiter(map(get(keys[0]), objs), np.float64, n)]
+            flat = np.fromiter(chain.from_iterable(map(get(*keys), objs)), np.float64, n * k)
+            return list(np.ascontiguousarray(flat.reshape(n, k).T))
+        rows = list(map(get(*keys), objs))
     except KeyError:
         return None
-    if len(keys) == 1:
+    if k == 1:
         return [_column(rows)]
     block = np.array(rows, dtype=np.float64)
-    if block.ndim != 2 or block.shape[1] != len(keys):
+    if block.ndim != 2 or block.shape[1] != k:
         raise ValueError("not a table of scalars")
-    return [block[:, j].copy() for j in range(len(keys))]
+    return [block[:, j].copy() for j in range(k)]
 
 
-def _columns(objs: list[Any], keys: Sequence[str]) -> list[np.ndarray]:
-    cols = _block(objs, keys)
-    return cols if cols is not None else [_column([o.get(k) for o in objs]) for k in keys]
+class _Rows:
+    """How the bulk handlers read the fields of a batch: json dicts, or typed Structs (``attrgetter``, floats only).
+
+    Nested maps (meminfo, PSI lines...) are dicts either way; ``typed`` says their values are
+    floats or None already.
+    """
+
+    def __init__(self, typed: bool) -> None:
+        self.typed = typed
+        self.get: Any = attrgetter if typed else itemgetter
+
+    def values(self, objs: list[Any], key: str) -> list[Any]:
+        """One field of every row (None where a dict lacks it)."""
+        try:
+            return list(map(self.get(key), objs))
+        except KeyError:
+            return [o.get(key) for o in objs]
+
+    def field(self, key: str) -> Any:
+        """A function reading one field of a row (None where a dict lacks it)."""
+        return attrgetter(key) if self.typed else methodcaller("get", key)
+
+    def columns(self, objs: list[Any], keys: Sequence[str]) -> list[np.ndarray]:
+        cols = _block(objs, keys, self.get, self.typed)
+        return cols if cols is not None else [_column([o.get(k) for o in objs]) for k in keys]
+
+    def dict_columns(self, dicts: list[Any], keys: Sequence[str]) -> list[np.ndarray] | None:
+        return _block(dicts, keys, itemgetter, self.typed)
 
 
-def _flat_columns(prefix: str, dicts: list[Any]) -> list[tuple[str, np.ndarray]]:
+_DICTS = _Rows(typed=False)
+_STRUCTS = _Rows(typed=True)
+
+
+def _flat_columns(prefix: str, dicts: list[Any], rows: _Rows) -> list[tuple[str, np.ndarray]]:
     """A column per key of a flat dict field (meminfo, vmstat, memory.stat...); keys in first-seen order."""
     if not dicts:
         return []
     keys: tuple[str, ...] = tuple(dicts[0])
-    cols = _block(dicts, keys) if len(set(map(len, dicts))) == 1 else None  # same size + all keys = same keys
+    cols = rows.dict_columns(dicts, keys) if len(set(map(len, dicts))) == 1 else None  # same size + all keys = same keys
     if cols is None:
         keys = tuple(dict.fromkeys(k for d in dicts for k in d))
         cols = [_column([d.get(k) for d in dicts]) for k in keys]
@@ -646,28 +783,20 @@ def _flat_columns(prefix: str, dicts: list[Any]) -> list[tuple[str, np.ndarray]]
 _PSI_FIELDS = ("avg10", "avg60", "avg300", "total_us")
 
 
-def _psi_columns(prefix: str, files: list[Any]) -> list[tuple[str, np.ndarray]]:
+def _psi_columns(prefix: str, files: list[Any], rows: _Rows) -> list[tuple[str, np.ndarray]]:
     out = []
     for kind in ("some", "full"):
         lines = [(f.get(kind) or None) if f else None for f in files]
         present = sum(line is not None for line in lines)
         if not present:
             continue
-        if present == len(lines):
-            cols = _columns(lines, _PSI_FIELDS)
-        else:
+        cols = rows.dict_columns(lines, _PSI_FIELDS) if present == len(lines) else None
+        if cols is None:
             cols = [_column([line.get(k) if line else None for line in lines]) for k in _PSI_FIELDS]
         for key, col in zip(_PSI_FIELDS[:3], cols[:3], strict=True):
             out.append((f"{prefix}.{kind}.{key}", col))
         out.append((f"{prefix}.{kind}.total_s", cols[3] / 1e6))
     return out
-
-
-def _values(objs: list[Any], key: str) -> list[Any]:
-    try:
-        return list(map(itemgetter(key), objs))
-    except KeyError:
-        return [o.get(key) for o in objs]
 
 
 def _group_codes(keys: list[Any]) -> tuple[list[Any], np.ndarray | None]:
@@ -679,12 +808,12 @@ def _group_codes(keys: list[Any]) -> tuple[list[Any], np.ndarray | None]:
     return distinct, np.fromiter(map(number.__getitem__, keys), dtype=np.intp, count=len(keys))
 
 
-def _bulk_host(self: TimelineBuilder, ts: np.ndarray, objs: list[Any]) -> Any:
-    cols = _flat_columns("memory.", [o.get("memory") or {} for o in objs])
-    cols += _flat_columns("vmstat.", [o.get("vmstat") or {} for o in objs])
-    psi = [o.get("psi") or {} for o in objs]
+def _bulk_host(self: TimelineBuilder, ts: np.ndarray, objs: list[Any], rows: _Rows) -> Any:
+    cols = _flat_columns("memory.", [m or {} for m in rows.values(objs, "memory")], rows)
+    cols += _flat_columns("vmstat.", [v or {} for v in rows.values(objs, "vmstat")], rows)
+    psi = [p or {} for p in rows.values(objs, "psi")]
     for resource in dict.fromkeys(k for p in psi for k in p):
-        cols += _psi_columns(f"psi.{resource}", [p.get(resource) for p in psi])
+        cols += _psi_columns(f"psi.{resource}", [p.get(resource) for p in psi], rows)
 
     def commit() -> None:
         for name, values in cols:
@@ -696,20 +825,20 @@ def _bulk_host(self: TimelineBuilder, ts: np.ndarray, objs: list[Any]) -> Any:
 _CGROUP_BYTES = tuple(f"{name}_bytes" for name in ("usage", "working_set", "peak", "limit", "high", "low", "min", "swap"))
 
 
-def _bulk_cgroup(self: TimelineBuilder, ts: np.ndarray, objs: list[Any]) -> Any:
-    paths, codes = _group_codes([str(o.get("path") or "?") for o in objs])
+def _bulk_cgroup(self: TimelineBuilder, ts: np.ndarray, objs: list[Any], rows: _Rows) -> Any:
+    paths, codes = _group_codes([str(p or "?") for p in rows.values(objs, "path")])
     staged = []
     for number, path in enumerate(paths):
         idx = None if codes is None else np.flatnonzero(codes == number)
         sub = objs if idx is None else [objs[i] for i in idx]
         t = ts if idx is None else ts[idx]
-        cols = [(name.removesuffix("_bytes"), col) for name, col in zip(_CGROUP_BYTES, _columns(sub, _CGROUP_BYTES), strict=True)]
-        cols += _flat_columns("events.", [o.get("events") or {} for o in sub])
-        cols += _flat_columns("events_local.", [o.get("events_local") or {} for o in sub])
-        cols += _flat_columns("stat.", [o.get("stat") or {} for o in sub])
-        under = [o.get("under_oom") for o in sub]
+        sizes = rows.columns(sub, _CGROUP_BYTES)
+        cols = [(name.removesuffix("_bytes"), col) for name, col in zip(_CGROUP_BYTES, sizes, strict=True)]
+        for field_name in ("events", "events_local", "stat"):
+            cols += _flat_columns(f"{field_name}.", [d or {} for d in rows.values(sub, field_name)], rows)
+        under = rows.values(sub, "under_oom")
         cols.append(("under_oom", _column([None if v is None else int(bool(v)) for v in under])))
-        cols += _psi_columns("psi.memory", [o.get("pressure") for o in sub])
+        cols += _psi_columns("psi.memory", rows.values(sub, "pressure"), rows)
         staged.append((path, t, cols))
 
     def commit() -> None:
@@ -723,43 +852,59 @@ def _bulk_cgroup(self: TimelineBuilder, ts: np.ndarray, objs: list[Any]) -> Any:
 
 _PROCESS_FIELDS = ("rss_bytes", "pss_bytes", "uss_bytes", "swap_bytes", "major_faults", "minor_faults")
 _PROCESS_SERIES = ("rss", "pss", "uss", "swap", "major_faults", "minor_faults")
+_PROCESS_FACTS = ("comm", "cmdline", "memory_cgroup")
 
 
-def _last_truthy(objs: list[Any], idx: Sequence[int] | None, key: str) -> Any:
-    rows = reversed(objs) if idx is None else (objs[i] for i in reversed(idx))
-    return next((o.get(key) for o in rows if o.get(key)), None)
+def _last_truthy(objs: list[Any], idx: np.ndarray | None, get: Any) -> Any:
+    """The last truthy ``get(row)`` among the rows ``idx`` (all when None): usually the very last row."""
+    seq = reversed(objs) if idx is None else map(objs.__getitem__, reversed(idx.tolist()))
+    return next((v for v in map(get, seq) if v), None)
 
 
-def _bulk_process(self: TimelineBuilder, ts: np.ndarray, objs: list[Any]) -> Any:
-    try:
-        keys = list(map(itemgetter("pid", "start_time_s"), objs))
-    except KeyError:
-        keys = [(o["pid"], o.get("start_time_s")) for o in objs]
-    distinct, codes = _group_codes(keys)
-    numeric = _columns(objs, _PROCESS_FIELDS)
-    files_at = [(i, mf) for i, mf in enumerate(_values(objs, "model_files")) if mf]
+def _process_groups(pids: list[Any], starts: list[Any]) -> tuple[list[tuple[str, int, Any]], np.ndarray | None]:
+    """The tracks of a batch -- ``(key, pid, start_time)`` in first-seen order, as the per-row path names them
+    (``f"{int(pid)}@{start_time}"``, the first row's raw start time) -- and each row's track number.
+
+    Grouping on ``(pid, start)`` tuples is cheap, but it merges what the key string keeps apart (5 and
+    5.0, 0.0 and -0.0) and splits what it merges ("42" and 42, NaN objects). Those batches, which the
+    agent never writes, are grouped on the key strings instead.
+    """
+    distinct, codes = _group_codes(list(zip(pids, starts, strict=True)))
+    plain = set(map(type, pids)) == {int} and len(set(map(type, starts))) == 1
+    if plain and all(s is None or (s == s and s != 0) for _, s in distinct):
+        return [(f"{int(p)}@{s}", int(p), s) for p, s in distinct], codes
+    keys = [f"{int(p)}@{s}" for p, s in zip(pids, starts, strict=True)]
+    names, codes = _group_codes(keys)
+    first = {} if codes is None else dict(zip(codes[::-1].tolist(), range(len(keys) - 1, -1, -1), strict=True))
+    reps = [0] if codes is None else [first[number] for number in range(len(names))]
+    return [(names[n], int(pids[i]), starts[i]) for n, i in enumerate(reps)], codes
+
+
+def _bulk_process(self: TimelineBuilder, ts: np.ndarray, objs: list[Any], rows: _Rows) -> Any:
+    distinct, codes = _process_groups(rows.values(objs, "pid"), rows.values(objs, "start_time_s"))
+    numeric = rows.columns(objs, _PROCESS_FIELDS)
+    files: defaultdict[int, set[str]] = defaultdict(set)
+    model_files = rows.values(objs, "model_files")
+    for i in compress(range(len(objs)), model_files):  # only the rows that name model files
+        files[0 if codes is None else int(codes[i])].update(model_files[i])
+    facts = [rows.field(key) for key in _PROCESS_FACTS]
     staged = []
-    for number, (pid_raw, start_time) in enumerate(distinct):
-        pid = int(pid_raw)
+    for number, (key, pid, start_time) in enumerate(distinct):
         idx = None if codes is None else np.flatnonzero(codes == number)
-        files: set[str] = set()
-        for i, mf in files_at:
-            if codes is None or codes[i] == number:
-                files.update(mf)
         t = ts if idx is None else ts[idx]
         cols = [(name, col if idx is None else col[idx]) for name, col in zip(_PROCESS_SERIES, numeric, strict=True)]
-        facts = tuple(_last_truthy(objs, idx, key) for key in ("comm", "cmdline", "memory_cgroup"))
-        staged.append((f"{pid}@{start_time}", pid, start_time, facts, files, t, cols))
+        last = tuple(_last_truthy(objs, idx, get) for get in facts)
+        staged.append((key, pid, start_time, last, files.get(number, set()), t, cols))
 
     def commit() -> None:
-        for key, pid, start_time, (comm, cmdline, cgroup), files, t, cols in staged:
+        for key, pid, start_time, (comm, cmdline, cgroup), model_files, t, cols in staged:
             track = self.procs.get(key)
             if track is None:
                 track = self.procs[key] = ProcessTrack(pid, start_time)
             track.comm = comm or track.comm
             track.cmdline = cmdline or track.cmdline
             track.memory_cgroup = cgroup or track.memory_cgroup
-            track.model_files.update(files)
+            track.model_files.update(model_files)
             b = self.proc_series[key]
             for name, values in cols:
                 b.add_chunk(name, t, values)
@@ -767,9 +912,8 @@ def _bulk_process(self: TimelineBuilder, ts: np.ndarray, objs: list[Any]) -> Any
     return commit
 
 
-def _strings(self: TimelineBuilder, objs: list[Any], key: str) -> np.ndarray:
+def _strings(self: TimelineBuilder, values: list[Any]) -> np.ndarray:
     """``str(value or "")`` per row, one shared object per distinct string (1 M requests, ~3 routes)."""
-    values = _values(objs, key)
     intern = self._strings
     try:
         distinct = dict.fromkeys(values)
@@ -788,11 +932,11 @@ def _strings(self: TimelineBuilder, objs: list[Any], key: str) -> np.ndarray:
 def _bulk_table(name: str, numeric: tuple[str, ...], strings: tuple[str, ...] = ()) -> Any:
     fields = tuple(col for col in numeric if col != "ts")
 
-    def bulk(self: TimelineBuilder, ts: np.ndarray, objs: list[Any]) -> Any:
-        found = dict(zip(fields, _columns(objs, fields), strict=True))
+    def bulk(self: TimelineBuilder, ts: np.ndarray, objs: list[Any], rows: _Rows) -> Any:
+        found = dict(zip(fields, rows.columns(objs, fields), strict=True))
         cols = {col: ts if col == "ts" else found[col] for col in numeric}
         for col in strings:
-            cols[col] = _strings(self, objs, col)
+            cols[col] = _strings(self, rows.values(objs, col))
 
         def commit() -> None:
             self.table_chunks[name].append(cols)

@@ -1,16 +1,20 @@
 """The fast loading path (``TimelineBuilder.add_bodies``, parallel ``load_recorder``) gives exactly the
 Timeline the per-record path (``add_json`` row by row) gives -- on realistic rows and on odd ones
 (bad JSON, a wrong kind, a missing or non-numeric time, nested values, keys that come and go, a
-process seen under two cgroups' worth of samples, strings where numbers belong)."""
+process seen under two cgroups' worth of samples, strings where numbers belong) -- whichever of its
+paths a batch takes: typed (msgspec Structs), json (one ``json.loads`` + dict columns) or per row."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import diag.loaders as loaders
 from collectors.recorder import FlightRecorder
@@ -25,6 +29,7 @@ from collectors.records import (
     RequestTiming,
     ServiceConfig,
 )
+from diag import fastdecode
 from diag.timeline import Timeline, TimelineBuilder
 
 T0 = 1_790_000_000.0
@@ -155,3 +160,150 @@ def test_since_window_is_respected(recorder: Path, monkeypatch: pytest.MonkeyPat
     tl = loaders.load_recorder(recorder, since_s=100, until=until, workers=2)
     assert tl.start >= until - 100 and tl.end <= until
     assert tl.host["memory.total"].ts.size == 101  # [200, 300] inclusive, each second once
+
+
+# --------------------------------------------------------------------------- typed decoding (diag/fastdecode.py)
+
+
+def _bodies_by_kind(rows: list[tuple[float, str, int, str]]) -> dict[str, list[str]]:
+    by_kind: dict[str, list[str]] = {}
+    for _ts, kind, _schema, body in sorted(rows, key=lambda r: r[0]):
+        by_kind.setdefault(kind, []).append(body)
+    return by_kind
+
+
+def _per_row_of(by_kind: dict[str, list[str]]) -> Timeline:
+    b = TimelineBuilder(source="x")
+    for kind, bodies in by_kind.items():
+        for body in bodies:
+            b.add_json(body, kind)
+    return b.build()
+
+
+def test_clean_rows_take_the_typed_path_and_equal_per_row() -> None:
+    by_kind = _bodies_by_kind(_records(np.random.default_rng(5), 120, odd_rows=False))
+    for as_bytes in (False, True):
+        b = TimelineBuilder(source="x")
+        for kind, bodies in by_kind.items():
+            b.add_bodies(kind, [body.encode() for body in bodies] if as_bytes else bodies)
+        hot = sum(len(v) for k, v in by_kind.items() if k in fastdecode.TYPED_KINDS)
+        assert fastdecode.AVAILABLE and b.decode_paths["typed"] == hot  # not silently falling back
+        _assert_same(_per_row_of(by_kind), b.build())
+
+
+def _body(kind: str, ts: float, **fields: Any) -> str:
+    return json.dumps({"kind": kind, "schema": 1, "ts": ts, **fields})
+
+
+def test_a_row_typed_decoding_rejects_costs_only_its_batch() -> None:
+    """Values the json path reads as numbers but typed decoding refuses (strings, bools, ints where a bool
+    belongs, NaN, numbers beyond float range) send their batch down the json path; the next batch is typed again."""
+    good = {
+        "request": lambda i: _body("request", T0 + i, arrival=T0 + i - 1, start=None, finish=T0 + i, route="/r"),
+        "process": lambda i: _body("process", T0 + i, pid=7, start_time_s=5, rss_bytes=1000 + i, comm="w"),
+        "host": lambda i: _body("host", T0 + i, memory={"total": 10, "free": i}, psi={"memory": {"some": {"avg10": 0.5}}}),
+        "cgroup": lambda i: _body("cgroup", T0 + i, path="/g", usage_bytes=i, under_oom=False, stat={"anon": i}),
+    }
+    odd = {
+        "request": _body("request", T0 + 100.5, arrival="12.5", prompt_tokens=True, route=7),
+        "process": _body("process", T0 + 100.5, pid=7, start_time_s=5, rss_bytes=10**400, major_faults="3"),
+        "host": _body("host", T0 + 100.5, memory={"total": "11", "free": 1e400}, vmstat={"pgfault": True}),
+        "cgroup": '{"kind": "cgroup", "ts": %r, "path": "/g", "usage_bytes": NaN, "under_oom": 1}' % (T0 + 100.5),
+    }
+    for kind, make in good.items():
+        first = [make(i) for i in range(50)]
+        second = [make(i) for i in range(50, 100)] + [odd[kind]]  # one odd row in the second batch
+        third = [make(i) for i in range(101, 150)]
+        b = TimelineBuilder(source="x")
+        for batch in (first, second, third):
+            b.add_bodies(kind, batch)
+        assert b.decode_paths["typed"] == len(first) + len(third), kind
+        assert b.decode_paths["json"] + b.decode_paths["per_row"] == len(second), kind
+        _assert_same(_per_row_of({kind: first + second + third}), b.build())
+
+
+def test_typed_keeps_what_the_track_key_and_facts_look_like() -> None:
+    """``start_time_s`` 5 and 5.0 are different tracks ("7@5" / "7@5.0"), as on the per-row path; facts are the
+    last truthy value per track, across batches."""
+    rows = [_body("process", T0 + i, pid=7, start_time_s=5 if i % 2 else 5.0, comm="a" if i < 3 else "",
+                  cmdline=None, model_files=["/m"] if i == 1 else [], rss_bytes=i) for i in range(6)]  # fmt: skip
+    b = TimelineBuilder(source="x")
+    b.add_bodies("process", rows[:3])
+    b.add_bodies("process", rows[3:])
+    assert b.decode_paths["typed"] == 6
+    tl = b.build()
+    assert set(tl.processes) == {"7@5", "7@5.0"} and tl.processes["7@5"].model_files == {"/m"}
+    assert tl.processes["7@5.0"].comm == "a" and tl.processes["7@5"].comm == "a"
+    _assert_same(_per_row_of({"process": rows}), tl)
+    # the json path groups the same way: "42" and 42 are one track, 0.0 and -0.0 two
+    odd = [_body("process", T0 + i, pid="42" if i % 3 == 0 else 42, start_time_s=-0.0 if i % 2 else 0.0,
+                 comm=f"c{i}", rss_bytes=i) for i in range(9)]  # fmt: skip
+    b = TimelineBuilder(source="x")
+    b.add_bodies("process", odd)
+    assert b.decode_paths["json"] == 9
+    tl = b.build()
+    assert set(tl.processes) == {"42@0.0", "42@-0.0"} and tl.processes["42@0.0"].comm == "c8"
+    _assert_same(_per_row_of({"process": odd}), tl)
+
+
+_FLOAT_TEXTS = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+    st.integers(min_value=-(2**70), max_value=2**70).map(str),
+    st.sampled_from(["5e-324", "2.2250738585072014e-308", "1.7976931348623157e308", "1E5", "-0.0", "-0", "0.1e1",
+                     "9007199254740993", "18446744073709551615", "1e-400", "123456789012345678901234567890"]),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_FLOAT_TEXTS, min_size=1, max_size=8))
+def test_typed_numbers_are_the_floats_json_gives(texts: list[str]) -> None:
+    """Every number typed decoding accepts is the float ``float(json.loads(text))`` gives (ints included)."""
+    bodies = [f'{{"kind":"request","ts":1,"arrival":{t},"prompt_tokens":{t}}}' for t in texts]
+    rows = fastdecode.decode("request", "[" + ",".join(bodies) + "]")
+    assert rows is not None
+    for row, text in zip(rows, texts, strict=True):
+        expected = float(json.loads(text))
+        assert math.copysign(1, row.arrival) == math.copysign(1, expected) and row.arrival == expected, text
+        assert row.prompt_tokens == expected
+
+
+def test_small_byte_batches_equal_per_row(recorder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    reference = _per_row(recorder)
+    monkeypatch.setattr(loaders, "BATCH_BYTES", 2000)  # a couple of host rows per batch, a few requests
+    builder = loaders._read_part(recorder, None, None, f"recorder:{recorder}")
+    assert builder.decode_paths["typed"] and builder.decode_paths["per_row"]  # clean batches typed, odd ones not
+    _assert_same(reference, builder.build())
+    assert loaders.batch_rows(["x" * 1000] * 4) == 2 and loaders.batch_rows(["x"] * 4) == 2000
+
+
+def test_an_integer_beyond_float_range_is_a_missing_value_not_a_crash(tmp_path: Path) -> None:
+    body = _body("process", T0, pid=3, rss_bytes=10**400, pss_bytes=5)
+    b = TimelineBuilder()
+    b.add_json(body, "process")
+    tl = b.build()
+    assert tl.counts == {"process": 1} and set(tl.processes["3@None"].series) == {"pss"}
+
+
+def test_windows_of_one_instant_and_out_of_order_bodies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The windowed reader keeps every row: 30 requests at one instant (more than a window holds), and rows
+    whose stored time order disagrees with their bodies' (the joined window is refused; read row by row)."""
+    rows = [(T0, "request", 1, _body("request", T0, arrival=T0 - i, finish=T0, route=f"/r{i % 3}")) for i in range(30)]
+    rows += [(T0 + 1 + i, "process", 1, _body("process", T0 + 100 - i, pid=9, rss_bytes=i, comm=f"c{i}")) for i in range(20)]
+    with FlightRecorder(tmp_path / "r.db") as rec:
+        rec.write_rows(rows)
+    monkeypatch.setattr(loaders, "BATCH_ROWS", 7)
+    tl = loaders.load_recorder(tmp_path / "r.db", workers=1)
+    assert tl.counts == {"request": 30, "process": 20}
+    assert tl.processes["9@None"].comm == "c19"  # the last row in stored order, not the one with the latest body time
+    _assert_same(_per_row(tmp_path / "r.db"), tl)
+
+
+def test_add_array_is_all_or_nothing() -> None:
+    bodies = [_body("request", T0 + i, arrival=T0) for i in range(5)]
+    b = TimelineBuilder()
+    assert not b.add_array("request", "[" + ",".join(reversed(bodies)) + "]", 5, ordered=True)  # times go backwards
+    assert not b.add_array("request", "[" + ",".join(bodies) + "]", 4)  # not the count the caller expects
+    assert not b.add_array("oom", "[]", 0)  # a kind without typed decoding
+    assert not b.counts and not b.decode_paths
+    assert b.add_array("request", "[" + ",".join(bodies) + "]", 5, ordered=True)
+    assert b.counts == {"request": 5}

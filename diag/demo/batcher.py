@@ -1,0 +1,250 @@
+"""The batcher: forms batches by request count or by token budget and runs them on one model thread.
+
+Why both policies: a batcher that caps batches by *request count* lets one batch of eight long
+prompts carry ten times the tokens -- and the activation memory -- of a batch of eight short ones;
+that is the ``request_count_batching`` incident. A *token budget* caps what a batch can hold, which
+is the remedy. Every formed batch is reported (``on_batch``) before it runs, so the record of an
+oversized batch exists even if the batch is what kills the process.
+
+Batching is static: a batch is formed, prefilled in one ragged pass, then decoded step by step until
+its last sequence is done; requests arriving meanwhile wait for the next batch. One thread per worker
+runs the model (numpy releases the GIL in its kernels, so the event loop stays responsive), which is
+why ``concurrent_batches`` is always 1 here. A request whose future was cancelled (inference timeout,
+client gone) is dropped from its batch at the next step, freeing its KV cache; a step in which every
+request was abandoned (a long prefill that timed out) is stopped within an attention chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from diag.demo.model import DemoModel, Sequence, StepAborted
+from diag.demo.weights import LoadedWeights
+
+BatchingMode = Literal["requests", "tokens"]
+BATCHING_MODES: tuple[str, ...] = ("requests", "tokens")
+
+
+@dataclass
+class Completion:
+    """What the model produced for one request (token ids; the app decodes them)."""
+
+    ids: list[int]
+    prompt_tokens: int
+    batch_requests: int
+    batch_tokens: int
+
+
+@dataclass
+class _Job:
+    prompt_ids: list[int]
+    max_tokens: int
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Completion]
+    on_first_token: Callable[[], Any] | None = None
+    seq: Sequence | None = field(default=None, repr=False)
+
+    @property
+    def tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    def abandoned(self) -> bool:
+        return self.future.done()  # cancelled by a timeout or a vanished client
+
+    def resolve(self, value: Completion | BaseException) -> None:
+        def _set() -> None:
+            if self.future.done():
+                return
+            if isinstance(value, BaseException):
+                self.future.set_exception(value)
+            else:
+                self.future.set_result(value)
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
+            self.loop.call_soon_threadsafe(_set)
+
+
+class Batcher:
+    """Queue + one model thread. ``submit`` is called from the event loop; everything else runs on the thread.
+
+    ``weights`` returns the weights to use for the next batch (the registry's current ones), so a
+    refresh takes effect at a batch boundary. ``on_batch(**BatchStats fields)`` and
+    ``on_routing(layer, counts)`` are the tracker's ``record_batch`` / ``record_routing``; they must
+    not raise (the tracker's never do) but are guarded anyway.
+    """
+
+    def __init__(
+        self,
+        weights: Callable[[], LoadedWeights],
+        *,
+        mode: BatchingMode = "tokens",
+        max_batch_requests: int = 8,
+        max_batch_tokens: int = 4096,
+        batch_wait_s: float = 0.002,
+        router_skew: float = 0.0,
+        capacity_factor: float = 0.0,
+        on_batch: Callable[..., Any] | None = None,
+        on_routing: Callable[..., Any] | None = None,
+    ) -> None:
+        if mode not in BATCHING_MODES:
+            raise ValueError(f"batching mode must be one of {BATCHING_MODES}")
+        if max_batch_requests < 1 or max_batch_tokens < 1:
+            raise ValueError("batch limits must be positive")
+        self._weights = weights
+        self.mode: BatchingMode = mode
+        self.max_batch_requests = max_batch_requests
+        self.max_batch_tokens = max_batch_tokens
+        self.batch_wait_s = batch_wait_s
+        self.router_skew = router_skew
+        self.capacity_factor = capacity_factor
+        self._on_batch = on_batch
+        self._on_routing = on_routing
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.batches = 0
+        self.aborted_steps = 0  # steps stopped early because every request in them was abandoned
+
+    # ------------------------------------------------------------------ event-loop side
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="demo-model", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    async def submit(self, prompt_ids: list[int], max_tokens: int, on_first_token: Callable[[], Any] | None = None) -> Completion:
+        """Queue a request and wait for its completion. Cancelling the await drops it from its batch."""
+        loop = asyncio.get_running_loop()
+        job = _Job(list(prompt_ids), max(1, int(max_tokens)), loop, loop.create_future(), on_first_token)
+        with self._cond:
+            if self._stop:
+                raise RuntimeError("batcher stopped")
+            self._queue.append(job)
+            self._cond.notify()
+        return await job.future
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    # ------------------------------------------------------------------ model-thread side
+
+    def _take_batch(self) -> list[_Job] | None:
+        with self._cond:
+            while not self._queue and not self._stop:
+                self._cond.wait()
+            if self._stop:
+                return None
+        if self.batch_wait_s > 0:
+            time.sleep(self.batch_wait_s)  # let requests that arrived together share the batch
+        with self._cond:
+            batch: list[_Job] = []
+            tokens = 0
+            while self._queue and len(batch) < self.max_batch_requests:
+                job = self._queue[0]
+                if job.abandoned():
+                    self._queue.popleft()
+                    continue
+                if self.mode == "tokens" and batch and tokens + job.tokens > self.max_batch_tokens:
+                    break  # over budget: it opens the next batch (a lone oversized job still runs, alone)
+                self._queue.popleft()
+                batch.append(job)
+                tokens += job.tokens
+            return batch
+
+    def _run(self) -> None:
+        while True:
+            batch = self._take_batch()
+            if batch is None:
+                return
+            if batch:
+                self._run_batch(batch)
+
+    def _run_batch(self, batch: list[_Job]) -> None:
+        self.batches += 1
+        tokens = [j.tokens for j in batch]
+        self._report(
+            self._on_batch,
+            requests=len(batch),
+            input_tokens=sum(tokens),
+            max_request_tokens=max(tokens),
+            active_decode_sequences=0,
+            concurrent_batches=1,
+            phase="prefill",
+        )
+        try:
+            weights = self._weights()
+            model = DemoModel(weights, router_skew=self.router_skew, capacity_factor=self.capacity_factor)
+            cfg = weights.config
+            routing = np.zeros((cfg.n_layers, cfg.experts), dtype=np.int64) if cfg.experts else None
+            capacity = np.zeros(cfg.n_layers, dtype=np.int64) if cfg.experts and self.capacity_factor > 0 else None
+            for j in batch:
+                j.seq = model.new_sequence(j.prompt_ids, j.max_tokens)
+            live = list(batch)
+            first = True
+            while live:
+                try:
+                    # A prefill whose requests all timed out (or left) stops within an attention chunk.
+                    model.step(
+                        [j.seq for j in live if j.seq is not None],
+                        routing,
+                        capacity,
+                        should_stop=lambda jobs=live: all(j.abandoned() for j in jobs),
+                    )
+                except StepAborted:
+                    self.aborted_steps += 1
+                    for j in live:
+                        j.seq = None  # frees the KV caches and activations now
+                    break
+                if first:
+                    first = False
+                    for j in live:
+                        if j.on_first_token is not None:
+                            self._report(j.on_first_token)
+                still = []
+                for j in live:
+                    assert j.seq is not None
+                    if j.abandoned():
+                        j.seq = None  # frees its KV cache now, not when the batch ends
+                    elif j.seq.done:
+                        j.resolve(Completion(j.seq.generated, j.tokens, len(batch), sum(tokens)))
+                        j.seq = None
+                    else:
+                        still.append(j)
+                live = still
+            if routing is not None:
+                for layer in range(routing.shape[0]):
+                    counts = [int(n) for n in routing[layer]]
+                    if capacity is None:
+                        self._report(self._on_routing, layer, counts)
+                    else:  # capacity summed over the batch's passes, like the counts
+                        self._report(self._on_routing, layer, counts, int(capacity[layer]))
+        except Exception as exc:  # MemoryError included: the requests fail, the worker lives on
+            for j in batch:
+                j.seq = None
+                j.resolve(exc)
+
+    @staticmethod
+    def _report(fn: Callable[..., Any] | None, *args: Any, **kwargs: Any) -> None:
+        if fn is None:
+            return
+        with contextlib.suppress(Exception):
+            fn(*args, **kwargs)

@@ -1,0 +1,115 @@
+"""Collectors with deadlines: bounded tail reads, commands killed with their whole group, hung workers abandoned."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from diag.bundle.runner import Collector, Context, Output, read_tail, run_collectors, run_command
+
+
+def _ctx(seconds: float) -> Context:
+    return Context(threading.Event(), time.monotonic() + seconds)
+
+
+def _gone(pid: int, within_s: float = 10.0) -> bool:
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        # a zombie still answers kill(0); its /proc stat says Z
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z"):
+                return True
+        time.sleep(0.05)
+    return False
+
+
+def test_read_tail_keeps_the_end_of_a_long_regular_file(tmp_path: Path) -> None:
+    f = tmp_path / "log"
+    f.write_text("".join(f"line {i:05d}\n" for i in range(10000)))  # 110 000 bytes
+    tail = read_tail(str(f), 1000)
+    assert tail.truncated and tail.size == f.stat().st_size
+    text = tail.data.decode()
+    assert text.endswith("line 09999\n")
+    assert text.startswith("line ") and len(tail.data) <= 1000  # the cut-off half line was dropped
+    small = read_tail(str(f), 1 << 20)
+    assert not small.truncated and small.data == f.read_bytes()
+
+
+def test_read_tail_keeps_the_end_of_a_stream(tmp_path: Path) -> None:
+    r, w = os.pipe()
+
+    def writer() -> None:
+        with os.fdopen(w, "wb") as fh:
+            for i in range(5000):
+                fh.write(f"event {i:05d}\n".encode())
+
+    threading.Thread(target=writer, daemon=True).start()
+    tail = read_tail(f"/proc/self/fd/{r}", 2000)
+    os.close(r)
+    assert tail.truncated and tail.size == 5000 * 12
+    assert tail.data.decode().endswith("event 04999\n") and len(tail.data) <= 2000
+
+
+def test_a_command_past_its_deadline_is_killed_with_its_whole_group(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    script = f"echo started; sleep 300 & echo $! > {pidfile}; wait"
+    res = run_command(["sh", "-c", script], _ctx(1.5), cap=1 << 20)
+    assert res.timed_out
+    assert res.stdout == b"started\n"  # what it printed before the kill is kept
+    assert _gone(int(pidfile.read_text()))  # the grandchild went with the group
+
+
+def test_command_output_over_the_cap_keeps_the_tail() -> None:
+    code = "import sys\nfor i in range(100000): sys.stdout.write(f'row {i:06d}\\n')"
+    res = run_command([sys.executable, "-c", code], _ctx(30), cap=4096)
+    assert not res.timed_out and res.return_code == 0 and res.truncated
+    assert res.stdout.decode().endswith("row 099999\n") and len(res.stdout) <= 4096
+
+
+def test_a_hung_collector_is_abandoned_and_the_others_still_deliver(tmp_path: Path) -> None:
+    fifo = tmp_path / "hung"
+    os.mkfifo(fifo)
+
+    def hang(ctx: Context) -> Output:  # open() of a FIFO with no writer blocks, like a read on a hung mount
+        read_tail(str(fifo), 1024, ctx)
+        return Output()
+
+    def fine(ctx: Context) -> Output:
+        return Output(extra={"value": 42})
+
+    def broken(ctx: Context) -> Output:
+        raise RuntimeError("collector bug")
+
+    lines: list[str] = []
+    try:
+        runs = run_collectors(
+            [Collector("hung", "a FIFO", hang, 1.0), Collector("fine", "ok", fine, 5.0), Collector("broken", "bug", broken, 5.0)],
+            time.monotonic() + 30,
+            lines.append,
+        )
+    finally:  # release the abandoned thread: a writer appearing unblocks its open()
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    by = {r.name: r for r in runs}
+    assert by["hung"].timeout_hit and by["hung"].abandoned and by["hung"].status == "timeout" and by["hung"].output is None
+    assert by["fine"].status == "ok" and by["fine"].output.extra == {"value": 42} and not by["fine"].timeout_hit
+    assert by["broken"].status == "error" and "collector bug" in by["broken"].reason
+    assert any("hung: TIMED OUT" in line for line in lines)
+
+
+def test_the_bundle_deadline_caps_every_collector_timeout() -> None:
+    def slow(ctx: Context) -> Output:
+        while not ctx.cancel.is_set():
+            time.sleep(0.01)
+        return Output(status="ok", timeout_hit=True, reason="stopped")
+
+    (run,) = run_collectors([Collector("slow", "cooperative", slow, 600.0)], time.monotonic() + 0.5, lambda _: None)
+    assert run.timeout_s <= 0.5 and run.timeout_hit and not run.abandoned  # it acknowledged the cancel

@@ -1,0 +1,156 @@
+"""/metrics sums over worker processes (prometheus_client multiprocess mode), with real processes.
+
+The app is ``tests.collectors.test_tracking_app:app_from_env`` under ``uvicorn --workers 2`` with
+``PROMETHEUS_MULTIPROC_DIR`` set in the environment, as a deployment would do it. Every process we
+start is killed by PID at the end (workers too, should the master die first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from collectors import catalog
+from collectors.recorder import FlightRecorder
+from collectors.records import RequestTiming
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def _kill(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+@contextlib.contextmanager
+def workers(tmp_path: Path, n: int, **env: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    port = _free_port()
+    full_env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "prom"),
+        "LLMDIAG_TEST_RECORDER": str(tmp_path / "rec.db"),
+        **env,
+    }
+    full_env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    (tmp_path / "prom").mkdir()
+    argv = [sys.executable, "-m", "uvicorn", "--factory", "tests.collectors.test_tracking_app:app_from_env",
+            "--host", "127.0.0.1", "--port", str(port), "--workers", str(n), "--log-level", "warning",
+            "--no-access-log"]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=ROOT, env=full_env)
+    known: set[int] = set()
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            known.update(_children(proc.pid))
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code in (200, 503):
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("uvicorn workers did not come up")
+            time.sleep(0.2)
+        yield base, proc
+    finally:
+        known.update(_children(proc.pid))
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        _kill(sorted(known), signal.SIGKILL)  # no orphans, whatever happened to the master
+
+
+def _samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    out = []
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                out.append((sample.labels, sample.value))
+    return out
+
+
+def test_metrics_sum_over_two_worker_processes(tmp_path: Path) -> None:
+    with workers(tmp_path, 2, LLMDIAG_TEST_MAX_CONCURRENCY="3", LLMDIAG_TEST_QUEUE_SIZE="5") as (base, _proc):
+        sent = 0
+        pids: set[int] = set()
+        # fresh connections so the kernel spreads them over both workers' accept() calls
+        while sent < 40 or (len(pids) < 2 and sent < 400):
+            response = httpx.get(base + "/work?ms=1", headers={"connection": "close"})
+            assert response.status_code == 200
+            pids.add(response.json()["pid"])
+            sent += 1
+        assert len(pids) == 2, "both workers must have served requests"
+        scraped = {httpx.get(base + "/metrics", headers={"connection": "close"}).text for _ in range(6)}
+        text = scraped.pop()
+    requests = _samples(text, catalog.REQUESTS.name)
+    assert sum(v for _, v in requests) == sent
+    assert sum(v for labels, v in requests if labels["outcome"] == "ok") == sent
+    assert sum(v for _, v in _samples(text, catalog.REQUEST_E2E.name + "_count")) == sent
+    # gauges: livesum over live workers -> 3 slots + 3 slots
+    assert sum(v for _, v in _samples(text, catalog.ADMISSION_MAX_CONCURRENCY.name)) == 6
+    assert sum(v for _, v in _samples(text, catalog.ACTIVE_INFERENCES.name)) == 0
+    with FlightRecorder(tmp_path / "rec.db") as rec:
+        rows = [r for r in rec.read(["request"]) if isinstance(r, RequestTiming)]
+    assert len(rows) == sent  # both workers wrote to the one recorder
+    assert {r.pid for r in rows} == pids
+
+
+def test_dead_workers_live_gauges_are_swept(tmp_path: Path) -> None:
+    """A worker killed without cleanup (OOM kill) must not keep reporting its last queue depth."""
+    prom = tmp_path / "prom"
+    prom.mkdir()
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(prom), "PYTHONPATH": str(ROOT)}
+    script = textwrap.dedent(
+        """
+        import os, signal
+        from prometheus_client import CollectorRegistry
+        from collectors.tracking import RequestTracker
+        t = RequestTracker("w", recorder=False, registry=CollectorRegistry())
+        for _ in range(5): t._series_for("/x").queued()   # a worker with 5 queued requests ...
+        for _ in range(2): t._series_for("/x").finished("ok", False, 0.1, 0.1, 0.2, None)
+        os.kill(os.getpid(), signal.SIGKILL)    # ... killed without any cleanup
+        """
+    )
+    dead = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT)
+    assert dead.returncode == -signal.SIGKILL
+    alive = subprocess.run(
+        [sys.executable, "-c", script.replace("os.kill(os.getpid(), signal.SIGKILL)", "pass")
+         .replace("range(5)", "range(1)") + "\nfrom collectors.tracking import metrics_response\n"
+         "import sys; sys.stdout.buffer.write(metrics_response()[0])"],
+        env=env, cwd=ROOT, capture_output=True, check=True,
+    )  # fmt: skip
+    text = alive.stdout.decode()
+    # the dead worker's queue depth is gone; its counter (history) is kept; the live one's depth is there
+    assert sum(v for _, v in _samples(text, catalog.QUEUE_DEPTH.name)) == 1
+    assert sum(v for labels, v in _samples(text, catalog.REQUESTS.name) if labels["outcome"] == "ok") == 4

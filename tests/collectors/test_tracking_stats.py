@@ -1,0 +1,313 @@
+"""Batches, MoE routing maths, torch allocator snapshot, CUDA OOM messages, and the record hand-off."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from collectors import catalog
+from collectors.recorder import FlightRecorder, RecorderWriter
+from collectors.records import BatchStats, CudaOomError, RequestTiming, RoutingStats, record_from_json
+from collectors.tracking import (
+    RequestTracker,
+    batch_stats,
+    capture_cuda_oom,
+    parse_cuda_oom_message,
+    routing_stats,
+    torch_cuda_status,
+    torch_memory_snapshot,
+)
+from collectors.tracking.buffer import FastRequestTiming, RecordBuffer
+from tests.collectors.test_tracking_app import sample_value
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+# --------------------------------------------------------------------------- MoE routing
+
+
+def test_routing_summary_maths() -> None:
+    stats = routing_stats("moe", 3, [10, 2, 4, 4, 0, 20, 4, 4], capacity=8)
+    assert stats.top_expert_tokens == 20
+    assert stats.median_expert_tokens == 4.0  # sorted: 0 2 4 4 4 4 10 20
+    assert stats.skew == 5.0  # 20 / 4
+    assert stats.balancedness == pytest.approx((48 / 8) / 20)  # mean 6 / max 20
+    assert stats.overflow_tokens == (10 - 8) + (20 - 8)
+    assert stats.expert_tokens == [10, 2, 4, 4, 0, 20, 4, 4] and stats.layer == 3
+
+
+def test_routing_edge_cases() -> None:
+    even = routing_stats("moe", 0, [5, 5, 5, 5])
+    assert (even.skew, even.balancedness, even.overflow_tokens) == (1.0, 1.0, 0)
+    sparse = routing_stats("moe", 0, [0, 0, 0, 9])  # median 0: skew undefined
+    assert sparse.skew is None and sparse.balancedness == pytest.approx(0.25)
+    idle = routing_stats("moe", 0, [0, 0])
+    assert idle.skew is None and idle.balancedness is None
+    assert routing_stats("moe", 0, [1, 3]).median_expert_tokens == 2.0  # even count: mean of the middle two
+    for bad in ([], [1, -1]):
+        with pytest.raises(ValueError):
+            routing_stats("moe", 0, bad)
+
+
+def test_batch_validation() -> None:
+    stats = batch_stats("m", requests=4, input_tokens=9000, max_request_tokens=8000, phase="prefill")
+    assert (stats.requests, stats.input_tokens, stats.max_request_tokens, stats.phase) == (4, 9000, 8000, "prefill")
+    assert batch_stats("m", requests=1, input_tokens=300).max_request_tokens == 300
+    for bad in (
+        {"requests": -1, "input_tokens": 1},
+        {"requests": 2, "input_tokens": 10, "max_request_tokens": 11},
+        {"requests": 1, "input_tokens": 1, "phase": "warmup"},
+    ):
+        with pytest.raises(ValueError):
+            batch_stats("m", **bad)  # type: ignore[arg-type]
+
+
+def test_tracker_records_batches_and_routing(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    tracker = RequestTracker("moe", recorder=tmp_path / "r.db", registry=registry)
+    assert tracker.record_batch(requests=2, input_tokens=30000, max_request_tokens=29000, phase="prefill")
+    assert tracker.record_batch(requests=64, input_tokens=6400, max_request_tokens=100, phase="prefill")
+    assert tracker.record_batch(requests=1, input_tokens=5, max_request_tokens=6) is None  # impossible: counted
+    layer0 = tracker.record_routing(0, [100, 1, 1, 1], capacity=50)
+    tracker.record_routing(1, [0, 0, 0, 7])
+    tracker.close()
+    assert layer0 is not None and layer0.skew == 100.0
+    with FlightRecorder(tmp_path / "r.db") as rec:
+        records = list(rec.read(["batch", "routing"]))
+    assert [type(r) for r in records] == [BatchStats, BatchStats, RoutingStats, RoutingStats]
+    assert records[2].expert_tokens == [100, 1, 1, 1]  # full counts live in the recorder only
+    assert sample_value(registry, catalog.BATCH_INPUT_TOKENS.name + "_count") == 2
+    assert sample_value(registry, catalog.BATCH_INPUT_TOKENS.name + "_sum") == 36400
+    assert sample_value(registry, catalog.BATCH_REQUESTS.name + "_sum") == 66
+    assert sample_value(registry, catalog.MOE_EXPERT_SKEW.name, {"layer": "0"}) == 100.0
+    assert math.isinf(sample_value(registry, catalog.MOE_EXPERT_SKEW.name, {"layer": "1"}))
+    assert sample_value(registry, catalog.MOE_EXPERT_BALANCEDNESS.name, {"layer": "0"}) == pytest.approx(25.75 / 100)
+    assert sample_value(registry, catalog.MOE_EXPERT_OVERFLOW.name, {"layer": "0"}) == 50
+    assert sample_value(registry, catalog.TRACKER_ERRORS.name, {"stage": "batch"}) == 1
+    # never one series per expert
+    expert_series = [s for f in registry.collect() for s in f.samples if "expert" in s.labels or "expert_id" in s.labels]
+    assert expert_series == []
+
+
+# --------------------------------------------------------------------------- CUDA OOM messages
+
+OOM_DOC = (
+    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which 1.25 GiB is free. "
+    "Process 12345 has 40.00 GiB memory in use. Including non-PyTorch memory, this process has 77.89 GiB memory in use. "
+    "Of the allocated memory 60.12 GiB is allocated by PyTorch, and 16.50 GiB is reserved by PyTorch but unallocated. "
+    "If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+    "fragmentation.  See documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+)
+# vLLM worker log (2.x): the process itself listed, no "Including non-PyTorch" sentence
+OOM_VLLM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.25 GiB. GPU 1 has a total capacity of 93.02 GiB "
+    "of which 1.18 GiB is free. Process 2752205 has 91.82 GiB memory in use. Of the allocated memory 90.63 GiB is "
+    "allocated by PyTorch, and 120.54 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is "
+    "large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation."
+)
+# PyTorch 2.1 ("capacty" typo, "0 bytes", max_split_size_mb advice)
+OOM_21 = (
+    "CUDA out of memory. Tried to allocate 5.96 GiB. GPU 0 has a total capacty of 23.69 GiB of which 5.25 GiB is free. "
+    "Process 2006998 has 256.00 MiB memory in use. Including non-PyTorch memory, this process has 18.17 GiB memory in use. "
+    "Of the allocated memory 17.88 GiB is allocated by PyTorch, and 0 bytes is reserved by PyTorch but unallocated. If "
+    "reserved but unallocated memory is large try setting max_split_size_mb to avoid fragmentation."
+)
+# PyTorch 1.x
+OOM_1X = (
+    "RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.90 GiB total capacity; 14.95 GiB already "
+    "allocated; 9.75 MiB free; 15.07 GiB reserved in total by PyTorch)"
+)
+
+
+def test_parse_the_documented_message() -> None:
+    err = parse_cuda_oom_message(OOM_DOC)
+    assert isinstance(err, CudaOomError)
+    assert err.device == 0
+    assert err.tried_to_allocate_bytes == 2 * GiB
+    assert err.total_capacity_bytes == round(79.15 * GiB)
+    assert err.free_bytes == round(1.25 * GiB)
+    assert err.process_in_use_bytes == round(77.89 * GiB)
+    assert err.allocated_by_pytorch_bytes == round(60.12 * GiB)
+    assert err.reserved_unallocated_bytes == round(16.50 * GiB)
+    assert err.other_processes == [{"pid": 12345, "bytes": 40 * GiB}]
+    # fragmentation signature the rule looks for: the request fits in the reserved-but-unallocated slack
+    assert err.tried_to_allocate_bytes <= err.reserved_unallocated_bytes
+
+
+def test_parse_other_real_formats() -> None:
+    vllm = parse_cuda_oom_message(OOM_VLLM)
+    assert vllm is not None and vllm.device == 1
+    assert vllm.process_in_use_bytes is None
+    assert vllm.reserved_unallocated_bytes == round(120.54 * MiB)
+    assert vllm.other_processes == [{"pid": 2752205, "bytes": round(91.82 * GiB)}]
+    old21 = parse_cuda_oom_message(OOM_21)
+    assert old21 is not None and old21.total_capacity_bytes == round(23.69 * GiB)
+    assert old21.reserved_unallocated_bytes == 0
+    assert old21.other_processes == [{"pid": 2006998, "bytes": 256 * MiB}]
+    v1 = parse_cuda_oom_message(OOM_1X)
+    assert v1 is not None
+    assert (v1.device, v1.tried_to_allocate_bytes, v1.free_bytes) == (0, 20 * MiB, round(9.75 * MiB))
+    assert v1.allocated_by_pytorch_bytes == round(14.95 * GiB)
+    assert v1.reserved_unallocated_bytes == round(15.07 * GiB) - round(14.95 * GiB)
+    assert parse_cuda_oom_message("RuntimeError: shape mismatch") is None
+
+
+def test_capture_records_and_reraises(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    tracker = RequestTracker("m", recorder=tmp_path / "r.db", registry=registry)
+
+    class OutOfMemoryError(RuntimeError):  # what torch raises, without torch
+        pass
+
+    with pytest.raises(OutOfMemoryError), tracker.capture_cuda_oom():
+        raise OutOfMemoryError(OOM_DOC)
+    with pytest.raises(KeyError), tracker.capture_cuda_oom():
+        raise KeyError("not an OOM")
+    seen: list[CudaOomError] = []
+    with pytest.raises(OutOfMemoryError), capture_cuda_oom(seen.append):
+        raise OutOfMemoryError(OOM_VLLM)
+    tracker.close()
+    assert len(seen) == 1 and seen[0].device == 1
+    with FlightRecorder(tmp_path / "r.db") as rec:
+        (stored,) = rec.read(["cuda_oom"])
+    assert isinstance(stored, CudaOomError) and stored.reserved_unallocated_bytes == round(16.5 * GiB)
+    assert sample_value(registry, catalog.CUDA_OOM_ERRORS.name, {"device": "0"}) == 1
+
+
+# --------------------------------------------------------------------------- torch allocator
+
+
+def test_torch_absent_gives_an_empty_snapshot() -> None:
+    if "torch" in sys.modules or torch_cuda_status() is None:
+        pytest.skip("torch with CUDA is importable here")
+    snap = torch_memory_snapshot(0)
+    assert snap.device == 0 and snap.allocated_bytes is None and snap.reserved_bytes is None
+    assert torch_cuda_status() is not None
+
+
+def test_torch_snapshot_from_memory_stats(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No GPU here: a stand-in ``torch`` module is injected at the import boundary (mocked, by necessity)."""
+    stats = {
+        "allocated_bytes.all.current": 60 * GiB,
+        "reserved_bytes.all.current": 76 * GiB,
+        "allocated_bytes.all.peak": 70 * GiB,
+        "reserved_bytes.all.peak": 78 * GiB,
+        "num_ooms": 2,
+        "num_alloc_retries": 17,
+    }
+    fake = types.ModuleType("torch")
+    fake.cuda = types.SimpleNamespace(is_available=lambda: True, memory_stats=lambda device: stats)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    registry = CollectorRegistry()
+    tracker = RequestTracker("m", recorder=tmp_path / "r.db", registry=registry)
+    snap = tracker.record_torch_memory(1)
+    tracker.close()
+    assert (snap.device, snap.allocated_bytes, snap.reserved_bytes) == (1, 60 * GiB, 76 * GiB)
+    assert (snap.peak_allocated_bytes, snap.peak_reserved_bytes, snap.num_ooms, snap.num_alloc_retries) == (
+        70 * GiB, 78 * GiB, 2, 17,
+    )  # fmt: skip
+    assert sample_value(registry, catalog.TORCH_MEMORY["reserved"].name, {"device": "1"}) == 76 * GiB
+    with FlightRecorder(tmp_path / "r.db") as rec:
+        assert rec.count("torch_memory") == 1
+
+
+# --------------------------------------------------------------------------- the record hand-off
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"start": None, "prompt_tokens": None, "trace_id": None, "outcome": "rejected"},
+        {"start": 1.5, "prompt_tokens": 12, "output_tokens": 0, "ttft_s": 1e-7, "trace_id": "ab" * 16},
+        {"start": 2.0, "route": '/v1/"quoted"\\path\u00e9\n', "model": "m\u4e2d"},
+        {"ts": 1796045021.0, "start": 1796045020.5},  # ts == finish, as the tracker stamps it
+        {"start": 0.0000004, "ttft_s": 1e-7},  # tiny values still round-trip
+    ],
+)
+def test_fast_json_is_the_generic_json(fields: dict[str, object]) -> None:
+    base = {"ts": 1796045020.3296018, "arrival": 1796045020.1000004, "finish": 1796045021.0, "route": "/r", "model": "m",
+            "pid": 42}  # fmt: skip
+    fast = FastRequestTiming(**{**base, **fields})  # type: ignore[arg-type]
+    generic = json.loads(RequestTiming.to_json(fast))
+    text = fast.to_json()
+    assert list(json.loads(text)) == list(generic)  # same keys, same order
+    back, expected = record_from_json(text), record_from_json(RequestTiming.to_json(fast))
+    assert isinstance(back, RequestTiming) and type(back) is type(expected)
+    for name, value in dataclasses.asdict(expected).items():
+        got = getattr(back, name)
+        if name in ("ts", "arrival", "start", "finish") and value is not None:
+            assert got == pytest.approx(value, abs=1e-6)  # timestamps: microseconds
+        else:
+            assert got == value, name
+
+
+def test_buffer_counts_what_it_cannot_keep(tmp_path: Path) -> None:
+    drops: list[tuple[str, int]] = []
+    writer = RecorderWriter(tmp_path / "r.db")
+    buffer = RecordBuffer(writer, max_pending=3, batch_size=1000, interval_s=60, on_drop=lambda s, n: drops.append((s, n)))
+    now = time.time()  # recent: the recorder trims rows past its retention
+    records = [FastRequestTiming(ts=now + i, arrival=now, finish=now + i) for i in range(5)]
+    kept = [buffer.submit(r) for r in records]
+    assert kept == [True, True, True, False, False]
+    assert drops == [("recorder_drop", 1), ("recorder_drop", 1)]
+    buffer.close()
+    with FlightRecorder(tmp_path / "r.db") as rec:
+        assert [r.ts - now for r in rec.read(["request"])] == pytest.approx([0.0, 1.0, 2.0], abs=1e-5)
+
+
+def test_buffer_hands_over_whole_batches(tmp_path: Path) -> None:
+    writer = RecorderWriter(tmp_path / "r.db")
+    buffer = RecordBuffer(writer, batch_size=10, interval_s=60)
+    for _ in range(25):
+        buffer.submit(FastRequestTiming(ts=time.time(), arrival=0.0, finish=0.0))
+    # two full batches went to the writer from the submitting thread; 5 wait for the timer or a flush
+    assert len(buffer._pending) == 5
+    assert buffer.flush()
+    assert writer.written == 25
+    buffer.close()
+
+
+# --------------------------------------------------------------------------- loader decorator
+
+
+def test_track_loader_decorates_sync_and_async_functions(tmp_path: Path) -> None:
+    import asyncio
+
+    tracker = RequestTracker("m", recorder=tmp_path / "r.db", registry=CollectorRegistry())
+
+    @tracker.track_loader("sync-load", bytes_read=10, cache_hit=True)
+    def load(x: int) -> int:
+        return x * 2
+
+    @tracker.track_loader("async-load", cache_hit=False)
+    async def aload(x: int) -> int:
+        await asyncio.sleep(0)
+        return x + 1
+
+    @tracker.track_loader("failing-load")
+    def broken() -> None:
+        raise OSError("checkpoint missing")
+
+    assert load(3) == 6 and load(4) == 8
+    assert asyncio.run(aload(1)) == 2
+    with pytest.raises(OSError):
+        broken()
+    # waiting request in flight (arrived, no slot yet): a loader now is on its path
+    req = tracker.request("/x")
+    assert load(5) == 10
+    req.finish()
+    tracker.close()
+    with FlightRecorder(tmp_path / "r.db") as rec:
+        events = list(rec.read(["loader"]))
+    assert [(e.name, e.in_request_path) for e in events] == [  # type: ignore[attr-defined]
+        ("sync-load", False), ("sync-load", False), ("async-load", False), ("failing-load", False), ("sync-load", True),
+    ]  # fmt: skip
+    assert events[0].bytes_read == 10 and events[0].cache_hit is True  # type: ignore[attr-defined]
