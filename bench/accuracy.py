@@ -112,8 +112,7 @@ def run_replay(folder: Path) -> list[dict[str, Any]]:
         )
         t0 = time.monotonic()
         tl = timeline_from_records(read_jsonl_gz(path), source=str(path))
-        weights = max((c.settings.get("weights_bytes") or 0 for c in tl.configs), default=0)
-        problems, summary = check_signals(meta["name"], tl, {"weights_bytes": weights})
+        problems, summary = check_signals(meta["name"], tl)
         analysis = analyze(tl)
         runs.append(
             {

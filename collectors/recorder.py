@@ -32,6 +32,8 @@ DEFAULT_RETENTION_S = 2 * 3600.0
 DEFAULT_MAX_SIZE_BYTES = 256 * 1024 * 1024
 ENV_RECORDER = "LLMDIAG_RECORDER"
 FORMAT_VERSION = "1"
+_INSERT_CHUNK = 200  # 800 bound parameters per statement, well under SQLite's limit
+_INSERT_SQL: dict[int, str] = {}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -122,7 +124,16 @@ class FlightRecorder:
         if not rows:
             return 0
         with self._transaction():
-            self._db.executemany("INSERT INTO records(ts, kind, schema, body) VALUES (?, ?, ?, ?)", rows)
+            # Multi-row INSERTs rather than executemany: executemany steps one row at a time and releases
+            # and retakes the GIL per row, which a writer thread beside a busy event loop pays for dearly.
+            for i in range(0, len(rows), _INSERT_CHUNK):
+                chunk = rows[i : i + _INSERT_CHUNK]
+                sql = _INSERT_SQL.get(len(chunk))
+                if sql is None:
+                    sql = "INSERT INTO records(ts, kind, schema, body) VALUES " + ",".join(["(?,?,?,?)"] * len(chunk))
+                    if len(_INSERT_SQL) < 64:
+                        _INSERT_SQL[len(chunk)] = sql
+                self._db.execute(sql, [v for row in chunk for v in row])
         return len(rows)
 
     @contextlib.contextmanager

@@ -78,6 +78,7 @@ def _read_part(path: Path, since: float | None, until: float | None, source: str
     builder = TimelineBuilder(source=source)
     db = _connect(path)
     try:
+        db.execute("BEGIN")  # one snapshot for all the window queries, as one SELECT would see (the agent may be writing)
         streams = [_KindStream(db, kind, since, until) for kind in _kinds(db)]
         heap = [(stream.lo, i) for i, stream in enumerate(streams) if stream.lo is not None]
         heapq.heapify(heap)

@@ -392,6 +392,8 @@ class TimelineBuilder:
 
     def _add_typed(self, kind: str, bulk: Any, text: str | bytes, n: int, *, ordered: bool = False) -> bool:
         """The whole batch as Structs, or False (nothing changed) when any row does not fit."""
+        if n == 0:
+            return True
         objs = fastdecode.decode(kind, text)
         if objs is None or len(objs) != n or list(map(_ATTR_KIND, objs)).count(kind) != n:
             return False

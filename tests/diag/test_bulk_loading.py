@@ -304,6 +304,7 @@ def test_add_array_is_all_or_nothing() -> None:
     assert not b.add_array("request", "[" + ",".join(reversed(bodies)) + "]", 5, ordered=True)  # times go backwards
     assert not b.add_array("request", "[" + ",".join(bodies) + "]", 4)  # not the count the caller expects
     assert not b.add_array("oom", "[]", 0)  # a kind without typed decoding
+    assert b.add_array("request", "[]", 0)  # nothing to take: taken
     assert not b.counts and not b.decode_paths
     assert b.add_array("request", "[" + ",".join(bodies) + "]", 5, ordered=True)
     assert b.counts == {"request": 5}

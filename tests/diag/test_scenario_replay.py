@@ -43,8 +43,7 @@ def test_replayed_fixture_keeps_its_signature_and_verdict(name: str) -> None:
     kinds = {r["kind"] for r in records}
     assert {"host", "cgroup", "process", "request", "config"} <= kinds  # agent and tracker both recorded
     timeline = timeline_from_records(records, source=f"fixture:{name}")
-    weights = max((c.settings.get("weights_bytes") or 0 for c in timeline.configs), default=0)
-    problems, summary = check_signals(name, timeline, {"weights_bytes": weights})
+    problems, summary = check_signals(name, timeline)  # weights size and workers from the config records
     assert problems == [], summary  # the recorded fault is what the scenario promises
 
     analysis = analyze(timeline)

@@ -114,6 +114,7 @@ class ScenarioContext:
         """Start ``diag demo serve`` inside ``group`` with the scenario's recorder; wait until every worker is ready."""
         path = self.weights(weights_mb, experts=experts, top_k=top_k)
         self.notes["weights_bytes"] = path.stat().st_size
+        self.notes["workers"] = workers
         flags = list(args)
         if experts:
             flags += ["--experts", str(experts), "--top-k", str(top_k)]

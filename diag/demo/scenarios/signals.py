@@ -204,7 +204,8 @@ def _duplicates(tl: Timeline, notes: dict[str, Any]) -> tuple[list[str], str]:
             by_file.setdefault(f, []).append(float(np.nanmax(uss.valid().values)))
     best = max(by_file.values(), key=len, default=[])
     big = [u for u in best if weights and u >= 0.8 * weights]
-    problems = [] if len(big) >= 4 else [f"{len(big)} processes hold a private copy (USS >= 80 % of the weights), want 4"]
+    want = max(2, int(notes.get("workers") or 4))
+    problems = [] if len(big) >= want else [f"{len(big)} processes hold a private copy (USS >= 80 % of the weights), want {want}"]
     return problems, f"{len(best)} processes map the checkpoint; USS {[round(u / MiB) for u in best]} MiB"
 
 
@@ -256,7 +257,19 @@ def _oversized(tl: Timeline, notes: dict[str, Any]) -> tuple[list[str], str]:
     return problems, f"{int(long_.sum())} huge prompts fail {fl:.0%}, the rest {fr:.0%}"
 
 
-def check_signals(name: str, tl: Timeline, notes: dict[str, Any]) -> tuple[list[str], str]:
-    """(problems, summary) for scenario ``name``; no check registered -> ([], "")."""
+def config_notes(tl: Timeline) -> dict[str, Any]:
+    """What the service's ServiceConfig records say (weights size, workers) -- enough to check a replayed run."""
+    out: dict[str, Any] = {}
+    for c in tl.configs:
+        for key in ("weights_bytes", "workers"):
+            if c.settings.get(key):
+                out[key] = max(out.get(key, 0), c.settings[key])
+    return out
+
+
+def check_signals(name: str, tl: Timeline, notes: dict[str, Any] | None = None) -> tuple[list[str], str]:
+    """(problems, summary) for scenario ``name``; no check registered -> ([], "").
+
+    ``notes`` are the runner's (weights size, workers ...); missing ones come from the config records."""
     fn = CHECKS.get(name)
-    return fn(tl, notes) if fn else ([], "")
+    return fn(tl, {**config_notes(tl), **(notes or {})}) if fn else ([], "")
