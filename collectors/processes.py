@@ -241,8 +241,8 @@ class ProcessSampler:
         model_extensions: Sequence[str] = DEFAULT_MODEL_EXTENSIONS,
         extra_model_paths: Sequence[str] = (),
         watch_pids: Sequence[int] = (),
-        model_rescan_s: float = 5.0,
-        smaps_interval_s: float = 5.0,
+        model_rescan_s: float = 10.0,
+        smaps_interval_s: float = 10.0,
         rss_jump_bytes: int = 32 << 20,
         rss_jump_ratio: float = 0.2,
     ) -> None:
