@@ -477,6 +477,10 @@ def queue_backlog(tl: Timeline) -> Finding | None:
     infl = load.s_inflation
     ctx = service_context(tl)
     stall = memory_stall(tl, ctx, load)
+    # Judge the service's own stall signals when it has them: host-wide stalls while the service's cgroup
+    # stays calm are a neighbour's (placement.noisy_neighbour), not evidence against a backlog here.
+    own = [s for s in stall if s.service]
+    stall = own or stall
     stalled = [s for s in stall if s.up]
     loader_share = _loader_wait_share(tl)
     conf = 0.45
