@@ -42,7 +42,7 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
     "duplicate-models": [{"workers": 3, "weights_mb": 160}, {"workers": 2, "weights_mb": 256}],
     "loader-refresh": [{"workers": 1, "weights_mb": 96, "rate": 3.0}, {"rate": 6.0}],
     "moe-skew": [{"router_skew": 4.0}, {"experts": 4, "top_k": 1}],
-    "request-count-batching": [{"long_share": 0.15}, {"long_tokens": 3000}],
+    "request-count-batching": [{"long_share": 0.3}, {"long_tokens": 1000, "concurrency": 24}],
     "oversized-context": [{"huge_tokens": 12000, "request_timeout": 2.5}, {"huge_share": 0.15, "rate": 2.0}],
     "noisy-neighbour": [{"neighbour_limit_mib": 200, "neighbour_file_mib": 256}, {"rate": 8.0}],
     "host-oom": [{"margin_mib": 24}, {"burst_requests": 24, "weights_mb": 64}],
