@@ -441,7 +441,7 @@ def request_count_batching(ctx: ScenarioContext, p: dict[str, Any]) -> None:
     workers=2,
     weights_mb=64,
     huge_share=0.12,
-    huge_tokens=8000,
+    huge_tokens=16000,
     request_timeout=2.0,
     rate=2.5,
     duration_s=45.0,
