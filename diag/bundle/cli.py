@@ -95,7 +95,7 @@ def bundle(
 def _exit_now_if_standalone() -> None:
     """Skip the interpreter's teardown when this is the ``diag`` program itself.
 
-    Why: with numpy, scipy and matplotlib loaded, tearing the interpreter down takes ~0.4 s after
+    Why: with numpy and matplotlib loaded, tearing the interpreter down takes ~0.4 s after
     the bundle is complete -- time an on-call engineer waits for nothing. Everything the bundle wrote
     is closed; stdout and stderr are flushed here. Only when the program is ``diag`` (the console
     script): a test runner or a Python caller keeps its normal exit.

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from diag.rules import numstats
 from diag.rules.base import Evidence, Finding, rule
 from diag.rules.requests import ServiceContext, excerpt, memory_series, service_context
 from diag.rules.usl import covered_time
@@ -57,14 +58,12 @@ def _latest_settings(tl: Timeline) -> dict[str, Any]:
 
 
 def _spearman(x: np.ndarray, y: np.ndarray) -> tuple[float, float, int]:
-    from scipy.stats import spearmanr
-
     keep = np.isfinite(x) & np.isfinite(y)
     n = int(keep.sum())
     if n < 10 or np.ptp(x[keep]) == 0 or np.ptp(y[keep]) == 0:
         return math.nan, math.nan, n
-    res = spearmanr(x[keep], y[keep])
-    return float(res.statistic), float(res.pvalue), n
+    res = numstats.spearmanr(x[keep], y[keep])
+    return res.statistic, res.pvalue, n
 
 
 def _follows(mem: Series, ts: np.ndarray, amount: np.ndarray) -> tuple[float, float, int]:
@@ -439,11 +438,9 @@ def oversized_context(tl: Timeline) -> Finding | None:
 
 
 def _fisher(a: int, b: int, c: int, d: int) -> float:
-    from scipy.stats import fisher_exact
-
     if a + b == 0 or c + d == 0:
         return 1.0
-    return float(fisher_exact([[a, b], [c, d]], alternative="greater").pvalue)
+    return numstats.fisher_exact([[a, b], [c, d]], alternative="greater")
 
 
 def _sample_lag(mem: Series) -> float:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from diag.rules import numstats
 from diag.rules.base import Evidence, Finding, rule
 from diag.rules.requests import analyse_requests, memory_series, service_context
 from diag.rules.stats import limit_for
@@ -60,8 +61,6 @@ def _limit(tl: Timeline) -> tuple[float | None, str]:
 
 def _footprint(tl: Timeline) -> Footprint | None:
     """Theil-Sen slope of service memory vs time-averaged requests in service, per load bucket."""
-    from scipy.stats import theilslopes
-
     load = analyse_requests(tl) if len(tl.requests) else None
     mem = memory_series(tl)
     if load is None or load.curve is None or mem is None:
@@ -75,7 +74,7 @@ def _footprint(tl: Timeline) -> Footprint | None:
     if keep.sum() > 2000:  # Theil-Sen is O(n^2): a stride keeps a day of buckets cheap
         step = int(keep.sum() // 2000) + 1
         n, y = n[::step], y[::step]
-    res = theilslopes(y, n)
+    res = numstats.theilslopes(y, n)
     if not (np.isfinite(res.slope) and res.low_slope > 0):  # the 95 % interval must exclude zero
         return None
     return Footprint(float(res.slope), float(res.intercept), mem[0], int(keep.sum()), float(c.n_service.max()))

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from diag.rules import numstats
 from diag.rules.base import Evidence, Finding, rule
 from diag.rules.stats import edge_level, service_scope, stall_percent
 from diag.rules.usl import LoadCurve, UslFit, concurrency_levels, count_at, covered_time, fit_usl, load_curve
@@ -209,15 +210,13 @@ def _median(x: np.ndarray) -> float:
 
 
 def _kendall(x: np.ndarray, y: np.ndarray) -> float:
-    from scipy.stats import kendalltau
-
-    if x.size > 20000:  # O(n log n) anyway, but a stride keeps a million rows well under a second
+    if x.size > 20000:  # O(n log^2 n) anyway, but a stride keeps a million rows well under a second
         step = x.size // 20000 + 1
         x, y = x[::step], y[::step]
     if x.size < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return 0.0
-    tau = kendalltau(x, y).statistic
-    return float(tau) if np.isfinite(tau) else 0.0
+    tau = numstats.kendalltau(x, y)
+    return tau if np.isfinite(tau) else 0.0
 
 
 def _analyse(tl: Timeline) -> RequestLoad | None:

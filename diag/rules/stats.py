@@ -12,7 +12,7 @@ Why these and not a plain regression slope:
   series at lags of whole trough spacings (``dense_correction``), with an AR(1) extrapolation when
   the residuals look AR(1); the larger factor wins. On 200 seeded AR(1) series (phi 0.95 and 0.8,
   no trend, 90 s at 1 Hz) the leak rule built on this fires once each (0.5 %, for a nominal 1 %).
-- Theil-Sen (``scipy.stats.theilslopes``) gives a slope that one outlier window cannot drag.
+- Theil-Sen (``numstats.theilslopes``, scipy's definition) gives a slope that one outlier window cannot drag.
 - Warm-up and cache fill look like growth at first: ``plateau_after_change`` finds the best
   ramp-then-flat split and says whether the data are explained by it much better than by one line.
 
@@ -32,8 +32,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import stats as sps
 
+from diag.rules import numstats
 from diag.timeline import ProcessTrack, Series, Table, Timeline
 
 MIN_SAMPLES = 20  # below this a trend verdict rests on too little data (1 Hz: 20 s)
@@ -83,7 +83,7 @@ def mann_kendall(y: np.ndarray, alpha_acf: float = 0.05, min_correction: float =
     if var <= 0:
         return s, 0.0, 1.0, 0.0, correction
     z = (s - math.copysign(1.0, s)) / math.sqrt(var) if s != 0 else 0.0
-    p = float(2.0 * sps.norm.sf(abs(z)))
+    p = 2.0 * numstats.norm_sf(abs(z))
     tau = s / (0.5 * n * (n - 1))
     return s, z, min(1.0, p), tau, correction
 
@@ -98,14 +98,14 @@ def _hamed_rao(y: np.ndarray, alpha: float) -> float:
     if n < 4:
         return 1.0
     idx = np.arange(n, dtype=np.float64)
-    slope = float(sps.theilslopes(y, idx).slope)
-    ranks = sps.rankdata(y - slope * idx)
+    slope = numstats.theilslopes(y, idx).slope
+    ranks = numstats.rankdata(y - slope * idx)
     r = ranks - ranks.mean()
     denom = float((r * r).sum())
     if denom <= 0:
         return 1.0
     acf = np.correlate(r, r, mode="full")[n:] / denom  # lags 1..n-1
-    bound = float(sps.norm.ppf(1 - alpha / 2)) / math.sqrt(n)
+    bound = numstats.norm_ppf(1 - alpha / 2) / math.sqrt(n)
     return _hr_factor(n, acf, bound)
 
 
@@ -135,7 +135,7 @@ def dense_correction(series: Series, slope: float, intercept: float, t0: float, 
     if dt <= 0:
         return 1.0
     step = max(1, round(spacing_s / dt))
-    ranks = sps.rankdata(s.values - (intercept + slope * (s.ts - t0)))
+    ranks = numstats.rankdata(s.values - (intercept + slope * (s.ts - t0)))
     r = ranks - ranks.mean()
     denom = float((r * r).sum())
     if denom <= 0:
@@ -144,7 +144,7 @@ def dense_correction(series: Series, slope: float, intercept: float, t0: float, 
     if not lags:
         return 1.0
     acf = np.array([float((r[:-lag] * r[lag:]).sum()) / denom for lag in lags])
-    bound = float(sps.norm.ppf(0.975)) / math.sqrt(n)
+    bound = numstats.norm_ppf(0.975) / math.sqrt(n)
     acf = np.where(np.abs(acf) > bound, acf, 0.0)
     # Short series underestimate autocorrelation at long lags (the detrending eats it): when the
     # residuals behave like an AR(1) process, also take the AR(1) extrapolation of the lag-1
@@ -172,10 +172,8 @@ def trend(ts: np.ndarray, y: np.ndarray, min_correction: float = 1.0) -> Trend |
         return None
     s, z, p, tau, corr = mann_kendall(y, min_correction=min_correction)
     t0 = float(ts[0])
-    sen = sps.theilslopes(y, ts - t0)
-    return Trend(
-        int(ts.size), s, z, p, tau, corr, float(sen.slope), float(sen.intercept), float(sen.low_slope), float(sen.high_slope)
-    )
+    sen = numstats.theilslopes(y, ts - t0)
+    return Trend(int(ts.size), s, z, p, tau, corr, sen.slope, sen.intercept, sen.low_slope, sen.high_slope)
 
 
 def window_count(n_samples: int) -> int:
@@ -288,7 +286,7 @@ def plateau_after_change(ts: np.ndarray, y: np.ndarray) -> Plateau | None:
         if sse >= 0.5 * sse_line or sse >= best_sse:
             continue
         head_slope = float(np.polyfit(ts[:k] - ts[0], y[:k], 1)[0])
-        tail_slope = float(sps.theilslopes(tail, ts[k:] - ts[k]).slope)
+        tail_slope = numstats.theilslopes(tail, ts[k:] - ts[k]).slope
         if head_slope > 0 and tail_slope < 0.25 * head_slope:
             best_sse = sse
             best = Plateau(float(ts[k]), n - k, head_slope, tail_slope, sse / sse_line)
@@ -324,7 +322,7 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     keep = np.isfinite(a) & np.isfinite(b)
     if keep.sum() < 5 or np.ptp(a[keep]) == 0 or np.ptp(b[keep]) == 0:
         return float("nan")
-    return float(sps.spearmanr(a[keep], b[keep]).statistic)
+    return numstats.spearmanr(a[keep], b[keep]).statistic
 
 
 def excerpt(series: Series, max_points: int = 50) -> list[list[float]]:

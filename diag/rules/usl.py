@@ -17,11 +17,11 @@ textbook kappa > 0 -- each extra request evicts the pages the others need.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
+from diag.rules import numstats
 from diag.timeline import Table
 
 MAX_BUCKETS = 5000  # 24 h at ~17 s buckets; keeps every per-bucket step cheap
@@ -162,32 +162,20 @@ def concurrency_levels(n: np.ndarray, x: np.ndarray, min_buckets: int = 2) -> tu
 
 
 def fit_usl(n: np.ndarray, x: np.ndarray, min_levels: int = 4) -> UslFit | None:
-    """Fit the USL to per-bucket (concurrency, throughput) with scipy's curve_fit; None under ``min_levels`` levels.
+    """Fit the USL to per-bucket (concurrency, throughput) by bounded weighted least squares; None under ``min_levels`` levels.
 
     The fit runs on level means weighted by sqrt(buckets per level), so a level seen once does not
-    pull the curve as hard as one seen a hundred times.
+    pull the curve as hard as one seen a hundred times. ``numstats.usl_fit`` minimises what
+    scipy's ``curve_fit`` did (same start, bounds and weights) without importing scipy.
     """
-    from scipy.optimize import OptimizeWarning, curve_fit
-
     levels, level_x, counts = concurrency_levels(np.asarray(n, float), np.asarray(x, float))
     if levels.size < min_levels or not np.any(level_x > 0):
         return None
     lam0 = float(level_x[np.argmin(levels)] / max(levels.min(), 1e-9)) or float(level_x.max())
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", OptimizeWarning)
-            popt, _ = curve_fit(
-                usl,
-                levels,
-                level_x,
-                p0=(max(lam0, 1e-9), 0.05, 1e-3),
-                sigma=1.0 / np.sqrt(counts),
-                bounds=([1e-12, 0.0, 0.0], [np.inf, 1.0, np.inf]),
-                maxfev=5000,
-            )
-    except (RuntimeError, ValueError):
+    fitted = numstats.usl_fit(levels, level_x, 1.0 / np.sqrt(counts), (max(lam0, 1e-9), 0.05, 1e-3))
+    if fitted is None:
         return None
-    lam, sigma, kappa = (float(v) for v in popt)
+    lam, sigma, kappa = fitted.lam, fitted.sigma, fitted.kappa
     pred = usl(levels, lam, sigma, kappa)
     ss_res = float(np.sum((level_x - pred) ** 2))
     ss_tot = float(np.sum((level_x - level_x.mean()) ** 2))
