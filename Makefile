@@ -31,7 +31,7 @@ system-deps:
 	fi
 
 run: install
-	$(BIN)/diag snapshot
+	$(BIN)/diag bundle
 
 test: install system-deps
 	$(BIN)/ruff check .

@@ -7,8 +7,9 @@ Modes (same ``async def`` endpoint returning a small dict; one uvicorn worker ea
 - ``llmdiag-10``      -- ``instrument_fastapi`` + ``RequestTracker`` (metrics + flight recorder), spans 10 %;
 - ``llmdiag-100``     -- the same with spans for every request (server span + llm.inference, and
                          llm.queue when the request waited >= 1 ms);
-- diagnostics: ``llmdiag-<pct>[-norec][-bulk]`` -- other span percentages, without the flight
-  recorder (``-norec``), or with a preview of a proposed bulk INSERT in collectors/recorder.py.
+- diagnostics: ``llmdiag-<pct>[-norec][-notrack]`` -- other span percentages, without the flight
+  recorder (``-norec``), or with the handler not tracking at all (``-notrack``: the cost of edge
+  sampling plus the stock OTel server span on the sampled requests, i.e. the floor of a mode).
 
 Every traced mode uses an SDK TracerProvider + BatchSpanProcessor with an exporter that only counts,
 so span *creation* is measured, not a network. The servers run side by side as subprocesses
@@ -99,12 +100,10 @@ def make_app(mode: str, recorder_dir: str) -> object:
 
     from collectors.tracking import RequestTracker, instrument_fastapi
 
-    # llmdiag-<percent>[-norec][-bulk]: spans sampled at <percent> %; -norec: no flight recorder
-    # (diagnostic); -bulk: preview of the proposed bulk INSERT in collectors/recorder.py
+    # llmdiag-<percent>[-norec][-notrack]: spans sampled at <percent> %; -norec: no flight recorder;
+    # -notrack: the handler does not use the tracker (what edge sampling + OTel server spans cost alone)
     parts = mode.split("-")
     ratio = int(parts[1]) / 100.0
-    if "bulk" in parts:
-        _preview_bulk_insert()
     tracker = RequestTracker(
         model="bench",
         recorder=False if "norec" in parts else os.path.join(recorder_dir, f"{mode}.db"),
@@ -114,11 +113,19 @@ def make_app(mode: str, recorder_dir: str) -> object:
         queue_span_min_s=float(os.environ.get("BENCH_QUEUE_SPAN_MIN_S", "0.001")),
     )
 
-    @app.get("/ping")
-    async def ping_tracked() -> dict[str, bool]:
-        async with tracker.request(route="/ping") as req:
-            await req.acquire()
+    if "notrack" in parts:  # diagnostic: edge sampling + OTel server spans only, the handler does not track
+
+        @app.get("/ping")
+        async def ping_untracked() -> dict[str, bool]:
             return {"ok": True}
+
+    else:
+
+        @app.get("/ping")
+        async def ping_tracked() -> dict[str, bool]:
+            async with tracker.request(route="/ping") as req:
+                await req.acquire()
+                return {"ok": True}
 
     app.state.tracker = tracker
 
@@ -130,28 +137,6 @@ def make_app(mode: str, recorder_dir: str) -> object:
 
     instrument_fastapi(app, tracker)
     return app
-
-
-def _preview_bulk_insert() -> None:
-    """Preview of a proposed collectors/recorder.py change (``*-bulk`` modes only): multi-row INSERTs.
-
-    ``FlightRecorder.write_rows`` uses ``executemany``, which releases and re-takes the GIL around
-    every row's ``sqlite3_step``; next to a busy event loop that is one GIL hand-off per record.
-    One INSERT of up to 200 rows per statement makes it one per 200 records.
-    """
-    from collectors.recorder import FlightRecorder
-
-    def write_rows(self: FlightRecorder, rows: list[tuple[float, str, int, str]]) -> int:
-        if not rows:
-            return 0
-        with self._transaction():
-            for i in range(0, len(rows), 200):
-                chunk = rows[i : i + 200]
-                sql = "INSERT INTO records(ts, kind, schema, body) VALUES " + ",".join(["(?,?,?,?)"] * len(chunk))
-                self._db.execute(sql, [value for row in chunk for value in row])
-        return len(rows)
-
-    FlightRecorder.write_rows = write_rows  # type: ignore[method-assign]
 
 
 def serve(mode: str, port: int, recorder_dir: str) -> None:
@@ -291,7 +276,7 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         default=",".join(MODES),
-        help=f"comma-separated, from {MODES}; also llmdiag-<pct>[-norec][-bulk] (e.g. llmdiag-0-norec)",
+        help=f"comma-separated, from {MODES}; also llmdiag-<pct>[-norec][-notrack] (e.g. llmdiag-0-norec)",
     )
     parser.add_argument(
         "--instructions", action="store_true", help="count CPU instructions per request with valgrind instead of wrk"

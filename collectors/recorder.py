@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from collectors.records import Record, RecordDecodeError, record_from_json
+from collectors.records import Record, RecordDecodeError, RequestTiming, record_from_json
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +32,53 @@ DEFAULT_RETENTION_S = 2 * 3600.0
 DEFAULT_MAX_SIZE_BYTES = 256 * 1024 * 1024
 ENV_RECORDER = "LLMDIAG_RECORDER"
 FORMAT_VERSION = "1"
-_INSERT_CHUNK = 200  # 800 bound parameters per statement, well under SQLite's limit
+_INSERT_CHUNK = 200  # 800 (2200 for request rows) bound parameters per statement; SQLite allows 32766 since 3.32
 _INSERT_SQL: dict[int, str] = {}
+
+# ---------------------------------------------------------------- request rows rendered by SQLite
+# A tracked server writes one RequestTiming per request: the hottest write path there is. Rendering
+# its JSON in Python (even with one f-string) holds the GIL the event loop needs; here the writer
+# thread binds plain values and SQLite renders the very same JSON object as ``Record.to_json``
+# (same keys in the same order; timestamps with microsecond precision) inside ``sqlite3_step``, which
+# runs with the GIL released. Row layout (``REQUEST_ROW_FIELDS``; timestamps in integer microseconds,
+# strings already JSON-encoded, trace_id as bare hex):
+REQUEST_ROW_FIELDS = (
+    "finish_us", "arrival_us", "start_us", "outcome_json", "route_json", "model_json",
+    "prompt_tokens", "output_tokens", "ttft_s", "pid", "trace_id_hex",
+)  # fmt: skip
+RequestRow = tuple  # one tuple of len(REQUEST_ROW_FIELDS) values, in that order
+
+
+def _us_text(col: str) -> str:
+    """SQL for integer microseconds -> '1796045021.000005' (exact; REAL text would keep 15 digits)."""
+    return f"(({col}) / 1000000) || '.' || substr('00000' || (({col}) % 1000000), -6)"
+
+
+def _request_body_sql() -> str:
+    c = {name: f"column{i + 1}" for i, name in enumerate(REQUEST_ROW_FIELDS)}
+    parts = [
+        f"""'{{"kind":"{RequestTiming.KIND}","schema":{RequestTiming.SCHEMA},"ts":' || {_us_text(c["finish_us"])}""",
+        f"""',"arrival":' || {_us_text(c["arrival_us"])}""",
+        f"""',"start":' || ifnull({_us_text(c["start_us"])}, 'null')""",
+        f"""',"finish":' || {_us_text(c["finish_us"])}""",
+        f"""',"outcome":' || {c["outcome_json"]}""",
+        f"""',"route":' || {c["route_json"]}""",
+        f"""',"model":' || {c["model_json"]}""",
+        f"""',"prompt_tokens":' || ifnull({c["prompt_tokens"]}, 'null')""",
+        f"""',"output_tokens":' || ifnull({c["output_tokens"]}, 'null')""",
+        f"""',"ttft_s":' || ifnull({c["ttft_s"]}, 'null')""",
+        f"""',"pid":' || ifnull({c["pid"]}, 'null')""",
+        f"""',"trace_id":' || ifnull('"' || {c["trace_id_hex"]} || '"', 'null') || '}}'""",
+    ]
+    return " || ".join(parts)
+
+
+_REQUEST_INSERT_HEAD = (
+    f"INSERT INTO records(ts, kind, schema, body) SELECT column1 / 1000000.0, '{RequestTiming.KIND}', "
+    f"{RequestTiming.SCHEMA}, {_request_body_sql()} FROM (VALUES "
+)
+_REQUEST_VALUES = "(" + ",".join("?" * len(REQUEST_ROW_FIELDS)) + ")"
+_REQUEST_SQL: dict[int, str] = {}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -94,6 +139,11 @@ class FlightRecorder:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, timeout=10.0, check_same_thread=False, isolation_level=None)
             self._init_schema()
+        try:  # SQLite before 3.32 allows 999 bound parameters per statement
+            variables = self._db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+        except (AttributeError, sqlite3.Error):
+            variables = 999
+        self._request_chunk = max(1, min(_INSERT_CHUNK, variables // len(REQUEST_ROW_FIELDS)))
 
     # ------------------------------------------------------------------ setup
 
@@ -114,27 +164,54 @@ class FlightRecorder:
 
     # ------------------------------------------------------------------ writing
 
-    def write(self, records: Iterable[Record]) -> int:
-        """Append records in one transaction. Returns how many were written."""
+    def write(self, records: Iterable[Record], request_rows: Sequence[RequestRow] = ()) -> int:
+        """Append records (and request rows, see ``REQUEST_ROW_FIELDS``) in one transaction. Returns how many."""
         rows = [(r.ts, r.KIND, r.SCHEMA, r.to_json()) for r in records]
-        return self.write_rows(rows)
+        if not request_rows:
+            return self.write_rows(rows)
+        with self._transaction():
+            self._insert_rows(rows)
+            self._insert_request_rows(request_rows)
+        return len(rows) + len(request_rows)
+
+    def write_request_rows(self, rows: Sequence[RequestRow]) -> int:
+        """Append request rows (``REQUEST_ROW_FIELDS`` tuples) in one transaction; SQLite renders their JSON."""
+        if not rows:
+            return 0
+        with self._transaction():
+            self._insert_request_rows(rows)
+        return len(rows)
+
+    def _insert_request_rows(self, rows: Sequence[RequestRow]) -> None:
+        step = self._request_chunk
+        for i in range(0, len(rows), step):
+            chunk = rows[i : i + step]
+            sql = _REQUEST_SQL.get(len(chunk))
+            if sql is None:
+                sql = _REQUEST_INSERT_HEAD + ",".join([_REQUEST_VALUES] * len(chunk)) + ")"
+                if len(_REQUEST_SQL) < 64:
+                    _REQUEST_SQL[len(chunk)] = sql
+            self._db.execute(sql, [v for row in chunk for v in row])
 
     def write_rows(self, rows: Sequence[tuple[float, str, int, str]]) -> int:
         """Append pre-serialised rows ``(ts, kind, schema, json)`` in one transaction."""
         if not rows:
             return 0
         with self._transaction():
-            # Multi-row INSERTs rather than executemany: executemany steps one row at a time and releases
-            # and retakes the GIL per row, which a writer thread beside a busy event loop pays for dearly.
-            for i in range(0, len(rows), _INSERT_CHUNK):
-                chunk = rows[i : i + _INSERT_CHUNK]
-                sql = _INSERT_SQL.get(len(chunk))
-                if sql is None:
-                    sql = "INSERT INTO records(ts, kind, schema, body) VALUES " + ",".join(["(?,?,?,?)"] * len(chunk))
-                    if len(_INSERT_SQL) < 64:
-                        _INSERT_SQL[len(chunk)] = sql
-                self._db.execute(sql, [v for row in chunk for v in row])
+            self._insert_rows(rows)
         return len(rows)
+
+    def _insert_rows(self, rows: Sequence[tuple[float, str, int, str]]) -> None:
+        # Multi-row INSERTs rather than executemany: executemany steps one row at a time and releases
+        # and retakes the GIL per row, which a writer thread beside a busy event loop pays for dearly.
+        for i in range(0, len(rows), _INSERT_CHUNK):
+            chunk = rows[i : i + _INSERT_CHUNK]
+            sql = _INSERT_SQL.get(len(chunk))
+            if sql is None:
+                sql = "INSERT INTO records(ts, kind, schema, body) VALUES " + ",".join(["(?,?,?,?)"] * len(chunk))
+                if len(_INSERT_SQL) < 64:
+                    _INSERT_SQL[len(chunk)] = sql
+            self._db.execute(sql, [v for row in chunk for v in row])
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -247,6 +324,12 @@ class FlightRecorder:
         self.close()
 
 
+@dataclass(frozen=True)
+class _Batch:
+    records: list[Record]
+    request_rows: list[RequestRow]
+
+
 class RecorderWriter:
     """A background writer for hot paths (request handlers, the event loop).
 
@@ -268,7 +351,8 @@ class RecorderWriter:
     ) -> None:
         self.path = Path(path)
         self._args = (retention_s, max_size_bytes)
-        self._queue: queue.Queue[Record | None] = queue.Queue(maxsize=max_queue)
+        self._queue: queue.Queue[Record | _Batch | None] = queue.Queue(maxsize=max_queue)
+        self._max_pending = max_queue
         self._flush_interval_s = flush_interval_s
         self._trim_interval_s = trim_interval_s
         self.dropped = 0
@@ -287,6 +371,29 @@ class RecorderWriter:
             return False
         with self._flushed:
             self._pending += 1
+        return True
+
+    def submit_batch(self, records: Sequence[Record] = (), request_rows: Sequence[RequestRow] = ()) -> bool:
+        """Queue many records (and request rows, see ``REQUEST_ROW_FIELDS``) as one item: one wake-up, one lock.
+
+        Never blocks or raises; past ``max_queue`` records pending, the whole batch is dropped and counted.
+        """
+        n = len(records) + len(request_rows)
+        if n == 0:
+            return True
+        with self._flushed:
+            if self._pending + n > self._max_pending:
+                self.dropped += n
+                return False
+            self._pending += n
+        try:
+            self._queue.put_nowait(_Batch(list(records), list(request_rows)))
+        except queue.Full:
+            with self._flushed:
+                self._pending -= n
+                self._flushed.notify_all()
+            self.dropped += n
+            return False
         return True
 
     def flush(self, timeout: float = 10.0) -> bool:
@@ -311,35 +418,39 @@ class RecorderWriter:
         last_trim = 0.0
         while True:
             batch: list[Record] = []
+            request_rows: list[RequestRow] = []
             stop = False
             try:
                 item = self._queue.get(timeout=self._flush_interval_s)
-                if item is None:
-                    stop = True
-                else:
-                    batch.append(item)
-                while len(batch) < 5000:
-                    item = self._queue.get_nowait()
+                while True:
                     if item is None:
                         stop = True
                         break
-                    batch.append(item)
+                    if type(item) is _Batch:
+                        batch.extend(item.records)
+                        request_rows.extend(item.request_rows)
+                    else:
+                        batch.append(item)
+                    if len(batch) + len(request_rows) >= 5000:
+                        break
+                    item = self._queue.get_nowait()
             except queue.Empty:
                 pass
-            if batch:
+            n = len(batch) + len(request_rows)
+            if n:
                 try:
                     if recorder is None:
                         recorder = FlightRecorder(self.path, *self._args)
-                    self.written += recorder.write(batch)
+                    self.written += recorder.write(batch, request_rows)
                     now = time.monotonic()
                     if now - last_trim >= self._trim_interval_s:
                         last_trim = now
                         recorder.trim()
                 except Exception as exc:  # the app must never see our failures
                     self.write_errors += 1
-                    log.warning("flight recorder write failed (%d records lost): %s", len(batch), exc)
+                    log.warning("flight recorder write failed (%d records lost): %s", n, exc)
                 with self._flushed:
-                    self._pending -= len(batch)
+                    self._pending -= n
                     self._flushed.notify_all()
             if stop:
                 break

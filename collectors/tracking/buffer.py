@@ -7,13 +7,15 @@ the loop released it for a socket call (measured on a trivial endpoint: +50 us o
 and 1.7 writer context switches per request -- far past a 0.85x throughput budget). Here the
 request path only appends to a ``collections.deque`` (atomic, no lock, no wake-up). Every
 ``batch_size`` records (256) the request that fills the batch hands the whole batch to the writer
-in one burst (~1 us per record, no I/O), so the writer wakes once per batch and commits it in one
+as one queue item (no I/O, one lock), so the writer wakes once per batch and commits it in one
 transaction; a daemon thread forwards leftovers every ``interval_s`` (0.25 s) when traffic is low.
 
-Also: ``RequestTiming`` records are serialised by one f-string (:class:`FastRequestTiming`), the
-same JSON object ``Record.to_json`` produces with timestamps at microsecond precision, ~6x cheaper
-than ``dataclasses.asdict`` + ``json.dumps``. Bounded: past ``max_pending`` buffered
-records new ones are dropped and counted -- losing telemetry beats stalling inference.
+Also: a request is buffered as a plain tuple (:func:`request_row`: integer-microsecond timestamps,
+pre-encoded strings) rather than a ``RequestTiming`` object, and SQLite renders its JSON -- the same
+object ``Record.to_json`` produces -- inside the INSERT, with the GIL released
+(``recorder.REQUEST_ROW_FIELDS``). Per request the event loop pays for one small tuple and one
+deque append. Bounded: past ``max_pending`` buffered records new ones are dropped and counted --
+losing telemetry beats stalling inference.
 """
 
 from __future__ import annotations
@@ -24,17 +26,14 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from collectors.recorder import RecorderWriter
-from collectors.records import Record, RequestTiming
+from collectors.recorder import RecorderWriter, RequestRow
+from collectors.records import Record
 
 _STRINGS: dict[str, str] = {}  # JSON-encoded routes/models/outcomes: a handful of distinct values
 
 
-def _json_str(value: str | None) -> str:
-    if value is None:
-        return "null"
+def _json_str(value: str) -> str:
     encoded = _STRINGS.get(value)
     if encoded is None:
         encoded = json.dumps(value)
@@ -43,57 +42,56 @@ def _json_str(value: str | None) -> str:
     return encoded
 
 
-def _json_num(value: float | int | None) -> str:
-    if value is None:
-        return "null"
-    if type(value) is float:
-        if value != value or value in (_INF, -_INF):
-            raise ValueError("non-finite number")  # what allow_nan=False does
-        return float.__repr__(value)
-    if type(value) is int:
-        return int.__repr__(value)
-    raise TypeError(type(value).__name__)
+def request_row(
+    arrival: float,
+    start: float | None,
+    finish: float,
+    outcome: str,
+    route: str,
+    model: str,
+    prompt_tokens: int | None,
+    output_tokens: int | None,
+    ttft_s: float | None,
+    pid: int | None,
+    trace_id: str | None,
+) -> RequestRow | None:
+    """A ``RequestTiming`` (with ``ts = finish``) as a recorder request row, or None outside its domain.
 
-
-_INF = float("inf")
-
-
-def _json_time(value: float | None) -> str:
-    """A Unix timestamp with microsecond precision, formatted with integer arithmetic.
-
-    ``float.__repr__`` (shortest round-trip) runs David Gay's bignum dtoa: ~5k CPU instructions
-    for a 16-digit timestamp, and a request record has four. Timestamps from ``time.time()`` carry
-    no more than microseconds of meaning anyway.
+    The row holds what SQLite needs to render the record's JSON (``recorder.REQUEST_ROW_FIELDS``):
+    Unix timestamps as integer microseconds -- integer arithmetic, no float formatting on the hot
+    path, and ``time.time()`` means nothing below a microsecond anyway. None (the caller then
+    submits a ``RequestTiming`` record) for anything unusual: a timestamp outside 1970..5138, a
+    non-int token count, a non-finite TTFT, a trace id that is not hex.
     """
-    if type(value) is float and 0.0 <= value < 1e11:
-        us = int(value * 1e6 + 0.5)
-        return f"{us // 1_000_000}.{us % 1_000_000:06d}"
-    return _json_num(value)
-
-
-@dataclass
-class FastRequestTiming(RequestTiming):
-    """A ``RequestTiming`` that serialises itself with one f-string.
-
-    The same JSON object as ``Record.to_json`` (same keys, order and separators; tests compare the
-    decoded records), except that the four timestamps are written with microsecond precision, at
-    ~1/6 of the cost of ``dataclasses.asdict`` + ``json.dumps``. Anything unexpected falls back to
-    the generic path.
-    """
-
-    def to_json(self) -> str:
-        try:
-            finish = _json_time(self.finish)
-            ts = finish if self.ts == self.finish else _json_time(self.ts)  # the tracker stamps ts = finish
-            return (
-                f'{{"kind":"request","schema":{int.__repr__(self.SCHEMA)},"ts":{ts},'
-                f'"arrival":{_json_time(self.arrival)},"start":{_json_time(self.start)},"finish":{finish},'
-                f'"outcome":{_json_str(self.outcome)},"route":{_json_str(self.route)},"model":{_json_str(self.model)},'
-                f'"prompt_tokens":{_json_num(self.prompt_tokens)},"output_tokens":{_json_num(self.output_tokens)},'
-                f'"ttft_s":{_json_num(self.ttft_s)},"pid":{_json_num(self.pid)},"trace_id":{_json_str(self.trace_id)}}}'
-            )
-        except (TypeError, ValueError):
-            return super().to_json()
+    if not (0.0 <= arrival < 1e11 and 0.0 <= finish < 1e11):
+        return None
+    if start is None:
+        start_us = None
+    elif 0.0 <= start < 1e11:
+        start_us = int(start * 1e6 + 0.5)
+    else:
+        return None
+    if prompt_tokens is not None and type(prompt_tokens) is not int:
+        return None
+    if output_tokens is not None and type(output_tokens) is not int:
+        return None
+    if ttft_s is not None and not (type(ttft_s) is float and -1e300 < ttft_s < 1e300):
+        return None
+    if trace_id is not None and not (type(trace_id) is str and trace_id.isalnum() and trace_id.isascii()):
+        return None
+    return (
+        int(finish * 1e6 + 0.5),
+        int(arrival * 1e6 + 0.5),
+        start_us,
+        _json_str(outcome),
+        _json_str(route),
+        _json_str(model),
+        prompt_tokens,
+        output_tokens,
+        ttft_s,
+        pid,
+        trace_id,
+    )
 
 
 class RecordBuffer:
@@ -118,7 +116,7 @@ class RecordBuffer:
         self.batch_size = batch_size
         self.max_pending = max_pending
         self._on_drop = on_drop
-        self._pending: collections.deque[Record] = collections.deque()
+        self._pending: collections.deque[Record | RequestRow] = collections.deque()
         self._stop = threading.Event()
         self._drain_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="llmdiag-tracker-buffer", daemon=True)
@@ -133,6 +131,17 @@ class RecordBuffer:
         pending.append(record)
         if len(pending) >= self.batch_size:
             self._drain(blocking=False)  # if the timer thread is draining right now, it takes these too
+        return True
+
+    def submit_row(self, row: RequestRow) -> bool:
+        """Keep a request row (:func:`request_row`) for the next batch. Never blocks, never raises."""
+        pending = self._pending
+        if len(pending) >= self.max_pending:
+            self._drop("recorder_drop", 1)
+            return False
+        pending.append(row)
+        if len(pending) >= self.batch_size:
+            self._drain(blocking=False)
         return True
 
     def flush(self, timeout: float = 10.0) -> bool:
@@ -156,23 +165,25 @@ class RecordBuffer:
 
     def _drain(self, blocking: bool = True) -> None:
         pending = self._pending
-        writer = self.writer
         if not self._drain_lock.acquire(blocking):  # one drainer at a time keeps the order
             return
         try:
-            dropped = 0
+            records: list[Record] = []
+            rows: list[RequestRow] = []
             for _ in range(len(pending)):  # what is there now; later appends wait for the next drain
                 try:
-                    record = pending.popleft()
+                    item = pending.popleft()
                 except IndexError:
                     break
-                try:
-                    if not writer.submit(record):
-                        dropped += 1
-                except Exception:
-                    dropped += 1
-            if dropped:
-                self._drop("recorder_drop", dropped)
+                (rows if type(item) is tuple else records).append(item)  # type: ignore[arg-type]
+            if not (records or rows):
+                return
+            try:
+                kept = self.writer.submit_batch(records, rows)
+            except Exception:
+                kept = False
+            if not kept:
+                self._drop("recorder_drop", len(records) + len(rows))
         finally:
             self._drain_lock.release()
 

@@ -79,6 +79,7 @@ from collectors.records import (
     LoaderEvent,
     Record,
     RequestOutcome,
+    RequestTiming,
     RoutingStats,
     TorchMemorySnapshot,
 )
@@ -92,7 +93,7 @@ from collectors.tracking.admission import (
     SlotPool,
 )
 from collectors.tracking.batches import batch_stats, routing_stats
-from collectors.tracking.buffer import FastRequestTiming, RecordBuffer
+from collectors.tracking.buffer import RecordBuffer, request_row
 from collectors.tracking.loader import TrackedLoader
 from collectors.tracking.memory import MemoryProbe, MemoryReading
 from collectors.tracking.metrics import RequestSeries, TrackerMetrics, metrics_for
@@ -392,26 +393,22 @@ class TrackedRequest:
         trace_id = None
         if self._sampled:
             trace_id = self._end_spans(outcome, exc, finish_mono)
-        try:
-            wall0, mono0 = arrival.wall, arrival.mono
-            tracker._submit(
-                FastRequestTiming(
-                    ts=wall0 + (finish_mono - mono0),
-                    arrival=wall0,
-                    start=None if self._start_mono is None else wall0 + (self._start_mono - mono0),
-                    finish=wall0 + (finish_mono - mono0),
-                    outcome=outcome,
-                    route=self.route,
-                    model=tracker.model,
-                    prompt_tokens=self.prompt_tokens,
-                    output_tokens=self.output_tokens,
-                    ttft_s=ttft,
-                    pid=tracker._pid,
-                    trace_id=trace_id,
+        if tracker._buffer is not None:
+            try:
+                wall0, mono0 = arrival.wall, arrival.mono
+                tracker._submit_request(
+                    wall0,
+                    None if start_mono is None else wall0 + (start_mono - mono0),
+                    wall0 + (finish_mono - mono0),
+                    outcome,
+                    self.route,
+                    self.prompt_tokens,
+                    self.output_tokens,
+                    ttft,
+                    trace_id,
                 )
-            )
-        except Exception:
-            tracker._error("record")
+            except Exception:
+                tracker._error("record")
 
     def _end_spans(self, outcome: str, exc: BaseException | None, finish_mono: float) -> str | None:
         tracker = self._tracker
@@ -743,6 +740,41 @@ class RequestTracker:
                 if series is None:
                     series = self._series[route] = self._metrics.series(route, self.model)
         return series
+
+    def _submit_request(
+        self,
+        arrival: float,
+        start: float | None,
+        finish: float,
+        outcome: str,
+        route: str,
+        prompt_tokens: int | None,
+        output_tokens: int | None,
+        ttft: float | None,
+        trace_id: str | None,
+    ) -> None:
+        """One finished request to the recorder: as a row SQLite renders (``buffer.request_row``), else a record."""
+        buffer = self._buffer
+        if buffer is None:
+            return
+        row = request_row(
+            arrival, start, finish, outcome, route, self.model, prompt_tokens, output_tokens, ttft, self._pid, trace_id
+        )
+        if row is None:
+            self._submit(
+                RequestTiming(
+                    ts=finish, arrival=arrival, start=start, finish=finish, outcome=outcome,  # type: ignore[arg-type]
+                    route=route, model=self.model, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                    ttft_s=ttft, pid=self._pid, trace_id=trace_id,
+                )
+            )  # fmt: skip
+            return
+        try:
+            buffer.submit_row(row)  # counts its own drops
+            if buffer.writer.write_errors != self._seen_write_errors:
+                self._sync_writer_counters()
+        except Exception:
+            self._error("recorder")
 
     def _submit(self, record: Record) -> None:
         buffer = self._buffer

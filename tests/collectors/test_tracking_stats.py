@@ -11,6 +11,8 @@ import types
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from collectors import catalog
@@ -25,7 +27,7 @@ from collectors.tracking import (
     torch_cuda_status,
     torch_memory_snapshot,
 )
-from collectors.tracking.buffer import FastRequestTiming, RecordBuffer
+from collectors.tracking.buffer import RecordBuffer, request_row
 from tests.collectors.test_tracking_app import sample_value
 
 GiB = 1 << 30
@@ -222,31 +224,95 @@ def test_torch_snapshot_from_memory_stats(monkeypatch: pytest.MonkeyPatch, tmp_p
 # --------------------------------------------------------------------------- the record hand-off
 
 
+def _row_and_record(fields: dict[str, object]) -> tuple[tuple, RequestTiming]:
+    base = {"arrival": 1796045020.1000004, "start": None, "finish": 1796045021.0, "outcome": "ok", "route": "/r",
+            "model": "m", "prompt_tokens": None, "output_tokens": None, "ttft_s": None, "pid": 42, "trace_id": None}  # fmt: skip
+    f = {**base, **fields}
+    row = request_row(**f)  # type: ignore[arg-type]
+    assert row is not None, f
+    return row, RequestTiming(ts=f["finish"], **f)  # type: ignore[arg-type]
+
+
+def _assert_same_record(text: str, expected: RequestTiming) -> None:
+    generic = RequestTiming.to_json(expected)
+    assert list(json.loads(text)) == list(json.loads(generic))  # same keys, same order
+    back = record_from_json(text)
+    assert isinstance(back, RequestTiming)
+    for name, value in dataclasses.asdict(record_from_json(generic)).items():
+        got = getattr(back, name)
+        if name in ("ts", "arrival", "start", "finish") and value is not None:
+            assert got == pytest.approx(value, abs=1e-6)  # timestamps: microseconds
+        elif name == "ttft_s" and value is not None:
+            assert got == pytest.approx(value, rel=1e-14)  # SQLite writes REALs with 15 significant digits
+        else:
+            assert got == value, name
+
+
 @pytest.mark.parametrize(
     "fields",
     [
         {"start": None, "prompt_tokens": None, "trace_id": None, "outcome": "rejected"},
-        {"start": 1.5, "prompt_tokens": 12, "output_tokens": 0, "ttft_s": 1e-7, "trace_id": "ab" * 16},
-        {"start": 2.0, "route": '/v1/"quoted"\\path\u00e9\n', "model": "m\u4e2d"},
-        {"ts": 1796045021.0, "start": 1796045020.5},  # ts == finish, as the tracker stamps it
-        {"start": 0.0000004, "ttft_s": 1e-7},  # tiny values still round-trip
+        {"start": 1796045020.5, "prompt_tokens": 12, "output_tokens": 0, "ttft_s": 1e-7, "trace_id": "ab" * 16},
+        {"start": 1796045020.2, "route": '/v1/"quoted"\\path\u00e9\n', "model": "m\u4e2d"},
+        {"arrival": 1796045020.0, "start": 1796045020.000001, "finish": 1796045021.999999},  # carries at the second
+        {"arrival": 0.0000004, "start": 0.5, "finish": 1.0, "ttft_s": 2.0},  # tiny values still round-trip
     ],
 )
-def test_fast_json_is_the_generic_json(fields: dict[str, object]) -> None:
-    base = {"ts": 1796045020.3296018, "arrival": 1796045020.1000004, "finish": 1796045021.0, "route": "/r", "model": "m",
-            "pid": 42}  # fmt: skip
-    fast = FastRequestTiming(**{**base, **fields})  # type: ignore[arg-type]
-    generic = json.loads(RequestTiming.to_json(fast))
-    text = fast.to_json()
-    assert list(json.loads(text)) == list(generic)  # same keys, same order
-    back, expected = record_from_json(text), record_from_json(RequestTiming.to_json(fast))
-    assert isinstance(back, RequestTiming) and type(back) is type(expected)
-    for name, value in dataclasses.asdict(expected).items():
-        got = getattr(back, name)
-        if name in ("ts", "arrival", "start", "finish") and value is not None:
-            assert got == pytest.approx(value, abs=1e-6)  # timestamps: microseconds
-        else:
-            assert got == value, name
+def test_sqlite_renders_the_generic_json(fields: dict[str, object], tmp_path: Path) -> None:
+    """A request row, rendered to JSON by SQLite inside the INSERT, is the record ``Record.to_json`` writes."""
+    row, expected = _row_and_record(fields)
+    with FlightRecorder(tmp_path / "r.db") as rec:
+        assert rec.write_request_rows([row]) == 1
+        ((ts, kind, schema, body),) = rec._db.execute("SELECT ts, kind, schema, body FROM records").fetchall()
+    assert (kind, schema) == ("request", RequestTiming.SCHEMA) and ts == pytest.approx(expected.ts, abs=1e-6)
+    _assert_same_record(body, expected)
+
+
+_times = st.floats(min_value=0.0, max_value=4e9, allow_nan=False)
+_counts = st.none() | st.integers(min_value=0, max_value=2**62)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    arrival=_times, start=st.none() | _times, finish=_times, outcome=st.sampled_from(["ok", "error", "rejected"]),
+    route=st.text(max_size=40), model=st.text(max_size=20), prompt_tokens=_counts, output_tokens=_counts,
+    ttft_s=st.none() | st.floats(min_value=0.0, max_value=1e6, allow_nan=False),
+    pid=st.none() | st.integers(min_value=1, max_value=2**22),
+    trace_id=st.none() | st.from_regex(r"[0-9a-f]{32}", fullmatch=True),
+)  # fmt: skip
+def test_sqlite_rendering_matches_for_any_request(tmp_path_factory: pytest.TempPathFactory, **fields: object) -> None:
+    row, expected = _row_and_record(fields)
+    with FlightRecorder(tmp_path_factory.mktemp("r") / "r.db") as rec:
+        rec.write([], [row, row])  # the mixed path: records and request rows in one transaction
+        bodies = [b for (b,) in rec._db.execute("SELECT body FROM records")]
+    assert len(bodies) == 2
+    _assert_same_record(bodies[0], expected)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"finish": float("nan")}, {"arrival": -1.0}, {"start": 1e12}, {"prompt_tokens": 3.0}, {"ttft_s": float("inf")},
+     {"trace_id": 'x"y'}],
+)  # fmt: skip
+def test_request_row_refuses_what_sqlite_would_render_wrong(fields: dict[str, object]) -> None:
+    base = {"arrival": 1.0, "start": None, "finish": 2.0, "outcome": "ok", "route": "/r", "model": "m", "prompt_tokens": None,
+            "output_tokens": None, "ttft_s": None, "pid": 1, "trace_id": None}  # fmt: skip
+    assert request_row(**{**base, **fields}) is None  # type: ignore[arg-type]
+
+
+def test_tracker_records_odd_requests_through_the_generic_path(tmp_path: Path) -> None:
+    """A request the row path refuses (a float token count) is still recorded, as a plain record."""
+    tracker = RequestTracker("m", recorder=tmp_path / "r.db", registry=CollectorRegistry())
+    with tracker.request(route="/odd") as req:
+        req.acquire_sync()
+        req.prompt_tokens = 7.5  # type: ignore[assignment]  # the attribute is public; set_prompt_tokens would int() it
+    with tracker.request(route="/even") as req:
+        req.acquire_sync()
+        req.set_prompt_tokens(8)
+    tracker.close()
+    with FlightRecorder(tmp_path / "r.db") as rec:
+        got = sorted(((r.route, r.prompt_tokens) for r in rec.read(["request"])), key=str)
+    assert got == [("/even", 8), ("/odd", 7.5)]
 
 
 def test_buffer_counts_what_it_cannot_keep(tmp_path: Path) -> None:
@@ -254,7 +320,7 @@ def test_buffer_counts_what_it_cannot_keep(tmp_path: Path) -> None:
     writer = RecorderWriter(tmp_path / "r.db")
     buffer = RecordBuffer(writer, max_pending=3, batch_size=1000, interval_s=60, on_drop=lambda s, n: drops.append((s, n)))
     now = time.time()  # recent: the recorder trims rows past its retention
-    records = [FastRequestTiming(ts=now + i, arrival=now, finish=now + i) for i in range(5)]
+    records = [RequestTiming(ts=now + i, arrival=now, finish=now + i) for i in range(5)]
     kept = [buffer.submit(r) for r in records]
     assert kept == [True, True, True, False, False]
     assert drops == [("recorder_drop", 1), ("recorder_drop", 1)]
@@ -266,8 +332,12 @@ def test_buffer_counts_what_it_cannot_keep(tmp_path: Path) -> None:
 def test_buffer_hands_over_whole_batches(tmp_path: Path) -> None:
     writer = RecorderWriter(tmp_path / "r.db")
     buffer = RecordBuffer(writer, batch_size=10, interval_s=60)
-    for _ in range(25):
-        buffer.submit(FastRequestTiming(ts=time.time(), arrival=0.0, finish=0.0))
+    now = time.time()
+    for i in range(25):  # records and request rows share the batches
+        if i % 2:
+            buffer.submit(RequestTiming(ts=now, arrival=now, finish=now))
+        else:
+            buffer.submit_row(request_row(now, None, now, "ok", "/r", "m", None, None, None, 1, None))  # type: ignore[arg-type]
     # two full batches went to the writer from the submitting thread; 5 wait for the timer or a flush
     assert len(buffer._pending) == 5
     assert buffer.flush()
