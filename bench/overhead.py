@@ -4,12 +4,15 @@ Modes (same ``async def`` endpoint returning a small dict; one uvicorn worker ea
 
 - ``bare``            -- no instrumentation;
 - ``otel``            -- stock ``FastAPIInstrumentor.instrument_app`` (default: server + send/receive spans);
+  ``otel-<pct>`` the same with the SDK's ``ParentBased(TraceIdRatioBased)`` sampler (stock sampling);
 - ``llmdiag-10``      -- ``instrument_fastapi`` + ``RequestTracker`` (metrics + flight recorder), spans 10 %;
 - ``llmdiag-100``     -- the same with spans for every request (server span + llm.inference, and
                          llm.queue when the request waited >= 1 ms);
 - diagnostics: ``llmdiag-<pct>[-norec][-notrack]`` -- other span percentages, without the flight
   recorder (``-norec``), or with the handler not tracking at all (``-notrack``: the cost of edge
-  sampling plus the stock OTel server span on the sampled requests, i.e. the floor of a mode).
+  sampling plus the stock OTel server span on the sampled requests, i.e. the floor of a mode), or
+  without ``instrument_fastapi`` (``-noserver``: no OTel server span; the tracker samples and its
+  ``llm.*`` spans are roots -- what an app that does not use the FastAPI instrumentation pays).
 
 Every traced mode uses an SDK TracerProvider + BatchSpanProcessor with an exporter that only counts,
 so span *creation* is measured, not a network. The servers run side by side as subprocesses
@@ -57,6 +60,9 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def make_app(mode: str, recorder_dir: str) -> object:
+    """The app of one mode. ``/ping`` is registered first in every mode: Starlette matches routes in
+    order, so a helper route (``/spans``, ``/recorded``) in front of it would cost the instrumented
+    modes a regex match per request that ``bare`` does not pay."""
     from fastapi import FastAPI
 
     app = FastAPI()
@@ -80,29 +86,37 @@ def make_app(mode: str, recorder_dir: str) -> object:
             return SpanExportResult.SUCCESS
 
     exporter = CountingExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(exporter))
 
-    @app.get("/spans")
-    def spans() -> dict[str, int]:
-        provider.force_flush()
-        return {"spans": exporter.count}
+    def add_spans_route() -> None:
+        @app.get("/spans")
+        def spans() -> dict[str, int]:
+            provider.force_flush()
+            return {"spans": exporter.count}
 
-    if mode == "otel":
+    parts = mode.split("-")
+    if parts[0] == "otel":  # otel: stock instrumentation; otel-<pct>: with the SDK's TraceIdRatioBased sampler
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+        sampler = ParentBased(TraceIdRatioBased(int(parts[1]) / 100.0)) if len(parts) > 1 else None
+        provider = TracerProvider(sampler=sampler) if sampler else TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(exporter))
 
         @app.get("/ping")
         async def ping_otel() -> dict[str, bool]:
             return {"ok": True}
 
+        add_spans_route()
         FastAPIInstrumentor.instrument_app(app, tracer_provider=provider)
         return app
 
     from collectors.tracking import RequestTracker, instrument_fastapi
 
-    # llmdiag-<percent>[-norec][-notrack]: spans sampled at <percent> %; -norec: no flight recorder;
-    # -notrack: the handler does not use the tracker (what edge sampling + OTel server spans cost alone)
-    parts = mode.split("-")
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    # llmdiag-<percent>[-norec][-notrack][-noserver]: spans sampled at <percent> %; -norec: no flight recorder;
+    # -notrack: the handler does not use the tracker (what edge sampling + OTel server spans cost alone);
+    # -noserver: no instrument_fastapi, so no OTel server span -- only the tracker's own llm.* spans
     ratio = int(parts[1]) / 100.0
     tracker = RequestTracker(
         model="bench",
@@ -128,6 +142,7 @@ def make_app(mode: str, recorder_dir: str) -> object:
                 return {"ok": True}
 
     app.state.tracker = tracker
+    add_spans_route()
 
     @app.get("/recorded")
     def recorded() -> dict[str, int]:
@@ -135,7 +150,12 @@ def make_app(mode: str, recorder_dir: str) -> object:
         writer = tracker.recorder
         return {"written": writer.written if writer else 0, "dropped": writer.dropped if writer else 0}
 
-    instrument_fastapi(app, tracker)
+    if "noserver" in parts:  # no FastAPI server spans: the tracker samples its own llm.* spans (root spans here)
+        from collectors.tracking.asgi import install_exception_handlers
+
+        install_exception_handlers(app)
+    else:
+        instrument_fastapi(app, tracker)
     return app
 
 
@@ -276,7 +296,7 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         default=",".join(MODES),
-        help=f"comma-separated, from {MODES}; also llmdiag-<pct>[-norec][-notrack] (e.g. llmdiag-0-norec)",
+        help=f"comma-separated, from {MODES}; also otel-<pct>, llmdiag-<pct>[-norec][-notrack][-noserver] (e.g. llmdiag-0-norec)",
     )
     parser.add_argument(
         "--instructions", action="store_true", help="count CPU instructions per request with valgrind instead of wrk"
