@@ -34,6 +34,7 @@ import asyncio
 import collections
 import contextlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from collectors.records import RequestOutcome
@@ -141,17 +142,32 @@ class InferenceTimeout(Exception):
 
 
 class _Waiter:
-    """One queued request: an asyncio future (with its loop) or a thread event."""
+    """One queued request: an asyncio future (with its loop) or a thread event.
 
-    __slots__ = ("event", "future", "granted", "loop")
+    ``on_leave`` runs (under the pool lock) at the moment the waiter leaves the queue -- granted,
+    timed out or cancelled -- not when its task next runs: a queue-depth gauge that counted a
+    granted waiter until its coroutine resumed would read above ``queue_size``.
+    """
+
+    __slots__ = ("event", "future", "granted", "loop", "on_leave")
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop | None, future: asyncio.Future[None] | None, event: threading.Event | None
+        self,
+        loop: asyncio.AbstractEventLoop | None,
+        future: asyncio.Future[None] | None,
+        event: threading.Event | None,
+        on_leave: Callable[[], None] | None = None,
     ) -> None:
         self.loop = loop
         self.future = future
         self.event = event
         self.granted = False
+        self.on_leave = on_leave
+
+    def left(self) -> None:
+        if self.on_leave is not None:
+            with contextlib.suppress(Exception):  # a metrics hook must never break admission
+                self.on_leave()
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -196,16 +212,31 @@ class SlotPool:
                 return True
             return False
 
-    def enqueue(self, loop: asyncio.AbstractEventLoop | None) -> _Waiter | None:
-        """Join the queue. Returns None if a slot was free after all (it is taken), raises QueueFull at the bound."""
+    def enqueue(
+        self,
+        loop: asyncio.AbstractEventLoop | None,
+        on_enter: Callable[[], None] | None = None,
+        on_leave: Callable[[], None] | None = None,
+    ) -> _Waiter | None:
+        """Join the queue. Returns None if a slot was free after all (it is taken), raises QueueFull at the bound.
+
+        ``on_enter`` / ``on_leave`` run under the pool lock when the waiter joins and when it leaves
+        the queue (granted, timed out, cancelled): exactly once each, in that order.
+        """
         with self._lock:
             if self.limit is None or (self.active < self.limit and not self._waiters):
                 self.active += 1
                 return None
             if self.queue_size is not None and len(self._waiters) >= self.queue_size:
                 raise QueueFull
-            waiter = _Waiter(loop, loop.create_future(), None) if loop is not None else _Waiter(None, None, threading.Event())
+            if loop is not None:
+                waiter = _Waiter(loop, loop.create_future(), None, on_leave)
+            else:
+                waiter = _Waiter(None, None, threading.Event(), on_leave)
             self._waiters.append(waiter)
+            if on_enter is not None:
+                with contextlib.suppress(Exception):
+                    on_enter()
             return waiter
 
     def abandon(self, waiter: _Waiter) -> bool:
@@ -214,8 +245,11 @@ class SlotPool:
         with self._lock:
             if waiter.granted:
                 return True
-            with contextlib.suppress(ValueError):  # already popped by a release racing us
+            try:
                 self._waiters.remove(waiter)
+            except ValueError:  # not queued (any more): nothing left it here
+                return False
+            waiter.left()
             return False
 
     def release(self) -> None:
@@ -224,6 +258,7 @@ class SlotPool:
             if self._waiters:
                 waiter = self._waiters.popleft()
                 waiter.granted = True
+                waiter.left()
             else:
                 if self.active > 0:
                     self.active -= 1

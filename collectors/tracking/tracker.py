@@ -179,19 +179,15 @@ class TrackedRequest:
         if pool.try_acquire():
             self._mark_start()
             return
+        series = self._series
         try:
-            waiter = pool.enqueue(asyncio.get_running_loop())
+            waiter = pool.enqueue(asyncio.get_running_loop(), series.queued, series.dequeued)  # the pool counts depth
         except QueueFull:
             self._reject("queue_full", 429, "the wait queue is full")
         if waiter is None:
             self._mark_start()
             return
-        series = self._series
-        series.queued()
-        try:
-            granted = await pool.wait_async(waiter, tracker.admission.queue_timeout_s)
-        finally:
-            series.dequeued()
+        granted = await pool.wait_async(waiter, tracker.admission.queue_timeout_s)
         if not granted:
             self._queue_timeout()
         self._mark_start()
@@ -208,19 +204,15 @@ class TrackedRequest:
         if pool.try_acquire():
             self._mark_start()
             return
+        series = self._series
         try:
-            waiter = pool.enqueue(None)
+            waiter = pool.enqueue(None, series.queued, series.dequeued)  # the pool counts depth
         except QueueFull:
             self._reject("queue_full", 429, "the wait queue is full")
         if waiter is None:
             self._mark_start()
             return
-        series = self._series
-        series.queued()
-        try:
-            granted = pool.wait_sync(waiter, tracker.admission.queue_timeout_s)
-        finally:
-            series.dequeued()
+        granted = pool.wait_sync(waiter, tracker.admission.queue_timeout_s)
         if not granted:
             self._queue_timeout()
         self._mark_start()
@@ -769,19 +761,16 @@ class RequestTracker:
                 )
             )  # fmt: skip
             return
-        try:
-            buffer.submit_row(row)  # counts its own drops
-            if buffer.writer.write_errors != self._seen_write_errors:
-                self._sync_writer_counters()
-        except Exception:
-            self._error("recorder")
+        self._hand_off(buffer, buffer.submit_row, row)
 
     def _submit(self, record: Record) -> None:
         buffer = self._buffer
-        if buffer is None:
-            return
+        if buffer is not None:
+            self._hand_off(buffer, buffer.submit, record)
+
+    def _hand_off(self, buffer: RecordBuffer, submit: Any, item: Any) -> None:
         try:
-            buffer.submit(record)  # counts its own drops
+            submit(item)  # counts its own drops
             if buffer.writer.write_errors != self._seen_write_errors:
                 self._sync_writer_counters()
         except Exception:

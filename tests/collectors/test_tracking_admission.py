@@ -204,3 +204,41 @@ def test_many_threads_never_exceed_the_limit(tmp_path: Path) -> None:
     assert 2 <= peak <= 3  # never above the limit (8 threads would reach 8 without it)
     assert sample_value(registry, catalog.REQUESTS.name, {"outcome": "ok"}) == 160
     assert sample_value(registry, catalog.ACTIVE_INFERENCES.name) == 0
+
+
+def test_queue_depth_never_reads_above_the_queue_bound() -> None:
+    """A waiter leaves the depth gauge when it is granted, not when its task next runs.
+
+    Sequence: one request holds the only slot, two wait (depth 2 = queue_size). The holder finishes
+    and grants the first waiter; before that waiter's task resumes, a new request joins the queue.
+    Counting the granted waiter until it resumed read 3 here -- above ``queue_size`` 2.
+    """
+    tracker, registry = _tracker(max_concurrency=1, queue_size=2)
+    depth = lambda: sample_value(registry, catalog.QUEUE_DEPTH.name)  # noqa: E731
+    seen: list[float] = []
+
+    async def one(hold: asyncio.Event) -> None:
+        async with tracker.request(route="/q") as req:
+            await req.acquire()
+            await hold.wait()
+
+    async def main() -> None:
+        release = asyncio.Event()
+        holder = tracker.request(route="/q")
+        await holder.acquire()
+        waiters = [asyncio.create_task(one(release)) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        seen.append(depth())  # both queued
+        holder.finish()  # grants the first waiter; its task has not run yet
+        late = asyncio.create_task(one(release))
+        for _ in range(3):  # the late request enqueues before the granted waiter resumes
+            await asyncio.sleep(0)
+            seen.append(depth())
+        release.set()
+        await asyncio.gather(*waiters, late)
+        seen.append(depth())
+
+    asyncio.run(main())
+    assert seen[0] == 2
+    assert max(seen) <= 2, seen
+    assert seen[-1] == 0
