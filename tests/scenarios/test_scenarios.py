@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "scenarios"
 # Set to re-record tests/fixtures/scenarios/<name>.jsonl.gz from the runs whose fault left its signature.
 RECORD_ENV = "LLMDIAG_RECORD_SCENARIO_FIXTURES"
+ATTEMPTS = int(os.environ.get("LLMDIAG_SCENARIO_ATTEMPTS", "2"))
 
 
 @pytest.fixture(scope="module")
@@ -85,30 +86,50 @@ def _explain(result: ScenarioResult) -> str:
     return "\n".join(lines)
 
 
+def _verdict_problems(name: str, result: ScenarioResult) -> list[str]:
+    """What is wrong with a run's signature or verdict ([] when it reproduced its incident)."""
+    problems = [f"the fault did not leave its signature: {p}" for p in result.signal_problems]
+    if name == "healthy":
+        strong = [f"{f.cls} {f.confidence:.2f}" for f in result.analysis.findings if f.confidence >= 0.5]
+        if strong:
+            problems.append(f"healthy run with strong findings: {strong}")
+    if result.primary != SCENARIOS[name].expected:
+        problems.append(f"primary {result.primary}, expected {SCENARIOS[name].expected}")
+    return problems
+
+
 @pytest.mark.live
 @pytest.mark.parametrize("name", SCENARIO_NAMES)
 def test_scenario_reproduces_its_incident(name: str, weights_dir: Path, tmp_path: Path) -> None:
+    """Each scenario, run for real, leaves its signature and gets its verdict -- and leaves nothing behind.
+
+    Cleanup is asserted after every attempt. The verdict gets one second attempt (``ATTEMPTS``):
+    these runs share a 2-core host with whatever else runs there, and a neighbour's burst can
+    legitimately change what a 45-60 s recording shows. A first failure is printed in full, so a
+    pass on the second attempt is visible in the output, never silent.
+    """
     require_live()
-    t0 = time.monotonic()
-    export = tmp_path / f"{name}.jsonl.gz"
-    result = run_scenario(
-        name, weights_dir=weights_dir, fixture=export, progress=lambda m: print(f"[{time.monotonic() - t0:5.1f}] {m}")
-    )
-    print(_explain(result))
-    print(f"wall time {result.wall_s:.1f} s")
+    problems: list[str] = []
+    for attempt in range(1, ATTEMPTS + 1):
+        t0 = time.monotonic()
+        export = tmp_path / f"{name}-{attempt}.jsonl.gz"
+        result = run_scenario(
+            name, weights_dir=weights_dir, fixture=export, progress=lambda m, t0=t0: print(f"[{time.monotonic() - t0:5.1f}] {m}")
+        )
+        print(_explain(result))
+        print(f"wall time {result.wall_s:.1f} s (attempt {attempt})")
 
-    assert result.cleanup["leftover_groups"] == [] and result.cleanup["server_pids_alive"] == []
-    assert_cleaned_up(result.cleanup["groups"])
+        assert result.cleanup["leftover_groups"] == [] and result.cleanup["server_pids_alive"] == []
+        assert_cleaned_up(result.cleanup["groups"])
 
-    assert result.signal_problems == [], f"the fault did not leave its signature: {result.signal_problems}"
+        problems = _verdict_problems(name, result)
+        if not problems:
+            break
+        print(f"ATTEMPT {attempt} OF {ATTEMPTS} FAILED: {problems}")
+    assert problems == [], problems
     if os.environ.get(RECORD_ENV):
         FIXTURES.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(export, FIXTURES / export.name)
-
-    if name == "healthy":
-        strong = [f"{f.cls} {f.confidence:.2f}" for f in result.analysis.findings if f.confidence >= 0.5]
-        assert strong == [], _explain(result)
-    assert result.primary == SCENARIOS[name].expected, _explain(result)
+        shutil.copyfile(export, FIXTURES / f"{name}.jsonl.gz")
 
 
 @pytest.mark.live
