@@ -122,26 +122,15 @@ class RecordBuffer:
         self._thread = threading.Thread(target=self._run, name="llmdiag-tracker-buffer", daemon=True)
         self._thread.start()
 
-    def submit(self, record: Record) -> bool:
-        """Keep ``record`` for the next batch. Never blocks, never raises."""
-        if len(self._pending) >= self.max_pending:
-            self._drop("recorder_drop", 1)
-            return False
-        pending = self._pending
-        pending.append(record)
-        if len(pending) >= self.batch_size:
-            self._drain(blocking=False)  # if the timer thread is draining right now, it takes these too
-        return True
-
-    def submit_row(self, row: RequestRow) -> bool:
-        """Keep a request row (:func:`request_row`) for the next batch. Never blocks, never raises."""
+    def submit(self, item: Record | RequestRow) -> bool:
+        """Keep a record, or a request row (:func:`request_row`), for the next batch. Never blocks, never raises."""
         pending = self._pending
         if len(pending) >= self.max_pending:
             self._drop("recorder_drop", 1)
             return False
-        pending.append(row)
+        pending.append(item)
         if len(pending) >= self.batch_size:
-            self._drain(blocking=False)
+            self._drain(blocking=False)  # if the timer thread is draining right now, it takes these too
         return True
 
     def flush(self, timeout: float = 10.0) -> bool:

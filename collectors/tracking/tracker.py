@@ -169,53 +169,47 @@ class TrackedRequest:
         Raises :class:`AdmissionRejected` (429 queue full, 503 memory guard) or :class:`QueueTimeout`
         (503, after ``queue_timeout_s``). Calling it again after a grant is a no-op.
         """
-        if self._state != _PENDING:
-            self._check_not_finished()
-            return
-        tracker = self._tracker
-        if tracker._guard_on:
-            tracker._check_memory(self)
-        pool = tracker._pool
-        if pool.try_acquire():
-            self._mark_start()
-            return
-        series = self._series
-        try:
-            waiter = pool.enqueue(asyncio.get_running_loop(), series.queued, series.dequeued)  # the pool counts depth
-        except QueueFull:
-            self._reject("queue_full", 429, "the wait queue is full")
+        waiter = self._admit(asyncio.get_running_loop())
         if waiter is None:
-            self._mark_start()
             return
-        granted = await pool.wait_async(waiter, tracker.admission.queue_timeout_s)
-        if not granted:
+        if not await self._tracker._pool.wait_async(waiter, self._tracker.admission.queue_timeout_s):
             self._queue_timeout()
         self._mark_start()
 
     def acquire_sync(self) -> None:
         """Thread-side :meth:`acquire`: blocks this thread (never call it on the event loop)."""
+        waiter = self._admit(None)
+        if waiter is None:
+            return
+        if not self._tracker._pool.wait_sync(waiter, self._tracker.admission.queue_timeout_s):
+            self._queue_timeout()
+        self._mark_start()
+
+    def _admit(self, loop: asyncio.AbstractEventLoop | None) -> Any:
+        """Everything :meth:`acquire` and :meth:`acquire_sync` do before waiting.
+
+        Returns the pool's waiter to wait on, or None when there is nothing to wait for: the request
+        already started (or finished: raises), or it took a free slot. Raises the memory-guard and
+        queue-full refusals.
+        """
         if self._state != _PENDING:
             self._check_not_finished()
-            return
+            return None
         tracker = self._tracker
         if tracker._guard_on:
             tracker._check_memory(self)
         pool = tracker._pool
         if pool.try_acquire():
             self._mark_start()
-            return
+            return None
         series = self._series
         try:
-            waiter = pool.enqueue(None, series.queued, series.dequeued)  # the pool counts depth
+            waiter = pool.enqueue(loop, series.queued, series.dequeued)  # the pool counts depth
         except QueueFull:
             self._reject("queue_full", 429, "the wait queue is full")
         if waiter is None:
             self._mark_start()
-            return
-        granted = pool.wait_sync(waiter, tracker.admission.queue_timeout_s)
-        if not granted:
-            self._queue_timeout()
-        self._mark_start()
+        return waiter
 
     async def run(self, awaitable: Awaitable[T]) -> T:
         """Await ``awaitable`` as this request's inference, enforcing ``inference_timeout_s``.
@@ -761,16 +755,16 @@ class RequestTracker:
                 )
             )  # fmt: skip
             return
-        self._hand_off(buffer, buffer.submit_row, row)
+        self._hand_off(buffer, row)
 
     def _submit(self, record: Record) -> None:
         buffer = self._buffer
         if buffer is not None:
-            self._hand_off(buffer, buffer.submit, record)
+            self._hand_off(buffer, record)
 
-    def _hand_off(self, buffer: RecordBuffer, submit: Any, item: Any) -> None:
+    def _hand_off(self, buffer: RecordBuffer, item: Any) -> None:
         try:
-            submit(item)  # counts its own drops
+            buffer.submit(item)  # counts its own drops
             if buffer.writer.write_errors != self._seen_write_errors:
                 self._sync_writer_counters()
         except Exception:

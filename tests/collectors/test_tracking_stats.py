@@ -337,7 +337,7 @@ def test_buffer_hands_over_whole_batches(tmp_path: Path) -> None:
         if i % 2:
             buffer.submit(RequestTiming(ts=now, arrival=now, finish=now))
         else:
-            buffer.submit_row(request_row(now, None, now, "ok", "/r", "m", None, None, None, 1, None))  # type: ignore[arg-type]
+            buffer.submit(request_row(now, None, now, "ok", "/r", "m", None, None, None, 1, None))  # type: ignore[arg-type]
     # two full batches went to the writer from the submitting thread; 5 wait for the timer or a flush
     assert len(buffer._pending) == 5
     assert buffer.flush()
