@@ -337,6 +337,26 @@ class ServiceConfig(Record):
     settings: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class WatchScope(Record):
+    """What the operator asked the agent to watch, and what that resolved to -- written by ``diag collect`` at
+    start-up and again whenever the resolution changes (a pid appears or exits, a group is created or removed).
+
+    Why a record: the operator's ``--pid``/``--cgroup`` is the best definition of "the service" there is. The rules
+    take the service from this first (then from service records, then from model-file holders), so a neighbour
+    that happens to map a model file is never promoted to the service. ``missing`` says, per asked-for target
+    that could not be found, why (``"pid 4242: no such process"``, ``"cgroup /nope: not found under memory (v1),
+    unified (v2)"``); an agent keeps resolving them every sample, since a service may start later.
+    """
+
+    KIND: ClassVar[str] = "watch_scope"
+    pids: list[int] = field(default_factory=list)  # --pid as given
+    cgroups: list[str] = field(default_factory=list)  # --cgroup as given
+    resolved_pids: list[int] = field(default_factory=list)  # the asked-for pids that exist now
+    resolved_cgroups: list[str] = field(default_factory=list)  # memory-cgroup paths now watched for those targets
+    missing: list[str] = field(default_factory=list)  # one line per asked-for target not found, with where it was sought
+
+
 # --------------------------------------------------------------------------- alerts (triage input)
 
 
@@ -371,6 +391,7 @@ RECORD_TYPES: dict[str, type[Record]] = {
         TorchMemorySnapshot,
         CudaOomError,
         ServiceConfig,
+        WatchScope,
         Alert,
     )
 }
