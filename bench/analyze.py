@@ -15,7 +15,7 @@ sizes hold the same mix. Each size is loaded and analysed in a fresh subprocess,
 wall time of ``load_recorder(path)`` and of ``analyze(timeline)`` separately and its peak RSS
 (``VmHWM``). Whatever rules are registered in ``diag/rules`` run.
 
-Targets (issue 4): full size <= 10 s (load + analyse) and <= 1 GiB peak RSS.
+Targets: full size <= 10 s (load + analyse) and <= 1 GiB peak RSS.
 
     .venv/bin/python bench/analyze.py [--scales 1,4,16] [--keep DIR] [--profile] [--workers N] [--repeat N]
 

@@ -18,7 +18,7 @@ Then, each in a fresh process, timed with ``wait4`` (wall, peak RSS = ``ru_maxrs
 2. ``sos report --batch --only-plugins memory,process,kernel --tmp-dir D`` (Debian ``sosreport``),
    if installed and able to run here; otherwise the exact reason is printed.
 
-Targets (issue 5): bundle <= 5 s, <= 150 MiB RSS, archive <= 20 MiB.
+Targets: bundle <= 5 s, <= 150 MiB RSS, archive <= 20 MiB.
 
     .venv/bin/python bench/bundle.py [--keep DIR] [--runs 3] [--no-sos]
 

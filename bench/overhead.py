@@ -25,7 +25,7 @@ utime+stime over each wrk run.
 ASGI app alone, driven in-process: deterministic, so it still compares modes when other jobs share
 the machine and wall-clock figures swing by +-20 %.
 
-Targets (issue 3): llmdiag-10 >= 0.85x bare; llmdiag-100 no slower than stock otel.
+Targets: llmdiag-10 >= 0.85x bare; llmdiag-100 no slower than stock otel.
 
     .venv/bin/python bench/overhead.py [--rounds 3] [--duration 8] [--connections 16] [--sequential 2000]
     .venv/bin/python bench/overhead.py --instructions [--modes bare,otel,llmdiag-10,llmdiag-100]

@@ -1,6 +1,6 @@
 """Benchmark: CPU cost of one full snapshot, and the agent's CPU share and RSS at 1 Hz.
 
-Targets (issue 2): <= 10 ms CPU per full snapshot with ~70 processes; agent <= 1 % of one core; RSS <= 80 MiB.
+Targets: <= 10 ms CPU per full snapshot with ~70 processes; agent <= 1 % of one core; RSS <= 80 MiB.
 
     .venv/bin/python bench/snapshot.py [--runs 300] [--agent-seconds 60]
 

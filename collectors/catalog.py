@@ -5,7 +5,7 @@ literals, so a rename breaks the build instead of silently emptying a panel. Ext
 read or chart (vLLM, node_exporter, cAdvisor, DCGM) are declared at the bottom with the versions
 they hold for.
 
-Naming (Prometheus practice, see shared/docs/research/collectors.md §9): one prefix ``llmdiag_``,
+Naming (Prometheus practice: the official naming guide and exposition-format docs): one prefix ``llmdiag_``,
 base units in the name (``_seconds``, ``_bytes``, ``_ratio``), counters end in ``_total`` (the
 *exposed* name is what is declared), bounded labels only -- never a request id or a prompt.
 ``validate_catalog()`` enforces these rules and runs in the test suite.

@@ -3,7 +3,7 @@
 (The Prometheus HTTP API loader lives in ``diag/prometheus_loader.py``: the fleet-scale path.)
 Loaders only read and reshape; they never judge.
 
-Speed (issue 4: a day at 1 Hz plus a million requests, ~2 M JSON rows, in seconds): the recorder is
+Speed (target: a day at 1 Hz plus a million requests, ~2 M JSON rows, in seconds): the recorder is
 read kind by kind in time windows of ~256 KiB of JSON, which SQLite hands over already joined into
 one JSON array (``_KindStream``); ``TimelineBuilder`` decodes a window at once into typed Structs
 (``diag/fastdecode.py``, msgspec) and turns each field into a numpy column, falling back to

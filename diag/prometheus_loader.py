@@ -524,7 +524,7 @@ def _variants(name: str) -> tuple[str, ...]:
     """A name, plus its OpenMetrics-escaped form when it has a colon (``vllm:x`` -> ``vllm_x``).
 
     Why: prometheus_client >= 0.22 answers a Prometheus that asks for OpenMetrics with
-    ``escaping=underscores`` and rewrites ``:`` to ``_`` in sample names (client_python#1177), so a
+    ``escaping=underscores`` and rewrites ``:`` to ``_`` in sample names (UTF-8 name escaping), so a
     vLLM scraped that way is stored as ``vllm_num_requests_running``. Both spellings are queried.
     """
     if not _NAME_OK.match(name):

@@ -1,11 +1,11 @@
-"""Where the shared fixtures are: ``../shared`` beside the checkout (as for developers and CI), or
-``$LLMDIAG_SHARED`` when set."""
+"""Where the test fixtures are. Everything lives inside the repository (``tests/fixtures``), so a
+plain clone with nothing beside it runs the whole suite; external captures are vendored under
+``tests/fixtures/external`` with their provenance and licences."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("LLMDIAG_SHARED", REPO.parent / "shared"))
-EXTERNAL = SHARED / "fixtures" / "external"
+FIXTURES = REPO / "tests" / "fixtures"
+EXTERNAL = FIXTURES / "external"

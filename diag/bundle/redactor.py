@@ -4,7 +4,7 @@ Why a pass of its own on top of ``collectors.redact``: a bundle is handed to peo
 on the machine (a vendor, another team, a ticket), so it must hold no secret and no prompt even
 where a source forgot to redact (a third-party record writer, a journal line, a kernel line). sos
 report leaked secrets exactly through the files its per-plugin scrubbing missed and through its
-own log and manifest (research/diagnosis.md §1, sos#3462); here there is one choke point instead.
+own log and manifest (an upload password in its log and manifest ``cmdline``); here there is one choke point instead.
 
 Three shapes of content, one set of rules (``collectors.redact.redact_text``):
 

@@ -1,8 +1,8 @@
 """Collectors with deadlines: every collector runs in a worker it can abandon, under a timeout.
 
 Why: the bundle is taken on exactly the machine that is sick. sos report hung for hours on one
-stuck command (sos#407) and NVIDIA ships a ``--safe-mode`` because ``nvidia-smi`` hangs on a wedged
-driver (research/diagnosis.md §1). So:
+stuck command until it wrapped each command in a timeout, and NVIDIA's bug-report script has a
+``--safe-mode`` that skips ``nvidia-smi`` because it hangs on a wedged driver. So:
 
 - each collector runs in a *daemon* thread; the main thread only ever waits with a timeout. A
   collector that does not return in time is recorded as ``timeout_hit`` and abandoned (its result,

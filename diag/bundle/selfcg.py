@@ -2,8 +2,8 @@
 
 Why: a collector charged to the sick group competes for the very memory that is short -- it
 thrashes along with the service, may be OOM-killed before it writes anything, and its own reads
-perturb the numbers it reports (research/diagnosis.md §1: "never run the collector inside the
-cgroup it is diagnosing"). If our memory cgroup is a watched group or inside one, we move ourselves
+perturb the numbers it reports (so: never run the collector inside the cgroup it is
+diagnosing). If our memory cgroup is a watched group or inside one, we move ourselves
 to the watched group's parent (or the root) when we may (root), and otherwise say so loudly.
 
 v1 moves a process by writing its pid to another group's ``cgroup.procs``; so does v2, where the

@@ -3,7 +3,7 @@
 Why numpy and not torch: the point is a service whose *memory behaviour* is real and explainable on
 a 2-core CI box with no GPU -- weights resident per worker or shared, a KV cache that really grows
 with the context, an MoE router whose per-expert token counts are real -- without a 1.5 GB torch
-install (research/feasibility.md §5). The text it writes is noise (random weights); the bytes it
+install (a demo must start on any host in seconds). The text it writes is noise (random weights); the bytes it
 holds and the work it does are not.
 
 Architecture (shapes in ``weights.ModelConfig``): token embedding + hashed-trigram embedding +

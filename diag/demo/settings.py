@@ -1,7 +1,7 @@
 """The demo server's settings: one frozen dataclass, handed from the launcher to every worker as JSON.
 
 Why an environment variable: uvicorn's supervisor *spawns* workers (fresh interpreters, no fork --
-research/feasibility.md §5: forking after numpy/BLAS threads started can deadlock), and a spawned
+forking after numpy/BLAS threads started can deadlock), and a spawned
 worker builds the app from an import string, so the settings travel in ``LLMDIAG_DEMO_SETTINGS``.
 """
 

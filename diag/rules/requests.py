@@ -1,6 +1,6 @@
 """Queue backlog vs thrashing: is latency waiting for a slot, or is each request itself slowing down?
 
-The two look alike on an end-to-end latency chart and need opposite fixes (research/diagnosis.md §4):
+The two look alike on an end-to-end latency chart and need opposite fixes (queueing theory: W = W_q + S):
 
 - **queue backlog** (under-provisioned): queue wait W_q rises with load while the service time S
   (``inference_s``) stays flat; throughput rises then plateaus; memory stall signals stay quiet.
@@ -44,8 +44,9 @@ W_MIN_S = 0.05
 W_MIN_VS_S = 0.5
 W_RISE = 4.0
 
-# Memory-stall thresholds for *diagnosis* (not killing): research/diagnosis.md §3 suggests memory
-# some avg10 > 10 % = pressure and full avg10 > 5 % = thrashing candidate. Counter rates must be both
+# Memory-stall thresholds for *diagnosis* (not killing), a lower tier than the killers use (systemd-oomd
+# acts at full avg10 > 60 % for 30 s): memory some avg10 > 10 % = pressure and full avg10 > 5 % =
+# thrashing candidate. Counter rates must be both
 # above a floor (a healthy warm service takes ~0 major faults/s) and several times the calm level.
 PSI_SOME_UP = 10.0  # percent
 PSI_FULL_UP = 5.0  # percent

@@ -25,7 +25,6 @@ NODE_PROC = EXTERNAL / "node_exporter" / "proc"
 NODE_EXPECTED = EXTERNAL / "node_exporter" / "expected_metrics.prom"
 PROCFS_PROC = EXTERNAL / "procfs" / "proc"
 
-needs_fixtures = pytest.mark.skipif(not NODE_PROC.is_dir(), reason=f"external fixtures not present at {EXTERNAL}")
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 
@@ -49,7 +48,6 @@ def node_memory_name(key: str) -> str:
     return "node_memory_" + re.sub(r"\((.*)\)", r"_\1", key) + "_bytes"
 
 
-@needs_fixtures
 def test_node_exporter_fixture_matches_node_exporter_output() -> None:
     expected = load_prom(NODE_EXPECTED)
     snap = HostSampler(str(NODE_PROC)).sample(now=1000.0)
@@ -81,7 +79,6 @@ def test_node_exporter_fixture_matches_node_exporter_output() -> None:
     assert snap.missing == {}
 
 
-@needs_fixtures
 @pytest.mark.parametrize("proc", [NODE_PROC, PROCFS_PROC], ids=["node_exporter", "procfs"])
 def test_memavailable_fallback_is_plausible_and_flagged(proc: Path) -> None:
     sampler = HostSampler(str(proc))
@@ -93,7 +90,6 @@ def test_memavailable_fallback_is_plausible_and_flagged(proc: Path) -> None:
     assert "memory.available" not in snap.missing
 
 
-@needs_fixtures
 def test_old_kernel_per_zone_reclaim_counters_are_summed() -> None:
     raw = parse_flat_keyed((NODE_PROC / "vmstat").read_text())
     snap = HostSampler(str(NODE_PROC)).sample()
@@ -108,7 +104,6 @@ def test_old_kernel_per_zone_reclaim_counters_are_summed() -> None:
     assert "pgscan_anon" not in snap.vmstat and "workingset_refault_file" not in snap.vmstat
 
 
-@needs_fixtures
 def test_procfs_fixture_meminfo_and_pressure() -> None:
     snap = HostSampler(str(PROCFS_PROC)).sample()
     assert snap.memory["total"] == 15666184 * 1024

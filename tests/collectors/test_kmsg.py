@@ -19,7 +19,7 @@ from collectors.kmsg import (
 )
 from collectors.records import OomEvent, record_from_json
 
-# Verbatim from a memcg OOM on this host (research/feasibility.md §4), ids shortened.
+# Verbatim from a memcg OOM on a development host (a hog in a limited memory cgroup), ids shortened.
 MEMCG_KILL = (
     "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
     "oom_memcg=/process_api/abc/lab_oom,task_memcg=/process_api/abc/lab_oom,task=python,pid=11092,uid=0"

@@ -90,7 +90,7 @@ stall = Counter(cat.CADVISOR_PSI_WAITING.name.removesuffix("_total"), "c", ["id"
 used = Gauge(cat.DCGM_FB_USED.name, "g", ["gpu", "UUID"], registry=reg)
 Gauge(cat.DCGM_FB_FREE.name, "g", ["gpu", "UUID"], registry=reg).labels("0", "GPU-x").set(80000)
 used.labels("0", "GPU-x").set(1024)
-if sys.argv[1] == "openmetrics":  # negotiated: prometheus_client escapes ':' to '_' (client_python#1177)
+if sys.argv[1] == "openmetrics":  # negotiated: prometheus_client escapes ':' to '_' (UTF-8 name escaping)
     server, _ = start_http_server(0, addr="127.0.0.1", registry=reg)
 else:  # the classic text format, which keeps vLLM's colons
     class Handler(BaseHTTPRequestHandler):

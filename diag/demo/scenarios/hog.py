@@ -6,7 +6,7 @@ read-only and reads one byte of a random 4 KiB page of it, in a loop, for ``seco
 a group whose limit is below anon + file, every read misses the page cache it just lost to the
 previous ones: real memory-PSI stalls, major faults and refaults -- in the neighbour's group and,
 because the host's /proc/pressure/memory counts memcg stalls too, on the host -- while the
-service's group stays calm (research/feasibility.md §4: 100 MiB anon + random 4 KiB reads over a
+service's group stays calm (measured on a 2-core host: 100 MiB anon + random 4 KiB reads over a
 100 MiB mmap under a 150 MiB limit gave 10-23 % PSI some).
 
 It must run inside a limited cgroup (the scenario runner spawns it with ``MemoryGroup.spawn``);

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from diag.demo.scenarios.context import MiB, ScenarioContext, evict_from_page_cache
 from diag.demo.scenarios.load import Phase, completion, idle, mixture
-from diag.demo.scenarios.runner import MiB, ScenarioContext
 
 ScenarioFn = Callable[[ScenarioContext, dict[str, Any]], None]
 
@@ -274,8 +274,6 @@ def noisy_neighbour(ctx: ScenarioContext, p: dict[str, Any]) -> None:
     server = ctx.serve(["--preload", "shared"], group=service, weights_mb=p["weights_mb"])
     data = ctx.workdir / "neighbour.dat"
     _write_file(data, p["neighbour_file_mib"] * MiB)
-    from diag.demo.scenarios.runner import evict_from_page_cache
-
     evict_from_page_cache(data)
     ctx.record()
     ctx.pause(3, "baseline")
