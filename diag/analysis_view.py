@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.text import Text
 
 from diag.rules.engine import Analysis
+from diag.units import format_value
 
 PLAIN: dict[str, str] = {
     "healthy": "No incident found by the rules that could be evaluated.",
@@ -50,9 +51,8 @@ def render_analysis(analysis: Analysis, console: Console | None = None) -> None:
         console.print(Text(f"[{f.cls}] {f.summary}", style="bold"))
         console.print(Text(f"  confidence {f.confidence:.2f} · rule {f.rule}", style="dim"))
         for e in f.evidence:
-            value = f"{e.value:.4g}" if isinstance(e.value, float) else str(e.value)
             span = f" ({_when(e.start)}–{_when(e.end)})" if e.start is not None else ""
-            console.print(Text(f"  • {e.what}: {value} {e.unit}{span}"))
+            console.print(Text(f"  • {e.what}: {format_value(e.value, e.unit)}{span}"))
         for r in f.rules_out:
             console.print(Text(f"  rules out: {r}", style="cyan"))
         for r in f.remediation:

@@ -6,6 +6,7 @@ a traceback.
 
 from __future__ import annotations
 
+import math
 import re
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
@@ -39,10 +40,30 @@ def parse_size(text: str) -> int:
 
 
 def format_bytes(value: float | None) -> str:
-    if value is None:
+    """``1.5 GiB``: binary prefixes, as memory is sized. None or a non-finite number (a missing sample) is ``-``."""
+    if value is None or not math.isfinite(value):
         return "-"
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"
+
+
+def format_value(v: object, unit: str = "") -> str:
+    """One evidence value with its unit, for people: bytes with binary prefixes, sub-second times in ms.
+
+    Why here: the terminal view and the bundle's reports print the same evidence; one formatter keeps
+    them saying the same thing (the terminal used to print raw byte counts)."""
+    if v is None:
+        return "—"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return f"{v} {unit}".strip()
+    if unit in ("bytes", "B"):
+        return format_bytes(float(v))
+    if unit in ("bytes/s", "B/s"):
+        return format_bytes(float(v)) + "/s"
+    if unit in ("s", "seconds") and abs(v) < 1:
+        return f"{v * 1000:.0f} ms"
+    text = f"{v:.4g}" if isinstance(v, float) else str(v)
+    return f"{text} {unit}".strip()

@@ -138,8 +138,8 @@ def take_bundle(options: BundleOptions, progress: Progress | None = stderr_progr
     # ---- report (abandonable; charts need matplotlib and time)
     command, argv_counts = redact_argv_counts(list(options.argv) or ["diag", "bundle"])
     redactor.add_counts("manifest.json", argv_counts)
-    warnings = [w for w in (selfcg.warning,) if w]
-    warnings += [
+    notices = [w for w in (selfcg.warning,) if w]  # not `warnings`: this module uses the warnings module
+    notices += [
         f"collector {r.name} timed out after {r.timeout_s:g} s: its data is missing or partial" for r in runs if r.timeout_hit
     ]
     writer.hash_all()
@@ -150,7 +150,7 @@ def take_bundle(options: BundleOptions, progress: Progress | None = stderr_progr
     data = ReportData(
         bundle_name=name, host=host, created=started, window=window, since_s=options.since_s, version=tool_version(),
         command=command, analysis=analysis_doc, analysis_error=analysis_error, runs=run_docs,
-        redaction=redactor.report(), self_cgroup=selfcg.to_dict(), record_counts=counts, warnings=warnings,
+        redaction=redactor.report(), self_cgroup=selfcg.to_dict(), record_counts=counts, warnings=notices,
     )  # fmt: skip
     _report(writer, data, chart_data, at(0.95), runs, log)
 

@@ -21,7 +21,9 @@ from markupsafe import Markup
 from diag.analysis_view import PLAIN
 from diag.bundle.charts import ChartData
 from diag.bundle.redactor import rule_label
-from diag.units import format_bytes
+from diag.units import format_bytes, format_value
+
+value = format_value  # the templates' name for it
 
 TEMPLATES = Path(__file__).parent / "templates"
 MAX_EVIDENCE_CHARTS = 12
@@ -87,21 +89,6 @@ def when_full(ts: Any) -> str:
     if not isinstance(ts, (int, float)) or not math.isfinite(ts):
         return "?"
     return dt.datetime.fromtimestamp(ts, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def value(v: Any, unit: str = "") -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return f"{v} {unit}".strip()
-    if unit in ("bytes", "B"):
-        return format_bytes(float(v))
-    if unit in ("bytes/s", "B/s"):
-        return format_bytes(float(v)) + "/s"
-    if unit in ("s", "seconds") and abs(v) < 1:
-        return f"{v * 1000:.0f} ms"
-    text = f"{v:.4g}" if isinstance(v, float) else str(v)
-    return f"{text} {unit}".strip()
 
 
 def duration(seconds: Any) -> str:

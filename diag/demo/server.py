@@ -3,12 +3,12 @@
 Why uvicorn's supervisor (``uvicorn.supervisors.Multiprocess``) rather than our own fork +
 SO_REUSEPORT: it *spawns* workers (fresh interpreters), so no worker inherits numpy/OpenBLAS thread
 state from a parent that already ran numpy -- the fork-after-threads deadlock (reproduced with
-numpy/OpenBLAS: a forked child waits forever on a lock a BLAS thread held) cannot happen; the parent binds the socket once and passes it to every
-worker, so the kernel spreads accepted connections over them; it restarts a worker that dies (an
-OOM kill shows up as a restart, as in production); and it is what users already run
-(``uvicorn --workers N``), so the demo's process tree looks like theirs. It is used for one worker
-too, so the tree is always supervisor + workers and ``PROMETHEUS_MULTIPROC_DIR`` is always in force
-before any worker imports prometheus_client.
+numpy/OpenBLAS: a forked child waits forever on a lock a BLAS thread held) cannot happen; the parent
+binds the socket once and passes it to every worker, so the kernel spreads accepted connections over
+them; it restarts a worker that dies (an OOM kill shows up as a restart, as in production); and it
+is what users already run (``uvicorn --workers N``), so the demo's process tree looks like theirs.
+It is used for one worker too, so the tree is always supervisor + workers and
+``PROMETHEUS_MULTIPROC_DIR`` is always in force before any worker imports prometheus_client.
 
 Order of start-up, and why:
 1. BLAS/OpenMP thread counts go into the environment (inherited by spawned workers before they

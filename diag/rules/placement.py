@@ -173,7 +173,9 @@ def _judge(
         Evidence("processes holding it at the same time", n, "processes", start, end),
         Evidence(
             "per holder RSS / USS / PSS",
-            "; ".join(f"pid {h.track.pid}: {format_bytes(h.rss)} / {_fmt(h.uss)} / {_fmt(h.pss)}" for h in holders),
+            "; ".join(
+                f"pid {h.track.pid}: {format_bytes(h.rss)} / {format_bytes(h.uss)} / {format_bytes(h.pss)}" for h in holders
+            ),
             "",
             start,
             end,
@@ -253,10 +255,6 @@ def _judge(
         start,
         end,
     )
-
-
-def _fmt(value: float) -> str:
-    return format_bytes(value) if math.isfinite(value) else "-"
 
 
 # --------------------------------------------------------------------------- noisy neighbour

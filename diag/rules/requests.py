@@ -30,6 +30,7 @@ import numpy as np
 from diag.rules import numstats
 from diag.rules.base import Evidence, Finding, rule
 from diag.rules.stats import edge_level, service_scope, stall_percent
+from diag.rules.stats import excerpt as stats_excerpt
 from diag.rules.usl import LoadCurve, UslFit, concurrency_levels, count_at, covered_time, fit_usl, load_curve
 from diag.timeline import Series, Table, Timeline
 
@@ -121,15 +122,10 @@ def memory_series(tl: Timeline, ctx: ServiceContext | None = None) -> tuple[str,
 
 
 def excerpt(ts: np.ndarray, values: np.ndarray, points: int = 50) -> list[list[float]]:
-    """At most ``points`` [ts, value] pairs for a report chart (evenly spaced, NaN dropped)."""
-    ts = np.asarray(ts, dtype=np.float64)
-    values = np.asarray(values, dtype=np.float64)
+    """At most ``points`` [ts, value] pairs for a report chart: ``stats.excerpt`` for two bare arrays."""
+    ts, values = np.asarray(ts, dtype=np.float64), np.asarray(values, dtype=np.float64)
     keep = np.isfinite(ts) & np.isfinite(values)
-    ts, values = ts[keep], values[keep]
-    if ts.size > points:
-        idx = np.unique(np.linspace(0, ts.size - 1, points).round().astype(np.int64))
-        ts, values = ts[idx], values[idx]
-    return [[round(float(t), 3), float(v)] for t, v in zip(ts, values, strict=True)]
+    return stats_excerpt(Series(ts[keep], values[keep]), points)
 
 
 def ms(seconds: float) -> str:
