@@ -6,8 +6,9 @@ private model copies, a neighbour thrashing its own group, an OOM kill ...), dri
 on 127.0.0.1, cleans everything up by PID, and analyses the recorded window with the rules engine.
 
 Modules: ``cgroups`` (the groups and their cleanup), ``load`` (the load driver), ``recording``
-(the agent thread, scoping and fixture export), ``hog`` (the neighbour process), ``library`` (one
-function per scenario), ``runner`` (``run_scenario``).
+(the agent thread, scoping and fixture export), ``hog`` (the neighbour process), ``context`` (what a
+scenario function gets), ``registry`` (what a scenario is), ``library`` and ``config_scenarios`` (one
+function per scenario), ``replays`` (the recorded-only cases), ``runner`` (``run_scenario``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ SCENARIO_NAMES: tuple[str, ...] = (
     "oversized-context",
     "noisy-neighbour",
     "host-oom",
+    "unsafe-config",
 )
 
 EXIT_NO_CGROUPS = 3  # the scenario needs memory cgroups this host cannot give

@@ -14,44 +14,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from diag.demo.scenarios.context import MiB, ScenarioContext, evict_from_page_cache
 from diag.demo.scenarios.load import Phase, completion, idle, mixture
+from diag.demo.scenarios.registry import SCENARIOS, Scenario, ScenarioFn, scenario
 
-ScenarioFn = Callable[[ScenarioContext, dict[str, Any]], None]
-
-
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    expected: str  # the incident class the analysis should conclude
-    summary: str
-    needs_cgroups: bool
-    run: ScenarioFn
-    defaults: dict[str, Any] = field(default_factory=dict)
-
-    def params(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-        merged = dict(self.defaults)
-        for key, value in (overrides or {}).items():
-            if key not in merged:
-                raise ValueError(f"scenario {self.name} has no parameter {key!r} (known: {', '.join(sorted(merged))})")
-            merged[key] = type(merged[key])(value) if merged[key] is not None else value
-        return merged
-
-
-SCENARIOS: dict[str, Scenario] = {}
-
-
-def scenario(
-    name: str, expected: str, summary: str, *, needs_cgroups: bool, **defaults: Any
-) -> Callable[[ScenarioFn], ScenarioFn]:
-    def register(fn: ScenarioFn) -> ScenarioFn:
-        SCENARIOS[name] = Scenario(name, expected, summary, needs_cgroups, fn, defaults)
-        return fn
-
-    return register
+__all__ = ["SCENARIOS", "Scenario", "ScenarioFn", "scenario"]
 
 
 def _normal_traffic(p: dict[str, Any]) -> Callable[[random.Random], dict[str, Any]]:
@@ -492,3 +461,7 @@ def duplicate_models(ctx: ScenarioContext, p: dict[str, Any]) -> None:
     ctx.record()
     ctx.pause(3, "baseline")
     ctx.load(server, [Phase("steady", p["duration_s"], 8, _normal_traffic(p), rate=p["rate"])])
+
+
+# Scenarios kept in their own modules register on import.
+from diag.demo.scenarios import config_scenarios  # noqa: E402, F401

@@ -259,6 +259,34 @@ def _oversized(tl: Timeline, notes: dict[str, Any]) -> tuple[list[str], str]:
     return problems, f"{int(long_.sum())} huge prompts fail {fl:.0%}, the rest {fr:.0%}"
 
 
+@check("unsafe-config")
+def _unsafe_config(tl: Timeline, notes: dict[str, Any]) -> tuple[list[str], str]:
+    """The dangerous settings are on record, and the run itself stayed calm: the risk is in the arithmetic."""
+    problems: list[str] = []
+    settings = tl.configs[-1].settings if tl.configs else {}
+    slots = settings.get("max_concurrency")
+    if not isinstance(slots, int) or slots < 16:
+        problems.append(f"config record max_concurrency {slots!r}, expected a large slot count")
+    for key in ("queue_timeout_s", "request_timeout_s", "max_prompt_tokens"):
+        if settings.get(key) is not None:
+            problems.append(f"config record {key} = {settings.get(key)!r}, expected unset")
+    g = _group(tl, "service")
+    limit, peak = _max(g[1] if g else None, "limit"), _max(g[1] if g else None, "usage")
+    ooms = _inc(g[1] if g else None, "events.oom_kill") + len(tl.ooms)
+    if not (np.isfinite(peak) and np.isfinite(limit)) or peak >= 0.9 * limit:
+        problems.append(f"group usage peak {peak / MiB:.0f} MiB against a {limit / MiB:.0f} MiB limit: not calm")
+    if ooms:
+        problems.append(f"{ooms:.0f} OOM kill(s): the incident happened instead of being foreseen")
+    r = tl.requests
+    ok = float((r["outcome"] == "ok").mean()) if len(r) else 0.0
+    if ok < 0.95:
+        problems.append(f"only {ok:.0%} of {len(r)} requests succeeded")
+    return problems, (
+        f"slots {slots}, usage peak {peak / MiB:.0f} of {limit / MiB:.0f} MiB, "
+        f"{len(r)} requests {ok:.0%} ok, OOM kills {ooms:.0f}"
+    )
+
+
 def config_notes(tl: Timeline) -> dict[str, Any]:
     """What the service's ServiceConfig records say (weights size, workers) -- enough to check a replayed run."""
     out: dict[str, Any] = {}

@@ -1,0 +1,46 @@
+"""The scenario registry: what a scenario is (name, expected class, parameters, the function that runs it).
+
+Why its own module: scenario functions live in more than one module (``library``,
+``config_scenarios``); each registers itself here, and ``library`` imports them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from diag.demo.scenarios.context import ScenarioContext
+
+ScenarioFn = Callable[[ScenarioContext, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    expected: str  # the incident class the analysis should conclude
+    summary: str
+    needs_cgroups: bool
+    run: ScenarioFn
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+    def params(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        merged = dict(self.defaults)
+        for key, value in (overrides or {}).items():
+            if key not in merged:
+                raise ValueError(f"scenario {self.name} has no parameter {key!r} (known: {', '.join(sorted(merged))})")
+            merged[key] = type(merged[key])(value) if merged[key] is not None else value
+        return merged
+
+
+SCENARIOS: dict[str, Scenario] = {}
+
+
+def scenario(
+    name: str, expected: str, summary: str, *, needs_cgroups: bool, **defaults: Any
+) -> Callable[[ScenarioFn], ScenarioFn]:
+    def register(fn: ScenarioFn) -> ScenarioFn:
+        SCENARIOS[name] = Scenario(name, expected, summary, needs_cgroups, fn, defaults)
+        return fn
+
+    return register
