@@ -101,3 +101,14 @@ def test_collectors_never_import_diag() -> None:
     graph = import_graph(modules())
     bad = sorted((m, d) for m, deps in graph.items() if m.startswith("collectors") for d in deps if d.startswith("diag"))
     assert bad == []
+
+
+def test_test_modules_never_import_each_other() -> None:
+    """Shared test helpers live in helper modules (builders, livecg, promserver, conftest), not in test files."""
+    bad = []
+    for path in (REPO / "tests").rglob("test_*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            bad += [f"{path.relative_to(REPO)} imports {n}" for n in names if n.startswith("tests.") and ".test_" in n]
+    assert bad == [], bad

@@ -15,10 +15,10 @@ Canaries, one random hex shared by all so one byte search finds any of them:
 - in an ``--include``d config file (``api_key: ...``).
 Then every byte of every file of the extracted archive is searched.
 
-The verdict must be ``queue_backlog`` on a quiet host (CI runs the suite alone). On a shared box
-where another tenant makes the host stall meanwhile (host memory PSI, refaults or major faults over
-the rules' stall thresholds, none of it in the service's group), the rules may rightly weigh that
-stall; the test then still requires the backlog finding itself and its evidence.
+The verdict must be ``queue_backlog``, on a quiet host or a shared one: the agent watches the
+service's own group (``--cgroup``) as well as its worker, so the rules judge the service's own stall
+signals, and a neighbour's host-wide stall (reported in the failure message if the verdict is wrong)
+is not the service's. Any other verdict fails the test.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import subprocess
 import sys
 import time
 import uuid
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -95,7 +94,7 @@ def test_bundle_of_a_live_queue_backlog(tmp_path: Path) -> None:
         )  # fmt: skip
         agent = subprocess.Popen(
             [sys.executable, "-m", "diag.cli", "collect", "--interval", "1s", "--listen", "off", "--recorder", str(rec),
-             "--pid", str(srv.worker_pids[0]), "--no-gpu"],
+             "--pid", str(srv.worker_pids[0]), "--cgroup", group.path, "--no-gpu"],
             cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         secret = group.spawn(  # in the service's group too: the bundle must see it, and stays outside of it
@@ -131,14 +130,11 @@ def test_bundle_of_a_live_queue_backlog(tmp_path: Path) -> None:
     assert queue is not None, json.dumps(findings["verdict"])  # the backlog is seen, whatever else happens
     waits = {e["what"]: e["value"] for e in queue["evidence"]}
     assert waits["median queue wait, high-load quartile"] > 10 * max(waits["median queue wait, low-load quartile"], 0.01)
-    disturbed = _host_disturbance(timeline)
-    if disturbed is None:  # a quiet host (CI): the verdict is the backlog, nothing else
-        assert findings["verdict"]["primary"] == "queue_backlog", json.dumps(findings["verdict"])
-        assert "Verdict: queue_backlog" in run.proc.stdout
-    else:  # a shared box where another tenant thrashed the host meanwhile: the rules may rightly weigh it
-        warnings.warn(f"host disturbed by another tenant during the test ({disturbed}): verdict "
-                      f"{findings['verdict']['primary']} accepted", stacklevel=1)  # fmt: skip
-        assert findings["verdict"]["primary"] in ("queue_backlog", "noisy_neighbour", "thrashing", "healthy")
+    # The verdict is the backlog, on any host: the service's own group is watched (its PSI, faults and
+    # memory are sampled), so another tenant's host-wide stall is not the service's and cannot outweigh it.
+    why = f"{json.dumps(findings['verdict'])}; host-wide stall meanwhile: {_host_disturbance(timeline) or 'none'}"
+    assert findings["verdict"]["primary"] == "queue_backlog", why
+    assert "Verdict: queue_backlog" in run.proc.stdout
     again = analyze(timeline).to_dict()
     assert again["verdict"] == findings["verdict"]
     assert [(f["rule"], round(f["confidence"], 6)) for f in again["findings"]] == [

@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.bundle.helpers import ROOT, bundle_argv, parse_run, run_bundle, verify_sums
 from tests.livecg import memory_cgroup, own_v1_memory_cgroup, require_live
 
@@ -94,6 +96,7 @@ def _majfaults(group_dir: Path) -> int:
     return 0
 
 
+@pytest.mark.live
 def test_the_bundle_completes_while_the_service_group_thrashes(tmp_path: Path) -> None:
     require_live()
     data = tmp_path / "mapped.bin"
@@ -135,6 +138,7 @@ def test_the_bundle_completes_while_the_service_group_thrashes(tmp_path: Path) -
     verify_sums(run.root)
 
 
+@pytest.mark.live
 def test_the_bundle_moves_itself_out_of_the_cgroup_it_diagnoses(tmp_path: Path) -> None:
     require_live()
     parent = own_v1_memory_cgroup()
@@ -163,6 +167,7 @@ print(json.dumps(leave_watched([sys.argv[1]]).to_dict()))
 """
 
 
+@pytest.mark.live
 def test_without_root_it_warns_that_it_runs_inside_the_diagnosed_group(tmp_path: Path) -> None:
     require_live()
     with memory_cgroup(256 * MiB, name="llmdiag-bundle-noroot") as group:

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from collectors.recorder import FlightRecorder
 from collectors.records import CgroupSnapshot, OomEvent
 from tests.livecg import memory_cgroup, require_live
@@ -38,11 +40,10 @@ def _count(path: Path, kind: str) -> int:
         return rec.count(kind)
 
 
+@pytest.mark.live
 def test_agent_records_memcg_oom_kill(tmp_path: Path) -> None:
     require_live()
     if not os.access("/dev/kmsg", os.R_OK):
-        import pytest
-
         pytest.skip("/dev/kmsg is not readable (needs root and kernel.dmesg_restrict permitting it)")
     recorder = tmp_path / "r.db"
     with memory_cgroup(120 << 20) as group:

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from collectors import catalog
 from collectors.tracking import AdmissionConfig, AdmissionRejected, InferenceTimeout, QueueTimeout, RequestTracker
 from collectors.tracking.admission import QueueFull, SlotPool
-from tests.collectors.test_tracking_app import sample_value
+from tests.collectors.registry_samples import sample_value
 
 
 def _tracker(**admission: object) -> tuple[RequestTracker, CollectorRegistry]:

@@ -31,6 +31,7 @@ from collectors import catalog
 from collectors.recorder import FlightRecorder
 from collectors.records import REQUEST_OUTCOMES, LoaderEvent, RequestTiming
 from collectors.tracking import AdmissionConfig, RequestTracker, instrument_fastapi
+from tests.collectors.registry_samples import sample_value
 
 # --------------------------------------------------------------------------- the test app
 
@@ -155,16 +156,6 @@ def serve(app: FastAPI) -> Iterator[str]:
 def read_requests(path: Path) -> list[RequestTiming]:
     with FlightRecorder(path) as rec:
         return [r for r in rec.read(["request"]) if isinstance(r, RequestTiming)]
-
-
-def sample_value(registry: CollectorRegistry, name: str, labels: dict[str, str] | None = None) -> float:
-    """Sum of every sample called ``name`` whose labels include ``labels``."""
-    total = 0.0
-    for family in registry.collect():
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
-                total += sample.value
-    return total
 
 
 @pytest.fixture

@@ -128,6 +128,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.live
 def test_live_cgroup_limit_drives_the_guard(tmp_path: Path) -> None:
     with memory_cgroup(256 * MiB) as group:
         proc = group.spawn([sys.executable, "-c", _CHILD], cwd=ROOT, stdout=subprocess.PIPE)

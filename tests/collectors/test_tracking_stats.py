@@ -28,7 +28,7 @@ from collectors.tracking import (
     torch_memory_snapshot,
 )
 from collectors.tracking.buffer import RecordBuffer, request_row
-from tests.collectors.test_tracking_app import sample_value
+from tests.collectors.registry_samples import sample_value
 
 GiB = 1 << 30
 MiB = 1 << 20

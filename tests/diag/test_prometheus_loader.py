@@ -31,7 +31,7 @@ from collectors import catalog as cat
 from collectors.recorder import FlightRecorder
 from collectors.records import CgroupSnapshot, HostSnapshot
 from diag.prometheus_loader import _ooms_from, _Result, default_step, load_prometheus
-from tests.livecg import LiveGroup, memory_cgroup, skip_reason
+from tests.livecg import LiveGroup, live_selected, memory_cgroup, skip_reason
 from tests.promserver import PromServer, ScrapeJob, free_port, prometheus, require_prometheus
 
 DIAG = [sys.executable, "-m", "diag.cli"]
@@ -160,12 +160,12 @@ def _samples(prom: PromServer, expr: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Stack]:
     require_prometheus()
     tmp = tmp_path_factory.mktemp("prom-loader")
-    live = skip_reason() is None
+    live = live_selected(request)  # a real group and OOM kill only when the live test of this module runs
     with contextlib.ExitStack() as stack:
-        group = stack.enter_context(memory_cgroup(CGROUP_LIMIT)) if live else None
+        group = stack.enter_context(memory_cgroup(CGROUP_LIMIT, shared=True)) if live else None
         if group is not None:
             # A resident member, as a service group has: on a hybrid host whose own v1 and v2 paths differ, the agent
             # finds an explicit group's cgroup2 twin through a member's 0:: line, so an empty group has no PSI.
@@ -275,6 +275,7 @@ def test_processes_and_model_counts(stack: Stack) -> None:
     assert tl.gpus == {} and tl.gpu_unavailable_reason  # the agent ran with --no-gpu: said, not silent
 
 
+@pytest.mark.live
 def test_live_cgroup_and_oom_kill(stack: Stack) -> None:
     if stack.group is None:
         pytest.skip(skip_reason() or "no live cgroup")

@@ -12,7 +12,7 @@ import numpy as np
 
 from collectors.records import RequestTiming, ServiceConfig, TorchMemorySnapshot
 from collectors.tracking.batches import batch_stats, routing_stats
-from tests.diag.test_rules_requests import (
+from tests.diag.request_builders import (
     PID,
     T0,
     assert_units,

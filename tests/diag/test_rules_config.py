@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from collectors.records import ServiceConfig
-from tests.diag.test_rules_requests import (
+from tests.diag.request_builders import (
     PID,
     T0,
     assert_units,

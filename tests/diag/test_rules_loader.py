@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from collectors.records import LoaderEvent
-from tests.diag.test_rules_requests import (
+from tests.diag.request_builders import (
     PID,
     T0,
     D,

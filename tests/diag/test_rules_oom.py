@@ -15,7 +15,7 @@ from collectors.records import GpuDevice, GpuProcess, GpuSnapshot, OomEvent, Tor
 from collectors.tracking.torch_memory import parse_cuda_oom_message
 from diag.rules.engine import analyze
 from diag.rules.oom import allocator_fragmentation, gpu_oom, host_oom
-from tests.diag.test_rules_memory import (
+from tests.diag.memory_builders import (
     GIB,
     MIB,
     SVC,

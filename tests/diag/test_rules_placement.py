@@ -15,7 +15,7 @@ import numpy as np
 from collectors.records import GpuDevice, GpuProcess, GpuSnapshot, LoaderEvent, ServiceConfig
 from diag.rules.engine import analyze
 from diag.rules.placement import duplicate_model_processes, noisy_neighbour
-from tests.diag.test_rules_memory import (
+from tests.diag.memory_builders import (
     GIB,
     HOST_TOTAL,
     MIB,
