@@ -99,13 +99,17 @@ def _config(jobs: Sequence[ScrapeJob], interval: str) -> str:
 
 
 @contextlib.contextmanager
-def prometheus(jobs: Sequence[ScrapeJob], interval: str = "1s", ready_timeout_s: float = 15.0) -> Iterator[PromServer]:
-    """Run Prometheus scraping ``jobs`` every ``interval``; killed by PID and its data removed on exit."""
+def prometheus(
+    jobs: Sequence[ScrapeJob], interval: str = "1s", ready_timeout_s: float = 15.0, *, config: str | None = None
+) -> Iterator[PromServer]:
+    """Run Prometheus scraping ``jobs`` every ``interval``; killed by PID and its data removed on exit.
+
+    ``config``: a whole prometheus.yml to run instead (e.g. a shipped example with its targets rewritten)."""
     binary = require_prometheus()
     folder = Path(tempfile.mkdtemp(prefix="llmdiag-prom-"))
     proc: subprocess.Popen[bytes] | None = None
     try:
-        (folder / "prometheus.yml").write_text(_config(jobs, interval))
+        (folder / "prometheus.yml").write_text(config if config is not None else _config(jobs, interval))
         port = free_port()
         with (folder / "prometheus.log").open("wb") as log:
             proc = subprocess.Popen(
