@@ -1,10 +1,10 @@
 """The ``unsafe-config`` scenario: a service whose configuration makes an incident likely, before it happens.
 
-What is injected is a configuration, not a fault: two workers, 64 inference slots each, an
+What is injected is a configuration, not a fault: two workers, 128 inference slots each, an
 unbounded queue with no queue or request timeout, no memory guard and no prompt cap, under a memory
 limit that the *observed* load stays well inside. The load varies the number of requests in flight
 (1 to 6, prompts of a few hundred tokens) so the memory each in-flight request costs can be measured from the
-recording -- and that per-request cost times 2 workers x 64 slots lands far over the limit. Nothing
+recording -- and that per-request cost times 2 workers x 128 slots lands far over the limit. Nothing
 goes wrong during the run (no OOM, no pressure, no queueing): the incident is the arithmetic, which
 is exactly what ``unsafe_config`` is for.
 
@@ -23,18 +23,18 @@ from diag.demo.scenarios.registry import scenario
 @scenario(
     "unsafe-config",
     "unsafe_config",
-    "2 workers x 64 slots, unbounded queue, no timeouts/guard/prompt cap: light load fits, full configured load cannot",
+    "2 workers x 128 slots, unbounded queue, no timeouts/guard/prompt cap: light load fits, full configured load cannot",
     needs_cgroups=True,
     limit_mib=320,
     workers=2,
-    slots=64,
+    slots=128,
     weights_mb=64,
     prompt_tokens=300,
     levels="1,3,6,2,5,1,4,6,2,3,5,1",
     step_s=6.0,
 )
 def unsafe_config(ctx: ScenarioContext, p: dict[str, Any]) -> None:
-    """Signals: a config record with max_concurrency 64 x 2 workers, queue unbounded, timeouts, guard and
+    """Signals: a config record with max_concurrency 128 x 2 workers, queue unbounded, timeouts, guard and
     prompt cap off; group memory rising and falling with requests in flight (a few MiB per request),
     its peak well under the limit; no OOM kill, no memory PSI to speak of, no queue wait."""
     group = ctx.group("service", p["limit_mib"] * MiB)
