@@ -79,6 +79,7 @@ _REQUEST_INSERT_HEAD = (
 )
 _REQUEST_VALUES = "(" + ",".join("?" * len(REQUEST_ROW_FIELDS)) + ")"
 _REQUEST_SQL: dict[int, str] = {}
+_RECORD_INSERT_HEAD = "INSERT INTO records(ts, kind, schema, body) VALUES "
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -102,6 +103,55 @@ def default_recorder_path() -> Path:
     from platformdirs import user_state_dir
 
     return Path(user_state_dir("llm-diag")) / "recorder.db"
+
+
+class RecorderCorrupt(Exception):
+    """The file at the recorder's path is not a flight recorder (a disk fault, a truncated copy, another file).
+
+    Why a type of its own: readers (``diag analyze``, ``diag bundle``) turn it into one clear line naming
+    the file, and the agent moves the file aside and starts afresh instead of refusing to run.
+    """
+
+    def __init__(self, path: Path, detail: str) -> None:
+        super().__init__(f"{path} is not a readable flight recorder ({detail})")
+        self.path = path
+        self.detail = detail
+
+
+_SQLITE_CORRUPT, _SQLITE_NOTADB, _SQLITE_FULL = 11, 26, 13
+
+
+def is_corruption(exc: sqlite3.Error) -> bool:
+    """SQLITE_CORRUPT or SQLITE_NOTADB: the file itself is bad (as opposed to locked, full or read-only)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
+    text = str(exc)
+    return "not a database" in text or "malformed" in text
+
+
+def _is_full(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return (code is not None and code & 0xFF == _SQLITE_FULL) or "disk is full" in str(exc)
+
+
+def move_aside(path: Path, now: float | None = None) -> Path:
+    """Rename a damaged recorder (and its -wal/-shm) to ``<name>.corrupt-<UTC time>``; return the new name.
+
+    The file is kept, not deleted: it is evidence of a disk fault and may still hold history a forensic
+    tool can recover. The -wal and -shm files move first: a fresh database must never meet a stale WAL.
+    """
+    stamp = time.strftime("%Y%m%dT%H%MZ", time.gmtime(time.time() if now is None else now))
+    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while any(os.path.lexists(f"{target}{s}") for s in ("", "-wal", "-shm")):
+        n += 1
+        target = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+    for suffix in ("-wal", "-shm"):
+        if os.path.lexists(f"{path}{suffix}"):
+            os.rename(f"{path}{suffix}", f"{target}{suffix}")
+    os.rename(path, target)
+    return target
 
 
 @dataclass(frozen=True)
@@ -130,6 +180,7 @@ class FlightRecorder:
         self.retention_s = retention_s
         self.max_size_bytes = max_size_bytes
         self.readonly = readonly
+        self.disk_full = 0  # writes that met a full disk (the oldest rows were dropped to make room)
         if readonly:
             if not self.path.exists():
                 raise FileNotFoundError(f"no flight recorder at {self.path}")
@@ -138,7 +189,19 @@ class FlightRecorder:
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, timeout=10.0, check_same_thread=False, isolation_level=None)
-            self._init_schema()
+        try:
+            self._check_is_recorder()
+            if not readonly:
+                self._init_schema()
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            if is_corruption(exc):
+                raise RecorderCorrupt(self.path, str(exc)) from None
+            raise
+        except RecorderCorrupt:
+            self._db.close()
+            raise
+        self._identity = self._stat_identity()
         try:  # SQLite before 3.32 allows 999 bound parameters per statement
             variables = self._db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         except (AttributeError, sqlite3.Error):
@@ -146,6 +209,34 @@ class FlightRecorder:
         self._request_chunk = max(1, min(_INSERT_CHUNK, variables // len(REQUEST_ROW_FIELDS)))
 
     # ------------------------------------------------------------------ setup
+
+    def _check_is_recorder(self) -> None:
+        """Reading the schema fails on a file that is not SQLite; a SQLite file of someone else's is refused too."""
+        tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if tables and "records" not in tables:
+            raise RecorderCorrupt(self.path, f"a SQLite database of something else: tables {', '.join(sorted(tables)[:5])}")
+        if not tables and self.readonly and self.path.stat().st_size > 0:
+            raise RecorderCorrupt(self.path, "a SQLite database with no records table")
+
+    def _stat_identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def file_problem(self) -> str | None:
+        """``"deleted"`` or ``"replaced"`` when the path no longer names the file this connection writes, else None.
+
+        Why: SQLite keeps writing to an open file that was unlinked or renamed over -- every later sample
+        would be lost without an error. One stat per sample is the price of noticing.
+        """
+        now = self._stat_identity()
+        if now is None:
+            return "deleted" if not os.path.lexists(self.path) else None
+        if self._identity is not None and now != self._identity:
+            return "replaced"
+        return None
 
     def _init_schema(self) -> None:
         db = self._db
@@ -165,14 +256,47 @@ class FlightRecorder:
     # ------------------------------------------------------------------ writing
 
     def write(self, records: Iterable[Record], request_rows: Sequence[RequestRow] = ()) -> int:
-        """Append records (and request rows, see ``REQUEST_ROW_FIELDS``) in one transaction. Returns how many."""
+        """Append records (and request rows, see ``REQUEST_ROW_FIELDS``) in one transaction. Returns how many.
+
+        On a full disk the oldest rows are deleted to make room and the write is tried once more; if it
+        still does not fit, the error is raised (the transaction rolled back: nothing half-written).
+        """
         rows = [(r.ts, r.KIND, r.SCHEMA, r.to_json()) for r in records]
+        try:
+            return self._write_once(rows, request_rows)
+        except sqlite3.OperationalError as exc:
+            if not _is_full(exc):
+                raise
+            self.disk_full += 1
+            log.warning("flight recorder %s: disk full; dropping the oldest rows to make room", self.path)
+            self.make_room()
+        return self._write_once(rows, request_rows)
+
+    def _write_once(self, rows: Sequence[tuple[float, str, int, str]], request_rows: Sequence[RequestRow]) -> int:
         if not request_rows:
             return self.write_rows(rows)
         with self._transaction():
             self._insert_rows(rows)
             self._insert_request_rows(request_rows)
         return len(rows) + len(request_rows)
+
+    def make_room(self, share: float = 0.1) -> int:
+        """Delete the oldest ``share`` of the rows (at least 64) and hand their pages back; returns rows deleted.
+
+        The WAL is checkpointed and truncated first: on a full disk that is the space the DELETE itself
+        needs to be logged. Errors here are swallowed -- the retried write reports the failure if any.
+        """
+        deleted = 0
+        with contextlib.suppress(sqlite3.Error):
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            count = self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+            n = max(64, int(count * share))
+            with self._transaction():
+                deleted = self._db.execute(
+                    "DELETE FROM records WHERE id IN (SELECT id FROM records ORDER BY ts LIMIT ?)", (n,)
+                ).rowcount
+            self._reclaim()
+        return deleted
 
     def write_request_rows(self, rows: Sequence[RequestRow]) -> int:
         """Append request rows (``REQUEST_ROW_FIELDS`` tuples) in one transaction; SQLite renders their JSON."""
@@ -181,17 +305,6 @@ class FlightRecorder:
         with self._transaction():
             self._insert_request_rows(rows)
         return len(rows)
-
-    def _insert_request_rows(self, rows: Sequence[RequestRow]) -> None:
-        step = self._request_chunk
-        for i in range(0, len(rows), step):
-            chunk = rows[i : i + step]
-            sql = _REQUEST_SQL.get(len(chunk))
-            if sql is None:
-                sql = _REQUEST_INSERT_HEAD + ",".join([_REQUEST_VALUES] * len(chunk)) + ")"
-                if len(_REQUEST_SQL) < 64:
-                    _REQUEST_SQL[len(chunk)] = sql
-            self._db.execute(sql, [v for row in chunk for v in row])
 
     def write_rows(self, rows: Sequence[tuple[float, str, int, str]]) -> int:
         """Append pre-serialised rows ``(ts, kind, schema, json)`` in one transaction."""
@@ -202,15 +315,25 @@ class FlightRecorder:
         return len(rows)
 
     def _insert_rows(self, rows: Sequence[tuple[float, str, int, str]]) -> None:
-        # Multi-row INSERTs rather than executemany: executemany steps one row at a time and releases
-        # and retakes the GIL per row, which a writer thread beside a busy event loop pays for dearly.
-        for i in range(0, len(rows), _INSERT_CHUNK):
-            chunk = rows[i : i + _INSERT_CHUNK]
-            sql = _INSERT_SQL.get(len(chunk))
+        self._insert_chunked(rows, _INSERT_CHUNK, _INSERT_SQL, _RECORD_INSERT_HEAD, "(?,?,?,?)", "")
+
+    def _insert_request_rows(self, rows: Sequence[RequestRow]) -> None:
+        self._insert_chunked(rows, self._request_chunk, _REQUEST_SQL, _REQUEST_INSERT_HEAD, _REQUEST_VALUES, ")")
+
+    def _insert_chunked(self, rows: Sequence[tuple], step: int, cache: dict[int, str], head: str, values: str,
+                        close: str) -> None:  # fmt: skip
+        """Multi-row INSERTs of ``step`` rows at a time (``head`` + ``values`` x n + ``close``), SQL cached per n.
+
+        Why not executemany: it steps one row at a time and releases and retakes the GIL per row, which
+        a writer thread beside a busy event loop pays for dearly.
+        """
+        for i in range(0, len(rows), step):
+            chunk = rows[i : i + step]
+            sql = cache.get(len(chunk))
             if sql is None:
-                sql = "INSERT INTO records(ts, kind, schema, body) VALUES " + ",".join(["(?,?,?,?)"] * len(chunk))
-                if len(_INSERT_SQL) < 64:
-                    _INSERT_SQL[len(chunk)] = sql
+                sql = head + ",".join([values] * len(chunk)) + close
+                if len(cache) < 64:
+                    cache[len(chunk)] = sql
             self._db.execute(sql, [v for row in chunk for v in row])
 
     @contextlib.contextmanager
@@ -322,6 +445,23 @@ class FlightRecorder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def open_for_writing(
+    path: str | os.PathLike[str], retention_s: float = DEFAULT_RETENTION_S, max_size_bytes: int = DEFAULT_MAX_SIZE_BYTES
+) -> tuple[FlightRecorder, Path | None]:
+    """Open the recorder for the agent; a damaged file is moved aside (kept) and a fresh one started.
+
+    Returns the recorder and, when that happened, where the damaged file now is. Why never refuse:
+    an agent that will not start over a bad file records nothing through the very incident the disk
+    fault may be part of. Raises OSError/ValueError only when a fresh file cannot be made either.
+    """
+    try:
+        return FlightRecorder(path, retention_s, max_size_bytes), None
+    except RecorderCorrupt as exc:
+        aside = move_aside(Path(path))
+        log.warning("%s; moved it to %s and started a fresh recorder", exc, aside)
+        return FlightRecorder(path, retention_s, max_size_bytes), aside
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from typing import Any
 from collectors.cgroup import clean_cgroup_path, discover_mounts, parse_proc_cgroup
 from collectors.kmsg import estimate_boot_time, parse_kmsg_record, parse_oom_events
 from collectors.procfs import under
-from collectors.recorder import FlightRecorder, default_recorder_path
+from collectors.recorder import FlightRecorder, RecorderCorrupt, default_recorder_path
 from collectors.records import CgroupSnapshot, ProcessSample
 from diag.bundle.options import BundleOptions
 from diag.bundle.redactor import Redactor, parse_many
@@ -463,6 +463,17 @@ def history_collector(state: State) -> Collector:
         path = Path(o.recorder) if o.recorder is not None else default_recorder_path()
         if not path.exists():
             return Output(status="skipped", reason=f"no flight recorder at {path} (run `diag collect` to keep history)")
+        try:
+            FlightRecorder(path, readonly=True).close()
+            return _stream_history(path, ctx)
+        except (RecorderCorrupt, sqlite3.DatabaseError) as exc:
+            why = exc if isinstance(exc, RecorderCorrupt) else f"{path} is not a readable flight recorder ({exc})"
+            return Output(status="error", reason=f"history missing: {why}; the agent moves such a file aside on its "
+                          "next start, or pass --recorder with another file")  # fmt: skip
+        except PermissionError as exc:
+            return Output(status="error", reason=f"history missing: cannot read {path}: {_describe(exc)}")
+
+    def _stream_history(path: Path, ctx: Context) -> Output:
         since, truncated, skipped_rows = _window_under_cap(path, state.since, o.history_cap, ctx)
         hist = History({})
         cancelled = False
