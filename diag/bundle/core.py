@@ -4,7 +4,8 @@ The time budget is split up front so that a slow phase cannot starve the ones af
 
     collection   up to 60 % of the deadline (volatile state first, at most 20 %)
     analysis     up to 80 %
-    report       up to 95 % (charts are skipped, not waited for, when time is short)
+    report       up to 90 % (charts are skipped, not waited for, when time is short; the page without
+                 charts is then rendered, and a loaded host needs the last 10 % for it and the writing)
     writing      the rest: findings, report, redaction.json, manifest, SHA256SUMS, tar.gz
 
 Every step that could hang runs under ``runner.run_collectors`` (abandonable workers); the main
@@ -18,7 +19,6 @@ import contextlib
 import ctypes
 import gc
 import json
-import os
 import shutil
 import socket
 import sys
@@ -152,7 +152,7 @@ def take_bundle(options: BundleOptions, progress: Progress | None = stderr_progr
         command=command, analysis=analysis_doc, analysis_error=analysis_error, runs=run_docs,
         redaction=redactor.report(), self_cgroup=selfcg.to_dict(), record_counts=counts, warnings=warnings,
     )  # fmt: skip
-    _report(writer, data, chart_data, at(0.95), runs, log)
+    _report(writer, data, chart_data, at(0.9), runs, log)
 
     # ---- the tool's own log, redaction.json, manifest, SHA256SUMS, archive
     log(f"verdict: {verdict}")
@@ -393,6 +393,3 @@ def _run_doc(run: Run, writer: BundleWriter) -> dict[str, Any]:
         doc["sha256"] = files[0].sha256
     return doc
 
-
-def default_out_dir() -> Path:
-    return Path(os.getcwd())
