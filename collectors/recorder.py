@@ -135,6 +135,30 @@ def _is_full(exc: sqlite3.Error) -> bool:
     return (code is not None and code & 0xFF == _SQLITE_FULL) or "disk is full" in str(exc)
 
 
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _check_header(path: Path) -> None:
+    """Refuse a file that does not start like a SQLite database -- before SQLite opens it.
+
+    Why before: opening such a file and closing the connection makes SQLite delete the -wal and -shm
+    beside it (and a read-only open creates a -shm), destroying what a forensic look might need.
+    """
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(100)
+    except FileNotFoundError:
+        return
+    except IsADirectoryError:
+        raise RecorderCorrupt(path, "a folder, not a file") from None
+    if not head:
+        return  # empty: a new recorder (SQLite writes the header on the first transaction)
+    if not head.startswith(_SQLITE_HEADER):
+        raise RecorderCorrupt(path, "file is not a database: it does not start with the SQLite header")
+    if len(head) < 100:
+        raise RecorderCorrupt(path, f"truncated: {len(head)} bytes, shorter than a SQLite header")
+
+
 def move_aside(path: Path, now: float | None = None) -> Path:
     """Rename a damaged recorder (and its -wal/-shm) to ``<name>.corrupt-<UTC time>``; return the new name.
 
@@ -181,6 +205,7 @@ class FlightRecorder:
         self.max_size_bytes = max_size_bytes
         self.readonly = readonly
         self.disk_full = 0  # writes that met a full disk (the oldest rows were dropped to make room)
+        _check_header(self.path)
         if readonly:
             if not self.path.exists():
                 raise FileNotFoundError(f"no flight recorder at {self.path}")

@@ -15,8 +15,6 @@ from urllib.parse import urlsplit
 
 from diag.units import parse_duration, parse_size
 
-DURATION_FORMS = "e.g. 500ms, 90s, 30m, 2h, 1d"
-SIZE_FORMS = "e.g. 64KiB, 256MiB, 1GiB or a number of bytes"
 _UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@\\-]{1,255}$")
 _EXT_RE = re.compile(r"^\.?[A-Za-z0-9_+-]{1,32}$")
 
@@ -29,8 +27,8 @@ def duration(option: str, text: str, *, low: float | None = None, high: float | 
     """Seconds from ``text``, within [low, high]; the message names the option and the accepted forms."""
     try:
         value = parse_duration(text)
-    except ValueError:
-        raise OptionError(f"{option} {text!r} is not a duration; use {DURATION_FORMS}") from None
+    except ValueError as exc:
+        raise OptionError(f"{option}: {exc}") from None
     if low is not None and value < low:
         raise OptionError(f"{option} {text}: at least {low:g}s")
     if high is not None and value > high:
@@ -41,8 +39,8 @@ def duration(option: str, text: str, *, low: float | None = None, high: float | 
 def size(option: str, text: str, *, low: int | None = None) -> int:
     try:
         value = parse_size(text)
-    except ValueError:
-        raise OptionError(f"{option} {text!r} is not a size; use {SIZE_FORMS}") from None
+    except ValueError as exc:
+        raise OptionError(f"{option}: {exc}") from None
     if low is not None and value < low:
         raise OptionError(f"{option} {text}: at least {low // 1024} KiB")
     return value
