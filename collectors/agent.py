@@ -141,7 +141,10 @@ class Agent:
         """
         assert self.recorder is not None
         old = self.recorder
-        old.close()
+        if reason == "corrupt" or self._reopen_reason is not None:
+            old.close()  # a damaged file's -wal/-shm move aside with it (move_aside); a retry has closed it already
+        else:
+            old.abandon()  # deleted or replaced: its leftover -wal/-shm must not meet the new file
         self._reopen_reason = reason
         try:
             if reason == "corrupt" and old.path.exists():

@@ -7,7 +7,8 @@ the last hour without any server running. Rows hold the same JSON a bundle's ``t
 holds, so a third party can write records without importing llm-diag.
 
 Bounds: rows older than ``retention_s`` go first, then the oldest rows until the database plus its
-WAL fit in ``max_size_bytes``. ``auto_vacuum=INCREMENTAL`` returns freed pages to the file system,
+WAL fit in ``max_size_bytes`` (plus a reserve file of at most 512 KiB, given up when the disk fills).
+``auto_vacuum=INCREMENTAL`` returns freed pages to the file system,
 so the bound is on bytes on disk, not only on rows.
 """
 
@@ -32,6 +33,7 @@ DEFAULT_RETENTION_S = 2 * 3600.0
 DEFAULT_MAX_SIZE_BYTES = 256 * 1024 * 1024
 ENV_RECORDER = "LLMDIAG_RECORDER"
 FORMAT_VERSION = "1"
+RESERVE_BYTES = 512 * 1024  # see FlightRecorder.make_room
 _INSERT_CHUNK = 200  # 800 (2200 for request rows) bound parameters per statement; SQLite allows 32766 since 3.32
 _INSERT_SQL: dict[int, str] = {}
 
@@ -159,22 +161,24 @@ def _check_header(path: Path) -> None:
         raise RecorderCorrupt(path, f"truncated: {len(head)} bytes, shorter than a SQLite header")
 
 
-def move_aside(path: Path, now: float | None = None) -> Path:
-    """Rename a damaged recorder (and its -wal/-shm) to ``<name>.corrupt-<UTC time>``; return the new name.
+def move_aside(path: Path, now: float | None = None, *, label: str = "corrupt", sidecars_only: bool = False) -> Path:
+    """Rename a damaged recorder (and its -wal/-shm) to ``<name>.<label>-<UTC time>``; return the new name.
 
     The file is kept, not deleted: it is evidence of a disk fault and may still hold history a forensic
     tool can recover. The -wal and -shm files move first: a fresh database must never meet a stale WAL.
+    ``sidecars_only``: move only a -wal/-shm left behind by a file that was deleted or replaced.
     """
     stamp = time.strftime("%Y%m%dT%H%MZ", time.gmtime(time.time() if now is None else now))
-    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    target = path.with_name(f"{path.name}.{label}-{stamp}")
     n = 1
     while any(os.path.lexists(f"{target}{s}") for s in ("", "-wal", "-shm")):
         n += 1
-        target = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+        target = path.with_name(f"{path.name}.{label}-{stamp}-{n}")
     for suffix in ("-wal", "-shm"):
         if os.path.lexists(f"{path}{suffix}"):
             os.rename(f"{path}{suffix}", f"{target}{suffix}")
-    os.rename(path, target)
+    if not sidecars_only:
+        os.rename(path, target)
     return target
 
 
@@ -270,8 +274,13 @@ class FlightRecorder:
         db.execute("PRAGMA auto_vacuum=INCREMENTAL")
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
-        # After a checkpoint the WAL is truncated to this size, so the WAL stays inside the bound.
+        # After a checkpoint the WAL is truncated to this size, so the WAL stays inside the bound; and the WAL is
+        # folded into the database every ~1 MiB rather than SQLite's 4 MiB default, so that on a disk that fills
+        # up the history sits in the database file (where deleting rows frees it) rather than in the WAL.
         db.execute(f"PRAGMA journal_size_limit={self._wal_budget()}")
+        page_size = db.execute("PRAGMA page_size").fetchone()[0]
+        db.execute(f"PRAGMA wal_autocheckpoint={max(16, min(self._wal_budget(), 1 << 20) // page_size)}")
+        self._make_reserve()
         db.executescript(_SCHEMA)
         db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('format', ?)", (FORMAT_VERSION,))
 
@@ -305,13 +314,41 @@ class FlightRecorder:
             self._insert_request_rows(request_rows)
         return len(rows) + len(request_rows)
 
+    # A full disk leaves SQLite no room to log the very DELETE that would free space, nor to fold the WAL
+    # into the database. So the writer keeps a small reserve file beside the recorder (zeros, ``<name>-reserve``)
+    # and gives it up first when the disk is full; it is re-made, best effort, once there is space again.
+
+    @property
+    def reserve_path(self) -> Path:
+        return Path(f"{self.path}-reserve")
+
+    def _reserve_bytes(self) -> int:
+        return min(RESERVE_BYTES, self.max_size_bytes // 8)
+
+    def _make_reserve(self) -> None:
+        want = self._reserve_bytes()
+        with contextlib.suppress(OSError):
+            if os.path.getsize(self.reserve_path) >= want:
+                return
+        try:
+            with open(self.reserve_path, "wb") as fh:
+                fh.write(bytes(want))  # written, not a sparse hole: the blocks must really be taken
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(self.reserve_path)  # half a reserve is no reserve: try again later
+
     def make_room(self, share: float = 0.1) -> int:
         """Delete the oldest ``share`` of the rows (at least 64) and hand their pages back; returns rows deleted.
 
-        The WAL is checkpointed and truncated first: on a full disk that is the space the DELETE itself
-        needs to be logged. Errors here are swallowed -- the retried write reports the failure if any.
+        The reserve file goes first, then the WAL is folded into the database and truncated: that is the
+        space the DELETE itself needs to be logged. Errors here are swallowed -- the retried write
+        reports the failure if there is one.
         """
         deleted = 0
+        with contextlib.suppress(OSError):
+            os.unlink(self.reserve_path)
         with contextlib.suppress(sqlite3.Error):
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             count = self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
@@ -321,6 +358,7 @@ class FlightRecorder:
                     "DELETE FROM records WHERE id IN (SELECT id FROM records ORDER BY ts LIMIT ?)", (n,)
                 ).rowcount
             self._reclaim()
+        self._make_reserve()
         return deleted
 
     def write_request_rows(self, rows: Sequence[RequestRow]) -> int:
@@ -403,6 +441,8 @@ class FlightRecorder:
                     "DELETE FROM records WHERE id IN (SELECT id FROM records ORDER BY ts LIMIT ?)", (n,)
                 ).rowcount
             self._reclaim()
+        if not self.reserve_path.exists():
+            self._make_reserve()  # space came back after a full disk
         return TrimResult(by_age, by_size, self.size_bytes())
 
     def _used_bytes(self) -> int:
@@ -464,6 +504,20 @@ class FlightRecorder:
     def close(self) -> None:
         with contextlib.suppress(sqlite3.Error):
             self._db.close()
+
+    def abandon(self) -> None:
+        """Close a connection whose path now names another file (or none): fold what we can, then set the
+        WAL and shared-memory files left at the path aside (``<name>.orphan-<time>-wal``).
+
+        Why: SQLite does not delete the -wal of a file that has moved, and a WAL left beside a new file at
+        the same path would be replayed into it -- into a stranger's pages.
+        """
+        with contextlib.suppress(sqlite3.Error):
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        self.close()
+        if any(os.path.lexists(f"{self.path}{s}") for s in ("-wal", "-shm")):
+            with contextlib.suppress(OSError):
+                move_aside(self.path, label="orphan", sidecars_only=True)
 
     def __enter__(self) -> FlightRecorder:
         return self
