@@ -42,9 +42,10 @@ app = typer.Typer(
 )
 
 ProcRoot = Annotated[
-    Path, typer.Option("--proc-root", help="Read /proc from here (a container reading the host's /proc, or fixtures).")
+    Path,
+    typer.Option("--proc-root", readable=False, help="Read /proc from here (a container reading the host's /proc, or fixtures)."),
 ]
-SysRoot = Annotated[Path, typer.Option("--sys-root", help="Read /sys (cgroupfs) from here.")]
+SysRoot = Annotated[Path, typer.Option("--sys-root", readable=False, help="Read /sys (cgroupfs) from here.")]
 Pids = Annotated[
     list[int] | None,
     typer.Option("--pid", help="Watch this process and its memory cgroup (repeatable). Default: the model holders."),
@@ -195,7 +196,9 @@ def collect(
     once: Annotated[bool, typer.Option("--once", help="Print one exposition to stdout and exit (records nothing).")] = False,
     recorder: Annotated[
         Path | None,
-        typer.Option(help=f"Flight recorder file (SQLite). Default: ${ENV_RECORDER} or the user state directory."),
+        typer.Option(
+            readable=False, help=f"Flight recorder file (SQLite). Default: ${ENV_RECORDER} or the user state directory."
+        ),
     ] = None,
     retention: Annotated[str | None, typer.Option(help="Keep this much history, e.g. 2h, 30m, 1d. Default: 2h.")] = None,
     max_size: Annotated[
@@ -324,8 +327,10 @@ def _analysis_source(
 
 @app.command()
 def analyze(
-    recorder: Annotated[Path | None, typer.Option(help="Flight recorder to read (default: the agent's).")] = None,
-    bundle: Annotated[Path | None, typer.Option(help="Analyse an incident bundle directory instead.")] = None,
+    recorder: Annotated[
+        Path | None, typer.Option(readable=False, help="Flight recorder to read (default: the agent's).")
+    ] = None,
+    bundle: Annotated[Path | None, typer.Option(readable=False, help="Analyse an incident bundle directory instead.")] = None,
     prometheus: Annotated[str | None, typer.Option(help="Prometheus base URL: the fleet-scale path (query_range).")] = None,
     selector: Annotated[
         str | None,

@@ -112,6 +112,8 @@ def existing_file(option: str, path: Path) -> Path:
         raise OptionError(f"{option} {path}: no such file")
     if path.is_dir():
         raise OptionError(f"{option} {path}: is a folder, not a file")
+    if not os.access(path, os.R_OK):
+        raise OptionError(f"{option} {path}: not readable by this user (permission denied)")
     return path
 
 

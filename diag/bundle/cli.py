@@ -23,7 +23,8 @@ def bundle(
     ] = Path("."),
     since: Annotated[str, typer.Option(help="History to include from the flight recorder, e.g. 30m, 2h.")] = "30m",
     recorder: Annotated[
-        Path | None, typer.Option(help="Flight recorder to read (default: $LLMDIAG_RECORDER or the agent's).")
+        Path | None,
+        typer.Option(readable=False, help="Flight recorder to read (default: $LLMDIAG_RECORDER or the agent's)."),
     ] = None,
     deadline: Annotated[str, typer.Option(help="Hard limit for the whole bundle, e.g. 30s, 2m.")] = "30s",
     no_tar: Annotated[bool, typer.Option("--no-tar", help="Write the folder only, no .tar.gz.")] = False,
@@ -39,7 +40,7 @@ def bundle(
     ] = None,
     include: Annotated[
         list[Path] | None,
-        typer.Option("--include", help="Also copy this file (tail-capped, redacted), e.g. the service's config."),
+        typer.Option("--include", readable=False, help="Also copy this file (tail-capped, redacted), e.g. the service's config."),
     ] = None,
     gpu: Annotated[bool, typer.Option("--gpu/--no-gpu", help="Query NVML and nvidia-smi.")] = True,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")] = False,
