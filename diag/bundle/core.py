@@ -159,32 +159,10 @@ def take_bundle(options: BundleOptions, progress: Progress | None = stderr_progr
     writer.write_text("log.txt", "\n".join(log.lines) + "\n", collector="bundle")
     writer.write_json("redaction.json", redactor.report(), collector="bundle")
     writer.hash_all()
-    run_docs = [_run_doc(r, writer) for r in runs]
     duration = time.monotonic() - t0
-    manifest = {
-        "format": FORMAT,
-        "tool": "llm-diag",
-        "version": tool_version(),
-        "host": host,
-        "bundle": name,
-        "created": started,
-        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "command": command,
-        "window": {"requested_since_s": options.since_s, "start": window[0], "end": window[1]},
-        "deadline_s": deadline,
-        "duration_s": round(duration, 3),
-        "deadline_exceeded": duration > deadline,
-        "verdict": verdict,
-        "self_cgroup": selfcg.to_dict(),
-        "watched": {
-            "pids": list(options.pids),
-            "cgroups": list(options.cgroups) or [c.path for c in state.cgroups],
-            "model_holders": collect.watched_pids(state),
-        },
-        "collectors": run_docs,
-        "timeline": counts,
-        "files": [vars(f) for f in sorted(writer.files.values(), key=lambda f: f.path)],
-    }
+    about = {"host": host, "bundle": name, "created": started, "command": command, "window": window, "duration_s": duration,
+             "verdict": verdict, "self_cgroup": selfcg.to_dict(), "timeline": counts}  # fmt: skip
+    manifest = _manifest(about, options, state, runs, writer)
     writer.write_json("manifest.json", manifest, collector="bundle")
     writer.write_sums()
     archive = None
@@ -197,6 +175,36 @@ def take_bundle(options: BundleOptions, progress: Progress | None = stderr_progr
 
 
 # --------------------------------------------------------------------------- steps
+
+
+def _manifest(about: dict[str, Any], options: BundleOptions, state: collect.State, runs: list[Run],
+              writer: BundleWriter) -> dict[str, Any]:  # fmt: skip
+    """manifest.json: what was asked, what each collector did (timing, timeout, bytes, sha256), every file."""
+    window, duration = about["window"], about["duration_s"]
+    return {
+        "format": FORMAT,
+        "tool": "llm-diag",
+        "version": tool_version(),
+        "host": about["host"],
+        "bundle": about["bundle"],
+        "created": about["created"],
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(about["created"])),
+        "command": about["command"],
+        "window": {"requested_since_s": options.since_s, "start": window[0], "end": window[1]},
+        "deadline_s": options.deadline_s,
+        "duration_s": round(duration, 3),
+        "deadline_exceeded": duration > options.deadline_s,
+        "verdict": about["verdict"],
+        "self_cgroup": about["self_cgroup"],
+        "watched": {
+            "pids": list(options.pids),
+            "cgroups": list(options.cgroups) or [c.path for c in state.cgroups],
+            "model_holders": collect.watched_pids(state),
+        },
+        "collectors": [_run_doc(r, writer) for r in runs],
+        "timeline": about["timeline"],
+        "files": [vars(f) for f in sorted(writer.files.values(), key=lambda f: f.path)],
+    }
 
 
 def _pid_groups(options: BundleOptions) -> list[str]:
