@@ -280,3 +280,73 @@ def test_processes_appearing_and_vanishing_by_the_thousand_cost_no_sample(tmp_pa
     assert not [p for p in last.processes if "llmdiag-churn-marker" in p.cmdline]
     # the churn was seen while it ran: some sample held the churner (a watched pid) with its marker
     assert any(p.pid == churner.pid and "llmdiag-churn-marker" in p.cmdline for s in snaps for p in s.processes)
+
+
+@pytest.mark.live
+def test_the_agent_keeps_resolving_a_group_that_comes_and_goes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--cgroup for a group that does not exist yet: warned about, looked for every sample, found when it appears,
+    lost again when it goes -- each change a WatchScope record and the state on /metrics. Then groups are created
+    and removed as fast as the kernel allows while the agent samples: no sampler error, no exception."""
+    import threading
+    import uuid
+
+    from prometheus_client import generate_latest
+
+    from diag.demo.scenarios.cgroups import ScenarioCgroups
+    from tests.livecg import memory_cgroup, own_v1_memory_cgroup, require_live
+
+    require_live()
+    own = own_v1_memory_cgroup()
+    assert own is not None
+    monkeypatch.setattr(uuid, "uuid4", lambda: uuid.UUID(int=0xABCDEF12 << 96))  # the group's name, known in advance
+    path = f"{own.rstrip('/')}/llmdiag-later-live-abcdef12"
+    recorder = FlightRecorder(tmp_path / "r.db")
+    agent = Agent(SnapshotTaker(SamplerConfig(cgroups=(path,), kmsg_path=None, gpu=False)), interval_s=0.05, recorder=recorder)
+
+    def found() -> float:
+        text = generate_latest(agent.registry).decode()
+        return float(re.search(r'llmdiag_watch_targets_found\{kind="cgroup"\} (\S+)', text).group(1))
+
+    try:
+        agent.step()
+        agent.step()
+        assert found() == 0
+        with memory_cgroup(64 << 20, name="llmdiag-later") as group:
+            assert group.path == path
+            snap = agent.step()
+            agent.step()
+            assert found() == 1 and [c.version for c in snap.cgroups] != ["none"]
+        agent.step()
+        assert found() == 0
+        monkeypatch.undo()
+        # churn: groups appear and vanish while the agent samples them (a watched pid inside each, when it can)
+        stop = threading.Event()
+        made = [0]
+
+        def churn() -> None:
+            while not stop.is_set():
+                with ScenarioCgroups(prefix="llmdiag-churn") as groups:
+                    groups.create("g", 32 << 20)
+                    made[0] += 1
+
+        worker = threading.Thread(target=churn)
+        worker.start()
+        try:
+            deadline = time.monotonic() + 3
+            steps = 0
+            churn_agent = Agent(SnapshotTaker(SamplerConfig(cgroups=(own,), kmsg_path=None, gpu=False, top_n=5)),
+                                interval_s=0.01)  # fmt: skip
+            while time.monotonic() < deadline:
+                snap = churn_agent.step()
+                assert snap.errors == {}, snap.errors
+                steps += 1
+        finally:
+            stop.set()
+            worker.join(30)
+        assert made[0] >= 10 and steps >= 10
+    finally:
+        agent.close()
+    with FlightRecorder(tmp_path / "r.db", readonly=True) as rec:
+        scopes = list(rec.read(kinds=["watch_scope"]))
+    assert [s.resolved_cgroups for s in scopes] == [[], [path], []]  # written at start and on each change only
+    assert scopes[0].missing and scopes[0].missing[0].startswith(f"cgroup {path}: not found under")
