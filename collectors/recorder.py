@@ -275,11 +275,11 @@ class FlightRecorder:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         # After a checkpoint the WAL is truncated to this size, so the WAL stays inside the bound; and the WAL is
-        # folded into the database every ~1 MiB rather than SQLite's 4 MiB default, so that on a disk that fills
-        # up the history sits in the database file (where deleting rows frees it) rather than in the WAL.
+        # folded into the database every half reserve (256 KiB) rather than SQLite's 4 MiB default: on a disk that
+        # fills up, giving up the reserve must leave room to fold the whole WAL in (see make_room).
         db.execute(f"PRAGMA journal_size_limit={self._wal_budget()}")
         page_size = db.execute("PRAGMA page_size").fetchone()[0]
-        db.execute(f"PRAGMA wal_autocheckpoint={max(16, min(self._wal_budget(), 1 << 20) // page_size)}")
+        db.execute(f"PRAGMA wal_autocheckpoint={max(16, min(self._wal_budget(), RESERVE_BYTES // 2) // page_size)}")
         self._make_reserve()
         db.executescript(_SCHEMA)
         db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('format', ?)", (FORMAT_VERSION,))
@@ -292,18 +292,21 @@ class FlightRecorder:
     def write(self, records: Iterable[Record], request_rows: Sequence[RequestRow] = ()) -> int:
         """Append records (and request rows, see ``REQUEST_ROW_FIELDS``) in one transaction. Returns how many.
 
-        On a full disk the oldest rows are deleted to make room and the write is tried once more; if it
-        still does not fit, the error is raised (the transaction rolled back: nothing half-written).
+        On a full disk the oldest rows are deleted to make room (a tenth, then a quarter, then half) and the
+        write tried again; if it still does not fit, the error is raised (the transaction rolled back:
+        nothing half-written).
         """
         rows = [(r.ts, r.KIND, r.SCHEMA, r.to_json()) for r in records]
-        try:
-            return self._write_once(rows, request_rows)
-        except sqlite3.OperationalError as exc:
-            if not _is_full(exc):
-                raise
-            self.disk_full += 1
-            log.warning("flight recorder %s: disk full; dropping the oldest rows to make room", self.path)
-            self.make_room()
+        for share in (0.1, 0.25, 0.5):  # a batch larger than a tenth of the history needs more room
+            try:
+                return self._write_once(rows, request_rows)
+            except sqlite3.OperationalError as exc:
+                if not _is_full(exc):
+                    raise
+                self.disk_full += 1
+                log.warning("flight recorder %s: disk full; dropping the oldest %d %% of rows to make room",
+                            self.path, share * 100)  # fmt: skip
+                self.make_room(share)
         return self._write_once(rows, request_rows)
 
     def _write_once(self, rows: Sequence[tuple[float, str, int, str]], request_rows: Sequence[RequestRow]) -> int:
@@ -325,40 +328,46 @@ class FlightRecorder:
     def _reserve_bytes(self) -> int:
         return min(RESERVE_BYTES, self.max_size_bytes // 8)
 
-    def _make_reserve(self) -> None:
+    def _make_reserve(self) -> bool:
         want = self._reserve_bytes()
         with contextlib.suppress(OSError):
             if os.path.getsize(self.reserve_path) >= want:
-                return
+                return True
         try:
             with open(self.reserve_path, "wb") as fh:
                 fh.write(bytes(want))  # written, not a sparse hole: the blocks must really be taken
                 fh.flush()
                 os.fsync(fh.fileno())
+            return True
         except OSError:
             with contextlib.suppress(OSError):
                 os.unlink(self.reserve_path)  # half a reserve is no reserve: try again later
+            return False
 
     def make_room(self, share: float = 0.1) -> int:
         """Delete the oldest ``share`` of the rows (at least 64) and hand their pages back; returns rows deleted.
 
         The reserve file goes first, then the WAL is folded into the database and truncated: that is the
-        space the DELETE itself needs to be logged. Errors here are swallowed -- the retried write
-        reports the failure if there is one.
+        space the DELETE itself needs to be logged. More is deleted (the share doubling, at most four
+        rounds) until the reserve can be made again -- without it the next full disk could not be
+        answered. Errors here are swallowed: the retried write reports the failure if there is one.
         """
         deleted = 0
         with contextlib.suppress(OSError):
             os.unlink(self.reserve_path)
-        with contextlib.suppress(sqlite3.Error):
-            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            count = self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
-            n = max(64, int(count * share))
-            with self._transaction():
-                deleted = self._db.execute(
-                    "DELETE FROM records WHERE id IN (SELECT id FROM records ORDER BY ts LIMIT ?)", (n,)
-                ).rowcount
-            self._reclaim()
-        self._make_reserve()
+        for _ in range(4):
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                count = self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+                n = max(64, int(count * share))
+                with self._transaction():
+                    deleted += self._db.execute(
+                        "DELETE FROM records WHERE id IN (SELECT id FROM records ORDER BY ts LIMIT ?)", (n,)
+                    ).rowcount
+                self._reclaim()
+            if self._make_reserve():
+                break
+            share = min(0.5, share * 2)
         return deleted
 
     def write_request_rows(self, rows: Sequence[RequestRow]) -> int:
