@@ -153,16 +153,19 @@ class _CollectPlan:
 
 
 def _collect_plan(
-    interval: str, listen: str | None, once: bool, recorder: Path | None, retention: str | None,
+    interval: str | None, listen: str | None, once: bool, recorder: Path | None, retention: str | None,
     max_size: str | None, samples: int | None, kmsg: bool | None,
 ) -> _CollectPlan:  # fmt: skip
     """Validate every collect option (values first, then combinations); exit 2 naming the accepted forms."""
     from collectors.agent import ListenAddress
 
     try:
-        interval_s = opts.duration("--interval", interval, low=0.01, high=3600)
+        interval_s = opts.duration("--interval", interval or "1s", low=0.01, high=3600)
         retention_s = opts.duration("--retention", retention or "2h", low=1, high=400 * 86400)
         max_size_bytes = opts.size("--max-size", max_size or "256MiB", low=64 * 1024)
+        if retention_s < 2 * interval_s:
+            kept = f"--retention {retention or '2h'}"
+            raise opts.OptionError(f"{kept} keeps less than two samples of --interval {interval or '1s'}")
         address = None
         if listen is not None and listen.lower() != "off":
             try:
@@ -174,7 +177,8 @@ def _collect_plan(
         path = opts.writable_file_path("--recorder", recorder) if recorder is not None else default_recorder_path()
         if once:
             opts.refuse(
-                {"--listen": listen is not None, "--recorder": recorder is not None, "--retention": retention is not None,
+                {"--interval": interval is not None, "--listen": listen is not None, "--recorder": recorder is not None,
+                 "--retention": retention is not None,
                  "--max-size": max_size is not None, "--samples": samples is not None, "--kmsg": kmsg is True},
                 "with --once (it prints one exposition and records nothing)",
             )  # fmt: skip
@@ -186,7 +190,9 @@ def _collect_plan(
 
 @app.command()
 def collect(
-    interval: Annotated[str, typer.Option(help="Sampling interval, e.g. 1s, 500ms, 5s (10ms to 1h).")] = "1s",
+    interval: Annotated[
+        str | None, typer.Option(help="Sampling interval, e.g. 1s, 500ms, 5s (10ms to 1h). Default: 1s.")
+    ] = None,
     listen: Annotated[
         str | None,
         typer.Option(
