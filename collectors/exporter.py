@@ -155,7 +155,8 @@ class SnapshotCollector(Collector):
                 self._sampler_errors[sampler] += 1
             if snapshot.host.missing:
                 self._sampler_errors["host"] += 1
-            if any(cg.usage_bytes is None for cg in snapshot.cgroups):  # optional v2-only files don't count
+            # optional v2-only files don't count; nor does a group not found (llmdiag_watch_targets_found says so)
+            if any(cg.usage_bytes is None and cg.version != "none" for cg in snapshot.cgroups):
                 self._sampler_errors["cgroup"] += 1
             if recorder_size is not None:
                 self._recorder_size = recorder_size
