@@ -19,6 +19,7 @@ Design choices, and why:
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sqlite3
 import threading
@@ -150,6 +151,8 @@ class Agent:
             if reason == "corrupt" and old.path.exists():
                 aside = move_aside(old.path)
                 log.warning("flight recorder %s is damaged; moved it to %s (kept)", old.path, aside)
+            elif not old.path.exists() and any(os.path.lexists(f"{old.path}{s}") for s in ("-wal", "-shm")):
+                move_aside(old.path, label="orphan", sidecars_only=True)  # a WAL without its file: never replay it
             fresh, aside = open_for_writing(old.path, old.retention_s, old.max_size_bytes)
         except (OSError, ValueError, sqlite3.Error) as exc:
             log.warning("cannot start a fresh flight recorder at %s (%s); trying again next sample", old.path, exc)
