@@ -163,6 +163,8 @@ def _collect_plan(
         interval_s = opts.duration("--interval", interval or "1s", low=0.01, high=3600)
         retention_s = opts.duration("--retention", retention or "2h", low=1, high=400 * 86400)
         max_size_bytes = opts.size("--max-size", max_size or "256MiB", low=64 * 1024)
+        if samples is not None and samples < 1:
+            raise opts.OptionError(f"--samples {samples}: at least 1 (leave it out to run until SIGTERM)")
         if retention_s < 2 * interval_s:
             kept = f"--retention {retention or '2h'}"
             raise opts.OptionError(f"{kept} keeps less than two samples of --interval {interval or '1s'}")
@@ -211,7 +213,7 @@ def collect(
         str | None, typer.Option("--max-size", help="Cap on the recorder's size on disk, e.g. 256MiB (at least 64KiB).")
     ] = None,
     samples: Annotated[
-        int | None, typer.Option(min=1, help="Stop after this many samples (default: run until SIGTERM).")
+        int | None, typer.Option(help="Stop after this many samples, at least 1 (default: run until SIGTERM).")
     ] = None,
     proc_root: ProcRoot = Path("/proc"),
     sys_root: SysRoot = Path("/sys"),

@@ -131,7 +131,7 @@ def test_every_option_is_checked_before_work_and_inapplicable_ones_are_refused(t
         (["collect", "--listen", "127.0.0.1:99999", "--recorder", str(recorder)], "port out of range"),
         (["collect", "--recorder", str(tmp_path)], "is a folder"),
         (["collect", "--recorder", str(a_file / "r.db")], "is not a folder"),
-        (["collect", "--samples", "0", "--recorder", str(recorder)], "--samples"),
+        (["collect", "--samples", "0", "--recorder", str(recorder)], "--samples 0: at least 1"),
         (["collect", "--retention", "5s", "--interval", "5s", "--recorder", str(recorder)], "keeps less than two samples"),
         (["snapshot", "--pid", "0"], "a process id is a positive number"),
         (["snapshot", "--cgroup", "system.slice/../x"], "absolute path"),
@@ -161,7 +161,7 @@ def test_every_option_is_checked_before_work_and_inapplicable_ones_are_refused(t
         code, err = _invoke(args)
         assert code == 2, (args, code, err)
         assert message in " ".join(err.split()), (args, err)
-        assert "Traceback" not in err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err  # one clear line
     assert not recorder.exists(), "a refused command must not have created anything"
     assert not any((tmp_path / f"b{i}").exists() for i in (1, 2, 3, 4, 5)), "--out is created only once all is valid"
 
