@@ -441,6 +441,24 @@ RECORDER_WRITE_ERRORS = _declare(
         "collectors.recorder",
     )
 )
+RECORDER_RESETS = _declare(MetricSpec(
+    "llmdiag_recorder_resets_total", "counter",
+    "Times the agent started a fresh flight recorder, by reason: corrupt (the file was not a database; it was "
+    "moved aside as <name>.corrupt-<time>), deleted or replaced (the path no longer named the open file).",
+    ("reason",), "", "collectors.agent"))
+RECORDER_DISK_FULL = _declare(MetricSpec(
+    "llmdiag_recorder_disk_full_total", "counter",
+    "Writes that met a full disk; each time the oldest rows were deleted to make room before retrying.",
+    (), "", "collectors.recorder"))
+WATCH_TARGETS_ASKED = _declare(MetricSpec(
+    "llmdiag_watch_targets", "gauge",
+    "Targets given with --pid/--cgroup, by kind (pid|cgroup); compare with llmdiag_watch_targets_found.",
+    ("kind",), "", "collectors.agent"))
+WATCH_TARGETS_FOUND = _declare(MetricSpec(
+    "llmdiag_watch_targets_found", "gauge",
+    "Of the --pid/--cgroup targets, how many exist at the last sample, by kind (pid|cgroup). Below "
+    "llmdiag_watch_targets: the service is not there (yet); the agent keeps looking every sample.",
+    ("kind",), "", "collectors.agent"))
 
 # --------------------------------------------------------------------------- in-process tracker
 

@@ -226,8 +226,8 @@ class CgroupSampler:
             v2_dir = under(mounts.v2, path)
             if _is_dir(v2_dir):
                 return _Target(path, "v2", v2_dir, "v2", v2_dir, None)
-        where = [str(m) for m in (mounts.v1_memory, mounts.v2) if m is not None]
-        reason = f"not found under {' or '.join(where)}" if where else f"no cgroup hierarchy under {self.sys_root}"
+        where = [f"{m} ({name})" for m, name in ((mounts.v1_memory, "v1 memory"), (mounts.v2, "cgroup2")) if m is not None]
+        reason = f"not found under {' or '.join(where)}" if where else f"no cgroup hierarchy under {self.sys_root}/fs/cgroup"
         return _Target(path, "none", None, None, None, None, reason)
 
     def _target_for_pid(self, pid: int, mounts: Mounts) -> _Target | None:

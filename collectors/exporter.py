@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 
 from collectors import catalog as cat
 from collectors.catalog import MetricSpec
-from collectors.records import CgroupSnapshot, GpuSnapshot, HostSnapshot, OomEvent, ProcessSample
+from collectors.records import CgroupSnapshot, GpuSnapshot, HostSnapshot, OomEvent, ProcessSample, WatchScope
 from collectors.snapshot import Snapshot
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -124,6 +124,16 @@ def gpu_metrics(out: _Families, gpu: GpuSnapshot) -> None:
         out.add(cat.GPU_PROCESS_MEMORY, proc.used_bytes, (str(proc.gpu_index), str(proc.pid)))
 
 
+def watch_metrics(out: _Families, scope: WatchScope) -> None:
+    """Asked-for vs found targets by kind (no pid or path label: the set of series stays bounded)."""
+    out.add(cat.WATCH_TARGETS_ASKED, len(scope.pids), ("pid",))
+    out.add(cat.WATCH_TARGETS_FOUND, len(scope.resolved_pids), ("pid",))
+    asked = len(scope.cgroups)
+    missing_groups = sum(1 for line in scope.missing if line.startswith("cgroup "))
+    out.add(cat.WATCH_TARGETS_ASKED, asked, ("cgroup",))
+    out.add(cat.WATCH_TARGETS_FOUND, asked - missing_groups, ("cgroup",))
+
+
 class SnapshotCollector(Collector):
     """Holds the latest snapshot plus counters the agent accumulates (OOM kills, sampler errors)."""
 
@@ -134,6 +144,8 @@ class SnapshotCollector(Collector):
         self._sampler_errors: Counter[str] = Counter()
         self._recorder_size: int | None = None
         self._recorder_errors = 0
+        self._recorder_disk_full = 0
+        self._recorder_resets: Counter[str] = Counter()
 
     def update(self, snapshot: Snapshot, recorder_size: int | None = None, recorder_error: bool = False) -> None:
         with self._lock:
@@ -143,11 +155,20 @@ class SnapshotCollector(Collector):
                 self._sampler_errors[sampler] += 1
             if snapshot.host.missing:
                 self._sampler_errors["host"] += 1
-            if any(cg.usage_bytes is None for cg in snapshot.cgroups):  # optional v2-only files don't count
+            # optional v2-only files don't count; nor does a group not found (llmdiag_watch_targets_found says so)
+            if any(cg.usage_bytes is None and cg.version != "none" for cg in snapshot.cgroups):
                 self._sampler_errors["cgroup"] += 1
             if recorder_size is not None:
                 self._recorder_size = recorder_size
             self._recorder_errors += int(recorder_error)
+
+    def recorder_state(self, *, disk_full: int | None = None, reset: str | None = None) -> None:
+        """The agent's recorder counters: full-disk events (cumulative) and fresh starts by reason."""
+        with self._lock:
+            if disk_full is not None:
+                self._recorder_disk_full = disk_full
+            if reset is not None:
+                self._recorder_resets[reset] += 1
 
     def _count_ooms(self, ooms: Iterable[OomEvent]) -> None:
         for oom in ooms:
@@ -159,6 +180,7 @@ class SnapshotCollector(Collector):
             oom_kills = dict(self._oom_kills)
             errors = dict(self._sampler_errors)
             recorder_size, recorder_errors = self._recorder_size, self._recorder_errors
+            disk_full, resets = self._recorder_disk_full, dict(self._recorder_resets)
         out = _Families()
         if snap is not None:
             host_metrics(out, snap.host)
@@ -167,6 +189,8 @@ class SnapshotCollector(Collector):
             process_metrics(out, snap.processes, snap.model_processes())
             gpu_metrics(out, snap.gpu)
             out.add(cat.AGENT_SAMPLE_DURATION, snap.duration_s)
+            if snap.scope is not None:
+                watch_metrics(out, snap.scope)
         # Counters exist from the first scrape (at zero) so rate() and absent() behave.
         for constraint in sorted(set(oom_kills) | {"CONSTRAINT_MEMCG", "CONSTRAINT_NONE"}):
             out.add(cat.OOM_KILLS, oom_kills.get(constraint, 0), (constraint,))
@@ -177,6 +201,9 @@ class SnapshotCollector(Collector):
         out.add(cat.AGENT_CPU, times.user + times.system)
         out.add(cat.RECORDER_SIZE, recorder_size)
         out.add(cat.RECORDER_WRITE_ERRORS, recorder_errors)
+        out.add(cat.RECORDER_DISK_FULL, disk_full)
+        for reason in sorted(set(resets) | {"corrupt", "deleted", "replaced"}):
+            out.add(cat.RECORDER_RESETS, resets.get(reason, 0), (reason,))
         yield from out.emit()
 
 

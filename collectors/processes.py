@@ -23,6 +23,7 @@ are skipped unless watched: they have no user memory and no model files.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import time
@@ -317,8 +318,10 @@ class ProcessSampler:
     def _pid_path(self, pid: int, name: str) -> str:
         return f"{self.proc_root}/{pid}/{name}"
 
-    def _gone(self, pid: int) -> bool:
-        return not os.path.isdir(f"{self.proc_root}/{pid}")
+    def _gone(self, pid: int, errno_: int | None = None) -> bool:
+        """The process exited: its /proc directory is gone, or a read said ESRCH (an exited, not yet reaped
+        process keeps its directory but has no memory left to report -- reporting it would be stale)."""
+        return errno_ == errno.ESRCH or not os.path.isdir(f"{self.proc_root}/{pid}")
 
     def _read_stat(self, pid: int) -> _Candidate | None:
         try:
@@ -439,7 +442,7 @@ class ProcessSampler:
         else:
             rollup = read_text(self._pid_path(pid, "smaps_rollup"))
             values = parse_smaps_rollup(rollup.text) if rollup.ok else {}
-            if not rollup.ok and self._gone(pid):
+            if not rollup.ok and self._gone(pid, rollup.errno):
                 return None
             if rollup.ok:
                 known.rollup, known.rollup_at, known.rss_at_rollup = values, ts, c.rss or 0
@@ -471,7 +474,7 @@ class ProcessSampler:
 
         cgroup = read_text(self._pid_path(pid, "cgroup"))
         if not cgroup.ok:
-            if self._gone(pid):
+            if self._gone(pid, cgroup.errno):
                 return None
             missing["memory_cgroup"] = cgroup.error or "unreadable"
         else:

@@ -7,7 +7,8 @@ the last hour without any server running. Rows hold the same JSON a bundle's ``t
 holds, so a third party can write records without importing llm-diag.
 
 Bounds: rows older than ``retention_s`` go first, then the oldest rows until the database plus its
-WAL fit in ``max_size_bytes``. ``auto_vacuum=INCREMENTAL`` returns freed pages to the file system,
+WAL fit in ``max_size_bytes`` (plus a reserve file of at most 512 KiB, given up when the disk fills).
+``auto_vacuum=INCREMENTAL`` returns freed pages to the file system,
 so the bound is on bytes on disk, not only on rows.
 """
 
@@ -32,6 +33,7 @@ DEFAULT_RETENTION_S = 2 * 3600.0
 DEFAULT_MAX_SIZE_BYTES = 256 * 1024 * 1024
 ENV_RECORDER = "LLMDIAG_RECORDER"
 FORMAT_VERSION = "1"
+RESERVE_BYTES = 512 * 1024  # see FlightRecorder.make_room
 _INSERT_CHUNK = 200  # 800 (2200 for request rows) bound parameters per statement; SQLite allows 32766 since 3.32
 _INSERT_SQL: dict[int, str] = {}
 
@@ -79,6 +81,7 @@ _REQUEST_INSERT_HEAD = (
 )
 _REQUEST_VALUES = "(" + ",".join("?" * len(REQUEST_ROW_FIELDS)) + ")"
 _REQUEST_SQL: dict[int, str] = {}
+_RECORD_INSERT_HEAD = "INSERT INTO records(ts, kind, schema, body) VALUES "
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -102,6 +105,81 @@ def default_recorder_path() -> Path:
     from platformdirs import user_state_dir
 
     return Path(user_state_dir("llm-diag")) / "recorder.db"
+
+
+class RecorderCorrupt(Exception):
+    """The file at the recorder's path is not a flight recorder (a disk fault, a truncated copy, another file).
+
+    Why a type of its own: readers (``diag analyze``, ``diag bundle``) turn it into one clear line naming
+    the file, and the agent moves the file aside and starts afresh instead of refusing to run.
+    """
+
+    def __init__(self, path: Path, detail: str) -> None:
+        super().__init__(f"{path} is not a readable flight recorder ({detail})")
+        self.path = path
+        self.detail = detail
+
+
+_SQLITE_CORRUPT, _SQLITE_NOTADB, _SQLITE_FULL = 11, 26, 13
+
+
+def is_corruption(exc: sqlite3.Error) -> bool:
+    """SQLITE_CORRUPT or SQLITE_NOTADB: the file itself is bad (as opposed to locked, full or read-only)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
+    text = str(exc)
+    return "not a database" in text or "malformed" in text
+
+
+def _is_full(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return (code is not None and code & 0xFF == _SQLITE_FULL) or "disk is full" in str(exc)
+
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _check_header(path: Path) -> None:
+    """Refuse a file that does not start like a SQLite database -- before SQLite opens it.
+
+    Why before: opening such a file and closing the connection makes SQLite delete the -wal and -shm
+    beside it (and a read-only open creates a -shm), destroying what a forensic look might need.
+    """
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(100)
+    except FileNotFoundError:
+        return
+    except IsADirectoryError:
+        raise RecorderCorrupt(path, "a folder, not a file") from None
+    if not head:
+        return  # empty: a new recorder (SQLite writes the header on the first transaction)
+    if not head.startswith(_SQLITE_HEADER):
+        raise RecorderCorrupt(path, "file is not a database: it does not start with the SQLite header")
+    if len(head) < 100:
+        raise RecorderCorrupt(path, f"truncated: {len(head)} bytes, shorter than a SQLite header")
+
+
+def move_aside(path: Path, now: float | None = None, *, label: str = "corrupt", sidecars_only: bool = False) -> Path:
+    """Rename a damaged recorder (and its -wal/-shm) to ``<name>.<label>-<UTC time>``; return the new name.
+
+    The file is kept, not deleted: it is evidence of a disk fault and may still hold history a forensic
+    tool can recover. The -wal and -shm files move first: a fresh database must never meet a stale WAL.
+    ``sidecars_only``: move only a -wal/-shm left behind by a file that was deleted or replaced.
+    """
+    stamp = time.strftime("%Y%m%dT%H%MZ", time.gmtime(time.time() if now is None else now))
+    target = path.with_name(f"{path.name}.{label}-{stamp}")
+    n = 1
+    while any(os.path.lexists(f"{target}{s}") for s in ("", "-wal", "-shm")):
+        n += 1
+        target = path.with_name(f"{path.name}.{label}-{stamp}-{n}")
+    for suffix in ("-wal", "-shm"):
+        if os.path.lexists(f"{path}{suffix}"):
+            os.rename(f"{path}{suffix}", f"{target}{suffix}")
+    if not sidecars_only:
+        os.rename(path, target)
+    return target
 
 
 @dataclass(frozen=True)
@@ -130,6 +208,8 @@ class FlightRecorder:
         self.retention_s = retention_s
         self.max_size_bytes = max_size_bytes
         self.readonly = readonly
+        self.disk_full = 0  # writes that met a full disk (the oldest rows were dropped to make room)
+        _check_header(self.path)
         if readonly:
             if not self.path.exists():
                 raise FileNotFoundError(f"no flight recorder at {self.path}")
@@ -138,7 +218,19 @@ class FlightRecorder:
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, timeout=10.0, check_same_thread=False, isolation_level=None)
-            self._init_schema()
+        try:
+            self._check_is_recorder()
+            if not readonly:
+                self._init_schema()
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            if is_corruption(exc):
+                raise RecorderCorrupt(self.path, str(exc)) from None
+            raise
+        except RecorderCorrupt:
+            self._db.close()
+            raise
+        self._identity = self._stat_identity()
         try:  # SQLite before 3.32 allows 999 bound parameters per statement
             variables = self._db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         except (AttributeError, sqlite3.Error):
@@ -147,6 +239,34 @@ class FlightRecorder:
 
     # ------------------------------------------------------------------ setup
 
+    def _check_is_recorder(self) -> None:
+        """Reading the schema fails on a file that is not SQLite; a SQLite file of someone else's is refused too."""
+        tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if tables and "records" not in tables:
+            raise RecorderCorrupt(self.path, f"a SQLite database of something else: tables {', '.join(sorted(tables)[:5])}")
+        if not tables and self.readonly and self.path.stat().st_size > 0:
+            raise RecorderCorrupt(self.path, "a SQLite database with no records table")
+
+    def _stat_identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def file_problem(self) -> str | None:
+        """``"deleted"`` or ``"replaced"`` when the path no longer names the file this connection writes, else None.
+
+        Why: SQLite keeps writing to an open file that was unlinked or renamed over -- every later sample
+        would be lost without an error. One stat per sample is the price of noticing.
+        """
+        now = self._stat_identity()
+        if now is None:
+            return "deleted" if not os.path.lexists(self.path) else None
+        if self._identity is not None and now != self._identity:
+            return "replaced"
+        return None
+
     def _init_schema(self) -> None:
         db = self._db
         db.execute("PRAGMA busy_timeout=10000")
@@ -154,8 +274,13 @@ class FlightRecorder:
         db.execute("PRAGMA auto_vacuum=INCREMENTAL")
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
-        # After a checkpoint the WAL is truncated to this size, so the WAL stays inside the bound.
+        # After a checkpoint the WAL is truncated to this size, so the WAL stays inside the bound; and the WAL is
+        # folded into the database every half reserve (256 KiB) rather than SQLite's 4 MiB default: on a disk that
+        # fills up, giving up the reserve must leave room to fold the whole WAL in (see make_room).
         db.execute(f"PRAGMA journal_size_limit={self._wal_budget()}")
+        page_size = db.execute("PRAGMA page_size").fetchone()[0]
+        db.execute(f"PRAGMA wal_autocheckpoint={max(16, min(self._wal_budget(), RESERVE_BYTES // 2) // page_size)}")
+        self._make_reserve()
         db.executescript(_SCHEMA)
         db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('format', ?)", (FORMAT_VERSION,))
 
@@ -165,14 +290,85 @@ class FlightRecorder:
     # ------------------------------------------------------------------ writing
 
     def write(self, records: Iterable[Record], request_rows: Sequence[RequestRow] = ()) -> int:
-        """Append records (and request rows, see ``REQUEST_ROW_FIELDS``) in one transaction. Returns how many."""
+        """Append records (and request rows, see ``REQUEST_ROW_FIELDS``) in one transaction. Returns how many.
+
+        On a full disk the oldest rows are deleted to make room (a tenth, then a quarter, then half) and the
+        write tried again; if it still does not fit, the error is raised (the transaction rolled back:
+        nothing half-written).
+        """
         rows = [(r.ts, r.KIND, r.SCHEMA, r.to_json()) for r in records]
+        for share in (0.1, 0.25, 0.5):  # a batch larger than a tenth of the history needs more room
+            try:
+                return self._write_once(rows, request_rows)
+            except sqlite3.OperationalError as exc:
+                if not _is_full(exc):
+                    raise
+                self.disk_full += 1
+                log.warning("flight recorder %s: disk full; dropping the oldest %d %% of rows to make room",
+                            self.path, share * 100)  # fmt: skip
+                self.make_room(share)
+        return self._write_once(rows, request_rows)
+
+    def _write_once(self, rows: Sequence[tuple[float, str, int, str]], request_rows: Sequence[RequestRow]) -> int:
         if not request_rows:
             return self.write_rows(rows)
         with self._transaction():
             self._insert_rows(rows)
             self._insert_request_rows(request_rows)
         return len(rows) + len(request_rows)
+
+    # A full disk leaves SQLite no room to log the very DELETE that would free space, nor to fold the WAL
+    # into the database. So the writer keeps a small reserve file beside the recorder (zeros, ``<name>-reserve``)
+    # and gives it up first when the disk is full; it is re-made, best effort, once there is space again.
+
+    @property
+    def reserve_path(self) -> Path:
+        return Path(f"{self.path}-reserve")
+
+    def _reserve_bytes(self) -> int:
+        return min(RESERVE_BYTES, self.max_size_bytes // 8)
+
+    def _make_reserve(self) -> bool:
+        want = self._reserve_bytes()
+        with contextlib.suppress(OSError):
+            if os.path.getsize(self.reserve_path) >= want:
+                return True
+        try:
+            with open(self.reserve_path, "wb") as fh:
+                fh.write(bytes(want))  # written, not a sparse hole: the blocks must really be taken
+                fh.flush()
+                os.fsync(fh.fileno())
+            return True
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(self.reserve_path)  # half a reserve is no reserve: try again later
+            return False
+
+    def make_room(self, share: float = 0.1) -> int:
+        """Delete the oldest ``share`` of the rows (at least 64) and hand their pages back; returns rows deleted.
+
+        The reserve file goes first, then the WAL is folded into the database and truncated: that is the
+        space the DELETE itself needs to be logged. More is deleted (the share doubling, at most four
+        rounds) until the reserve can be made again -- without it the next full disk could not be
+        answered. Errors here are swallowed: the retried write reports the failure if there is one.
+        """
+        deleted = 0
+        with contextlib.suppress(OSError):
+            os.unlink(self.reserve_path)
+        for _ in range(4):
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                count = self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+                n = max(64, int(count * share))
+                with self._transaction():
+                    deleted += self._db.execute(
+                        "DELETE FROM records WHERE id IN (SELECT id FROM records ORDER BY ts LIMIT ?)", (n,)
+                    ).rowcount
+                self._reclaim()
+            if self._make_reserve():
+                break
+            share = min(0.5, share * 2)
+        return deleted
 
     def write_request_rows(self, rows: Sequence[RequestRow]) -> int:
         """Append request rows (``REQUEST_ROW_FIELDS`` tuples) in one transaction; SQLite renders their JSON."""
@@ -181,17 +377,6 @@ class FlightRecorder:
         with self._transaction():
             self._insert_request_rows(rows)
         return len(rows)
-
-    def _insert_request_rows(self, rows: Sequence[RequestRow]) -> None:
-        step = self._request_chunk
-        for i in range(0, len(rows), step):
-            chunk = rows[i : i + step]
-            sql = _REQUEST_SQL.get(len(chunk))
-            if sql is None:
-                sql = _REQUEST_INSERT_HEAD + ",".join([_REQUEST_VALUES] * len(chunk)) + ")"
-                if len(_REQUEST_SQL) < 64:
-                    _REQUEST_SQL[len(chunk)] = sql
-            self._db.execute(sql, [v for row in chunk for v in row])
 
     def write_rows(self, rows: Sequence[tuple[float, str, int, str]]) -> int:
         """Append pre-serialised rows ``(ts, kind, schema, json)`` in one transaction."""
@@ -202,15 +387,25 @@ class FlightRecorder:
         return len(rows)
 
     def _insert_rows(self, rows: Sequence[tuple[float, str, int, str]]) -> None:
-        # Multi-row INSERTs rather than executemany: executemany steps one row at a time and releases
-        # and retakes the GIL per row, which a writer thread beside a busy event loop pays for dearly.
-        for i in range(0, len(rows), _INSERT_CHUNK):
-            chunk = rows[i : i + _INSERT_CHUNK]
-            sql = _INSERT_SQL.get(len(chunk))
+        self._insert_chunked(rows, _INSERT_CHUNK, _INSERT_SQL, _RECORD_INSERT_HEAD, "(?,?,?,?)", "")
+
+    def _insert_request_rows(self, rows: Sequence[RequestRow]) -> None:
+        self._insert_chunked(rows, self._request_chunk, _REQUEST_SQL, _REQUEST_INSERT_HEAD, _REQUEST_VALUES, ")")
+
+    def _insert_chunked(self, rows: Sequence[tuple], step: int, cache: dict[int, str], head: str, values: str,
+                        close: str) -> None:  # fmt: skip
+        """Multi-row INSERTs of ``step`` rows at a time (``head`` + ``values`` x n + ``close``), SQL cached per n.
+
+        Why not executemany: it steps one row at a time and releases and retakes the GIL per row, which
+        a writer thread beside a busy event loop pays for dearly.
+        """
+        for i in range(0, len(rows), step):
+            chunk = rows[i : i + step]
+            sql = cache.get(len(chunk))
             if sql is None:
-                sql = "INSERT INTO records(ts, kind, schema, body) VALUES " + ",".join(["(?,?,?,?)"] * len(chunk))
-                if len(_INSERT_SQL) < 64:
-                    _INSERT_SQL[len(chunk)] = sql
+                sql = head + ",".join([values] * len(chunk)) + close
+                if len(cache) < 64:
+                    cache[len(chunk)] = sql
             self._db.execute(sql, [v for row in chunk for v in row])
 
     @contextlib.contextmanager
@@ -255,6 +450,8 @@ class FlightRecorder:
                     "DELETE FROM records WHERE id IN (SELECT id FROM records ORDER BY ts LIMIT ?)", (n,)
                 ).rowcount
             self._reclaim()
+        if not self.reserve_path.exists():
+            self._make_reserve()  # space came back after a full disk
         return TrimResult(by_age, by_size, self.size_bytes())
 
     def _used_bytes(self) -> int:
@@ -317,11 +514,42 @@ class FlightRecorder:
         with contextlib.suppress(sqlite3.Error):
             self._db.close()
 
+    def abandon(self) -> None:
+        """Close a connection whose path now names another file (or none): fold what we can, then set the
+        WAL and shared-memory files left at the path aside (``<name>.orphan-<time>-wal``).
+
+        Why: SQLite does not delete the -wal of a file that has moved, and a WAL left beside a new file at
+        the same path would be replayed into it -- into a stranger's pages.
+        """
+        with contextlib.suppress(sqlite3.Error):
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        self.close()
+        if any(os.path.lexists(f"{self.path}{s}") for s in ("-wal", "-shm")):
+            with contextlib.suppress(OSError):
+                move_aside(self.path, label="orphan", sidecars_only=True)
+
     def __enter__(self) -> FlightRecorder:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def open_for_writing(
+    path: str | os.PathLike[str], retention_s: float = DEFAULT_RETENTION_S, max_size_bytes: int = DEFAULT_MAX_SIZE_BYTES
+) -> tuple[FlightRecorder, Path | None]:
+    """Open the recorder for the agent; a damaged file is moved aside (kept) and a fresh one started.
+
+    Returns the recorder and, when that happened, where the damaged file now is. Why never refuse:
+    an agent that will not start over a bad file records nothing through the very incident the disk
+    fault may be part of. Raises OSError/ValueError only when a fresh file cannot be made either.
+    """
+    try:
+        return FlightRecorder(path, retention_s, max_size_bytes), None
+    except RecorderCorrupt as exc:
+        aside = move_aside(Path(path))
+        log.warning("%s; moved it to %s and started a fresh recorder", exc, aside)
+        return FlightRecorder(path, retention_s, max_size_bytes), aside
 
 
 @dataclass(frozen=True)

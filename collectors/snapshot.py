@@ -13,12 +13,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from collectors.cgroup import CgroupSampler
+from collectors.cgroup import CgroupSampler, clean_cgroup_path
 from collectors.gpu import GpuSampler
 from collectors.host import HostSampler
 from collectors.kmsg import KmsgOomWatcher
 from collectors.processes import DEFAULT_MODEL_EXTENSIONS, ProcessSampler, model_process_counts
-from collectors.records import CgroupSnapshot, GpuSnapshot, HostSnapshot, OomEvent, ProcessSample, Record
+from collectors.procfs import under
+from collectors.records import CgroupSnapshot, GpuSnapshot, HostSnapshot, OomEvent, ProcessSample, Record, WatchScope
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class Snapshot:
     ooms: list[OomEvent] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)  # sampler -> why it produced nothing
     duration_s: float = 0.0
+    scope: WatchScope | None = None  # what --pid/--cgroup asked for and what exists now (None: nothing asked)
 
     def records(self) -> list[Record]:
         """Everything worth storing, in one list (what the agent writes to the flight recorder)."""
@@ -88,7 +90,37 @@ class SnapshotTaker:
         ooms = _guard("kmsg", errors, self.kmsg.poll, list) if self.kmsg is not None else []
         if self.kmsg is not None and self.kmsg.error:
             errors.setdefault("kmsg", self.kmsg.error)
-        return Snapshot(now, host, cgroups, processes, gpu, ooms, errors, time.perf_counter() - started)
+        scope = _guard("scope", errors, lambda: self._scope(now, cgroups), lambda: None) if self._explicit_cgroups else None
+        return Snapshot(now, host, cgroups, processes, gpu, ooms, errors, time.perf_counter() - started, scope)
+
+    def _scope(self, now: float, cgroups: Sequence[CgroupSnapshot]) -> WatchScope:
+        """Which asked-for pids and groups exist now, and for each missing one why and where it was sought.
+
+        Resolved on every sample (a service may start after the agent, or restart into a new group).
+        """
+        proc_root = self.config.proc_root
+        missing: list[str] = []
+        resolved_pids: list[int] = []
+        for pid in self.config.pids:
+            if pid > 0 and under(proc_root, str(pid)).is_dir():
+                resolved_pids.append(pid)
+            else:
+                missing.append(f"pid {pid}: no such process (looked in {proc_root})")
+        found = {c.path for c in cgroups if c.version != "none"}
+        by_path = {c.path: c for c in cgroups}
+        for raw in self.config.cgroups:
+            path = clean_cgroup_path(raw) or raw
+            snap = by_path.get(path)
+            if snap is None or snap.version == "none":
+                reason = snap.missing.get("group", "not found") if snap is not None else "not found"
+                missing.append(f"cgroup {raw}: {reason}")
+        for pid, reason in sorted(self.cgroups.unresolved.items()):
+            if pid in resolved_pids:
+                missing.append(f"pid {pid}: its memory cgroup could not be resolved ({reason})")
+        return WatchScope(
+            ts=now, pids=list(self.config.pids), cgroups=list(self.config.cgroups), resolved_pids=resolved_pids,
+            resolved_cgroups=sorted(found), missing=missing,
+        )  # fmt: skip
 
     def _sample_cgroups(self, now: float, processes: Sequence[ProcessSample]) -> list[CgroupSnapshot]:
         """Watch what the user named; otherwise the groups of the processes that hold a model file.

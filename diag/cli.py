@@ -10,16 +10,24 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sqlite3
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
 from collectors.processes import DEFAULT_MODEL_EXTENSIONS
-from collectors.recorder import DEFAULT_MAX_SIZE_BYTES, DEFAULT_RETENTION_S, ENV_RECORDER, default_recorder_path
+from collectors.recorder import ENV_RECORDER, default_recorder_path
 from collectors.snapshot import SamplerConfig
-from diag.units import format_bytes, parse_duration, parse_size
+from diag import cli_options as opts
+from diag.units import format_bytes
+
+if TYPE_CHECKING:
+    from collectors.agent import ListenAddress
+
+DEFAULT_LISTEN = "127.0.0.1:9464"
 
 app = typer.Typer(
     name="diag",
@@ -34,9 +42,10 @@ app = typer.Typer(
 )
 
 ProcRoot = Annotated[
-    Path, typer.Option("--proc-root", help="Read /proc from here (a container reading the host's /proc, or fixtures).")
+    Path,
+    typer.Option("--proc-root", readable=False, help="Read /proc from here (a container reading the host's /proc, or fixtures)."),
 ]
-SysRoot = Annotated[Path, typer.Option("--sys-root", help="Read /sys (cgroupfs) from here.")]
+SysRoot = Annotated[Path, typer.Option("--sys-root", readable=False, help="Read /sys (cgroupfs) from here.")]
 Pids = Annotated[
     list[int] | None,
     typer.Option("--pid", help="Watch this process and its memory cgroup (repeatable). Default: the model holders."),
@@ -52,7 +61,7 @@ ModelExt = Annotated[
 ]
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     typer.secho(f"diag: {message}", err=True, fg=typer.colors.RED)
     raise typer.Exit(2)
 
@@ -61,19 +70,24 @@ def _config(
     proc_root: Path, sys_root: Path, pids: list[int] | None, cgroups: list[str] | None, top: int,
     model_ext: list[str] | None, *, kmsg: bool, gpu: bool,
 ) -> SamplerConfig:  # fmt: skip
+    """Every sampling option checked (exit 2 with the accepted forms) before a sampler is built."""
     if not (proc_root / "meminfo").exists() and not (proc_root / "pressure").exists():
         _fail(f"--proc-root {proc_root}: no meminfo or pressure/ there; is this a /proc tree?")
-    extensions = tuple(DEFAULT_MODEL_EXTENSIONS) + tuple(e if e.startswith(".") else f".{e}" for e in (model_ext or ()))
-    return SamplerConfig(
-        proc_root=str(proc_root),
-        sys_root=str(sys_root),
-        pids=tuple(pids or ()),
-        cgroups=tuple(cgroups or ()),
-        top_n=top,
-        model_extensions=extensions,
-        kmsg_path="/dev/kmsg" if kmsg else None,
-        gpu=gpu,
-    )
+    try:
+        opts.existing_dir("--sys-root", sys_root)
+        config = SamplerConfig(
+            proc_root=str(proc_root),
+            sys_root=str(sys_root),
+            pids=opts.pids(pids),
+            cgroups=opts.cgroups(cgroups),
+            top_n=top,
+            model_extensions=tuple(DEFAULT_MODEL_EXTENSIONS) + opts.model_extensions(model_ext),
+            kmsg_path="/dev/kmsg" if kmsg else None,
+            gpu=gpu,
+        )
+    except opts.OptionError as exc:
+        _fail(str(exc))
+    return config
 
 
 @app.command()
@@ -89,7 +103,11 @@ def snapshot(
 ) -> None:
     """Take one snapshot now: host memory and PSI, watched cgroups, top processes and model holders, GPUs.
 
-    Fields that could not be read are shown as missing with the reason, never as zero.
+    Fields that could not be read are shown as missing with the reason, never as zero. A --pid that does
+    not exist or a --cgroup that is not found is said so on stderr (with the hierarchies searched).
+
+    Exit status: 0 the snapshot was taken; 1 targets were given with --pid/--cgroup and none of them
+    exists (the snapshot is still printed); 2 an option is invalid.
 
     Examples:\n
       diag snapshot\n
@@ -111,90 +129,175 @@ def snapshot(
         from diag.snapshot_view import render_snapshot
 
         render_snapshot(snap)
+    scope = snap.scope
+    if scope is not None:
+        for line in scope.missing:
+            typer.secho(f"diag snapshot: not found: {line}", err=True, fg=typer.colors.YELLOW)
+        if not scope.resolved_pids and not scope.resolved_cgroups:
+            typer.secho("diag snapshot: none of the processes or groups asked for exists", err=True, fg=typer.colors.RED)
+            raise typer.Exit(1)
+
+
+@dataclass(frozen=True)
+class _CollectPlan:
+    """``diag collect``'s options, all checked: what the agent will do, decided before it does anything."""
+
+    interval_s: float
+    once: bool
+    address: ListenAddress | None
+    recorder: Path
+    retention_s: float
+    max_size_bytes: int
+    retention_text: str
+    max_size_text: str
+
+
+def _collect_plan(
+    interval: str | None, listen: str | None, once: bool, recorder: Path | None, retention: str | None,
+    max_size: str | None, samples: int | None, kmsg: bool | None,
+) -> _CollectPlan:  # fmt: skip
+    """Validate every collect option (values first, then combinations); exit 2 naming the accepted forms."""
+    from collectors.agent import ListenAddress
+
+    try:
+        interval_s = opts.duration("--interval", interval or "1s", low=0.01, high=3600)
+        retention_s = opts.duration("--retention", retention or "2h", low=1, high=400 * 86400)
+        max_size_bytes = opts.size("--max-size", max_size or "256MiB", low=64 * 1024)
+        if samples is not None and samples < 1:
+            raise opts.OptionError(f"--samples {samples}: at least 1 (leave it out to run until SIGTERM)")
+        if retention_s < 2 * interval_s:
+            kept = f"--retention {retention or '2h'}"
+            raise opts.OptionError(f"{kept} keeps less than two samples of --interval {interval or '1s'}")
+        address = None
+        if listen is not None and listen.lower() != "off":
+            try:
+                address = ListenAddress.parse(listen)
+            except ValueError as exc:
+                raise opts.OptionError(f"--listen: {exc}; or 'off'") from None
+        elif listen is None and not once:
+            address = ListenAddress.parse(DEFAULT_LISTEN)
+        path = opts.writable_file_path("--recorder", recorder) if recorder is not None else default_recorder_path()
+        if once:
+            opts.refuse(
+                {"--interval": interval is not None, "--listen": listen is not None, "--recorder": recorder is not None,
+                 "--retention": retention is not None,
+                 "--max-size": max_size is not None, "--samples": samples is not None, "--kmsg": kmsg is True},
+                "with --once (it prints one exposition and records nothing)",
+            )  # fmt: skip
+    except opts.OptionError as exc:
+        _fail(str(exc))
+    return _CollectPlan(interval_s, once, address, path, retention_s, max_size_bytes, retention or "2h",
+                        max_size or "256MiB")  # fmt: skip
 
 
 @app.command()
 def collect(
-    interval: Annotated[str, typer.Option(help="Sampling interval, e.g. 1s, 500ms, 5s.")] = "1s",
+    interval: Annotated[
+        str | None, typer.Option(help="Sampling interval, e.g. 1s, 500ms, 5s (10ms to 1h). Default: 1s.")
+    ] = None,
     listen: Annotated[
-        str, typer.Option(help="Serve Prometheus /metrics here (HOST:PORT; port 0 picks a free one). 'off' disables.")
-    ] = "127.0.0.1:9464",
+        str | None,
+        typer.Option(
+            help=f"Serve Prometheus /metrics here (HOST:PORT; port 0: a free one). 'off' disables. Default: {DEFAULT_LISTEN}."
+        ),
+    ] = None,
     once: Annotated[bool, typer.Option("--once", help="Print one exposition to stdout and exit (records nothing).")] = False,
     recorder: Annotated[
         Path | None,
-        typer.Option(help=f"Flight recorder file (SQLite). Default: ${ENV_RECORDER} or the user state directory."),
+        typer.Option(
+            readable=False, help=f"Flight recorder file (SQLite). Default: ${ENV_RECORDER} or the user state directory."
+        ),
     ] = None,
-    retention: Annotated[str, typer.Option(help="Keep this much history, e.g. 2h, 30m, 1d.")] = "2h",
-    max_size: Annotated[str, typer.Option("--max-size", help="Cap on the recorder's size on disk, e.g. 256MiB.")] = "256MiB",
-    samples: Annotated[int | None, typer.Option(help="Stop after this many samples (default: run until SIGTERM).")] = None,
+    retention: Annotated[str | None, typer.Option(help="Keep this much history, e.g. 2h, 30m, 1d. Default: 2h.")] = None,
+    max_size: Annotated[
+        str | None, typer.Option("--max-size", help="Cap on the recorder's size on disk, e.g. 256MiB (at least 64KiB).")
+    ] = None,
+    samples: Annotated[
+        int | None, typer.Option(help="Stop after this many samples, at least 1 (default: run until SIGTERM).")
+    ] = None,
     proc_root: ProcRoot = Path("/proc"),
     sys_root: SysRoot = Path("/sys"),
     pid: Pids = None,
     cgroup: Cgroups = None,
     top: TopN = 10,
     model_ext: ModelExt = None,
-    kmsg: Annotated[bool, typer.Option("--kmsg/--no-kmsg", help="Watch /dev/kmsg for kernel OOM kills (root).")] = True,
+    kmsg: Annotated[
+        bool | None, typer.Option("--kmsg/--no-kmsg", help="Watch /dev/kmsg for kernel OOM kills (root). Default: on.")
+    ] = None,
     gpu: Annotated[bool, typer.Option("--gpu/--no-gpu", help="Query NVML.")] = True,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each sample to stderr.")] = False,
 ) -> None:
     """Run the host agent: sample every INTERVAL, write the flight recorder, serve /metrics.
 
     The recorder keeps RETENTION of history within MAX_SIZE (oldest trimmed first) and survives kill -9.
-    Stop it with SIGTERM or Ctrl-C; the current sample is finished and the recorder closed cleanly.
+    On a full disk it drops its oldest rows to make room and keeps sampling; a recorder file that is not
+    a database (or is deleted or replaced while running) is moved aside as <name>.corrupt-<UTC time> and
+    a fresh one started. A --pid or --cgroup that does not exist yet is warned about and looked for again
+    every sample. Stop it with SIGTERM or Ctrl-C; the current sample is finished and the recorder closed.
+
+    Exit status: 0 stopped (signal or --samples); 2 an option is invalid or cannot apply (e.g. --retention
+    with --once), the address cannot be bound, or no recorder can be created at the path.
 
     Examples:\n
       diag collect                                   # 1 Hz, http://127.0.0.1:9464/metrics\n
       diag collect --once --proc-root /host/proc     # one exposition, e.g. from a container\n
       diag collect --pid 4242 --retention 6h --max-size 1GiB
     """
-    from collectors.agent import Agent, ListenAddress
+    plan = _collect_plan(interval, listen, once, recorder, retention, max_size, samples, kmsg)
+    config = _config(proc_root, sys_root, pid, cgroup, top, model_ext, kmsg=kmsg is not False and not once, gpu=gpu)
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    if plan.once:
+        _collect_once(config)
+    else:
+        _run_agent(plan, config, samples, verbose)
+
+
+def _collect_once(config: SamplerConfig) -> None:
     from collectors.exporter import exposition
-    from collectors.recorder import FlightRecorder
+    from collectors.snapshot import SnapshotTaker
+
+    taker = SnapshotTaker(config)
+    try:
+        snap = taker.take()
+        sys.stdout.write(exposition(snap).decode())
+    finally:
+        taker.close()
+    if snap.scope is not None:
+        for line in snap.scope.missing:
+            typer.secho(f"diag collect: not found: {line}", err=True, fg=typer.colors.YELLOW)
+
+
+def _run_agent(plan: _CollectPlan, config: SamplerConfig, samples: int | None, verbose: bool) -> None:
+    from collectors.agent import Agent
+    from collectors.recorder import open_for_writing
     from collectors.snapshot import SnapshotTaker
 
     try:
-        interval_s = parse_duration(interval)
-        retention_s = parse_duration(retention) if not once else DEFAULT_RETENTION_S
-        max_size_bytes = parse_size(max_size) if not once else DEFAULT_MAX_SIZE_BYTES
-        address = None if once or listen.lower() == "off" else ListenAddress.parse(listen)
-    except ValueError as exc:
-        _fail(str(exc))
-        return
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
-    config = _config(proc_root, sys_root, pid, cgroup, top, model_ext, kmsg=kmsg and not once, gpu=gpu)
+        flight, moved_aside = open_for_writing(plan.recorder, plan.retention_s, plan.max_size_bytes)
+    except (OSError, ValueError, sqlite3.Error) as exc:
+        _fail(f"cannot open or create the flight recorder {plan.recorder}: {exc}")
     taker = SnapshotTaker(config)
-    if once:
-        try:
-            sys.stdout.write(exposition(taker.take()).decode())
-        finally:
-            taker.close()
-        return
-
-    path = recorder or default_recorder_path()
-    try:
-        flight = FlightRecorder(path, retention_s=retention_s, max_size_bytes=max_size_bytes)
-    except (OSError, ValueError) as exc:
-        taker.close()
-        _fail(f"cannot open the flight recorder {path}: {exc}")
-        return
 
     def progress(snap: object) -> None:
         if verbose:
             logging.info("sample %d written (%s)", agent.samples, format_bytes(flight.size_bytes()))
 
-    agent = Agent(taker, interval_s=interval_s, recorder=flight, on_sample=progress)
+    agent = Agent(taker, interval_s=plan.interval_s, recorder=flight, on_sample=progress)
+    if moved_aside is not None:
+        agent.count_reset("corrupt")
+        typer.echo(f"diag collect: {plan.recorder} was not a readable database: moved it to {moved_aside} "
+                   "(kept) and started a fresh recorder", err=True)  # fmt: skip
     agent.install_signal_handlers()
-    if address is not None:
+    if plan.address is not None:
         try:
-            agent.serve(address)
+            agent.serve(plan.address)
         except OSError as exc:
             agent.close()
-            _fail(f"cannot listen on {listen}: {exc}")
-            return
-    where = f"http://{address.host}:{agent.bound_port}/metrics" if address else "no /metrics"
+            _fail(f"cannot listen on {plan.address.host}:{plan.address.port}: {exc}")
+    where = f"http://{plan.address.host}:{agent.bound_port}/metrics" if plan.address else "no /metrics"
     typer.echo(
-        f"diag collect: sampling every {interval_s:g}s, recorder {path} (keep {retention}, max {max_size}), {where}; "
-        f"pid {os.getpid()}",
+        f"diag collect: sampling every {plan.interval_s:g}s, recorder {plan.recorder} (keep {plan.retention_text}, "
+        f"max {plan.max_size_text}), {where}; pid {os.getpid()}",
         err=True,
     )
     try:
@@ -204,15 +307,46 @@ def collect(
     typer.echo(f"diag collect: stopped after {agent.samples} samples", err=True)
 
 
+def _analysis_source(
+    recorder: Path | None, bundle: Path | None, prometheus: str | None, selector: str | None, since: str | None
+) -> tuple[str, float]:
+    """Which source to read (checked: exactly one, each with only the options that apply to it) and the window."""
+    try:
+        given = {"--recorder": recorder is not None, "--bundle": bundle is not None, "--prometheus": prometheus is not None}
+        if sum(given.values()) > 1:
+            got = ", ".join(k for k, v in given.items() if v)
+            raise opts.OptionError(f"give one of --recorder, --bundle, --prometheus (got {got})")
+        since_s = opts.duration("--since", since or "1h", high=400 * 86400)
+        if prometheus is None:
+            opts.refuse({"--selector": selector is not None}, "without --prometheus (it selects series in Prometheus)")
+        if bundle is not None:
+            opts.refuse({"--since": since is not None}, "with --bundle (a bundle holds the window it was taken with)")
+            opts.existing_dir("--bundle", bundle)
+            return "bundle", since_s
+        if prometheus is not None:
+            opts.http_url("--prometheus", prometheus)
+            return "prometheus", since_s
+        if recorder is not None:
+            opts.existing_file("--recorder", recorder)
+    except opts.OptionError as exc:
+        _fail(str(exc))
+    return "recorder", since_s
+
+
 @app.command()
 def analyze(
-    recorder: Annotated[Path | None, typer.Option(help="Flight recorder to read (default: the agent's).")] = None,
-    bundle: Annotated[Path | None, typer.Option(help="Analyse an incident bundle directory instead.")] = None,
+    recorder: Annotated[
+        Path | None, typer.Option(readable=False, help="Flight recorder to read (default: the agent's).")
+    ] = None,
+    bundle: Annotated[Path | None, typer.Option(readable=False, help="Analyse an incident bundle directory instead.")] = None,
     prometheus: Annotated[str | None, typer.Option(help="Prometheus base URL: the fleet-scale path (query_range).")] = None,
     selector: Annotated[
-        str, typer.Option(help='With --prometheus: label matchers for the service, e.g. \'job="llm",instance="10.0.0.5:9464"\'.')
-    ] = "",
-    since: Annotated[str, typer.Option(help="How far back to look, e.g. 30m, 2h.")] = "1h",
+        str | None,
+        typer.Option(help='With --prometheus: label matchers for the service, e.g. \'job="llm",instance="10.0.0.5:9464"\'.'),
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option(help="How far back to look, e.g. 30m, 2h (default 1h; not with --bundle).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="The documented JSON document instead of text.")] = False,
 ) -> None:
     """Classify what the records show: the verdict first, findings with evidence, and what could not be evaluated.
@@ -220,37 +354,18 @@ def analyze(
     JSON shape: {"verdict": {"primary", "contributing"}, "findings": [{"class", "rule", "confidence", "summary",
     "evidence", "rules_out", "remediation", "start", "end"}], "not_evaluated": [{"rule", "class", "missing"}]}
 
+    Exit status: 0 analysed; 2 an option is invalid or cannot apply, or the source cannot be read (no
+    recorder, a recorder file that is not a database, a folder that is not a bundle, Prometheus unreachable).
+
     Examples:\n
       diag analyze --since 30m\n
       diag analyze --bundle ./llm-diag-bundle-20261130T1200Z --json\n
       diag analyze --prometheus http://127.0.0.1:9090 --selector 'job="llm-api"'
     """
-    from diag.loaders import load_bundle, load_recorder
     from diag.rules.engine import analyze as run_rules
 
-    sources = [s for s in (recorder, bundle, prometheus) if s is not None]
-    if len(sources) > 1:
-        _fail("give one of --recorder, --bundle, --prometheus")
-    try:
-        since_s = parse_duration(since)
-    except ValueError as exc:
-        _fail(str(exc))
-        return
-    try:
-        if bundle is not None:
-            timeline = load_bundle(bundle)
-        elif prometheus is not None:
-            from diag.prometheus_loader import load_prometheus
-
-            timeline = load_prometheus(prometheus, selector=selector, since_s=since_s)
-        else:
-            path = recorder or default_recorder_path()
-            if not path.exists():
-                _fail(f"no flight recorder at {path}; run `diag collect` first, or pass --recorder/--bundle/--prometheus")
-            timeline = load_recorder(path, since_s=since_s)
-    except (OSError, ValueError) as exc:
-        _fail(str(exc))
-        return
+    kind, since_s = _analysis_source(recorder, bundle, prometheus, selector, since)
+    timeline = _load_timeline(kind, recorder, bundle, prometheus, selector or "", since_s)
     result = run_rules(timeline)
     if as_json:
         json.dump(result.to_dict(), sys.stdout, indent=2, allow_nan=False, default=str)
@@ -259,6 +374,32 @@ def analyze(
         from diag.analysis_view import render_analysis
 
         render_analysis(result)
+
+
+def _load_timeline(kind: str, recorder: Path | None, bundle: Path | None, prometheus: str | None, selector: str,
+                   since_s: float):  # type: ignore[no-untyped-def]  # fmt: skip
+    from collectors.recorder import RecorderCorrupt
+    from diag.loaders import load_bundle, load_recorder
+
+    path = recorder or default_recorder_path()
+    try:
+        if kind == "bundle":
+            assert bundle is not None
+            return load_bundle(bundle)
+        if kind == "prometheus":
+            from diag.prometheus_loader import load_prometheus
+
+            assert prometheus is not None
+            return load_prometheus(prometheus, selector=selector, since_s=since_s)
+        if not path.exists():
+            _fail(f"no flight recorder at {path}; run `diag collect` first, or pass --recorder/--bundle/--prometheus")
+        return load_recorder(path, since_s=since_s)
+    except (RecorderCorrupt, sqlite3.DatabaseError) as exc:
+        _fail(f"{exc if isinstance(exc, RecorderCorrupt) else f'{path} is not a readable flight recorder ({exc})'}. "
+              "Move it aside (a running `diag collect` does so itself on its next start) and analyse a bundle "
+              "or Prometheus instead, or pass --recorder with another file")  # fmt: skip
+    except (OSError, ValueError) as exc:
+        _fail(str(exc))
 
 
 def _register_subcommands() -> None:

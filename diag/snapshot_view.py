@@ -32,6 +32,7 @@ def snapshot_document(snap: Snapshot) -> dict[str, Any]:
         "gpu": snap.gpu.to_dict(),
         "oom_events": [o.to_dict() for o in snap.ooms],
         "errors": snap.errors,
+        "scope": snap.scope.to_dict() if snap.scope is not None else None,
     }
 
 
@@ -91,6 +92,9 @@ def render_snapshot(snap: Snapshot, console: Console | None = None) -> None:
         for col in ("ver", "usage", "working set", "limit", "peak", "max/failcnt", "oom_kill", "mem PSI"):
             cg.add_column(col, justify="left" if col == "ver" else "right", no_wrap=True)
         for c in snap.cgroups:
+            if c.version == "none":  # never a row of dashes and "unlimited": that reads as "no limit"
+                cg.add_row(Text(c.path, style="red"), Text("NOT FOUND", style="red"), *["-"] * 7)
+                continue
             cg.add_row(
                 c.path, c.version, format_bytes(c.usage_bytes), format_bytes(c.working_set_bytes),
                 "unlimited" if c.limit_bytes is None else format_bytes(c.limit_bytes), format_bytes(c.peak_bytes),
@@ -143,6 +147,9 @@ def render_snapshot(snap: Snapshot, console: Console | None = None) -> None:
         parts.append(Text(f"GPU: unavailable ({gpu.reason})", style="dim"))
     for oom in snap.ooms:
         parts.append(Text(f"OOM kill: {oom.task} pid {oom.pid} ({oom.constraint}, memcg {oom.task_memcg})", style="red"))
+    if snap.scope is not None:
+        for line in snap.scope.missing:
+            parts.append(Text(f"Asked for but not found: {line}", style="red"))
     for sampler, reason in sorted(snap.errors.items()):
         parts.append(Text(f"{sampler}: {reason}", style="yellow"))
     console.print(Group(*parts))

@@ -4,7 +4,8 @@ The time budget is split up front so that a slow phase cannot starve the ones af
 
     collection   up to 60 % of the deadline (volatile state first, at most 20 %)
     analysis     up to 80 %
-    report       up to 95 % (charts are skipped, not waited for, when time is short)
+    report       up to 90 % (charts are skipped, not waited for, when time is short; the page without
+                 charts is then rendered, and a loaded host needs the last 10 % for it and the writing)
     writing      the rest: findings, report, redaction.json, manifest, SHA256SUMS, tar.gz
 
 Every step that could hang runs under ``runner.run_collectors`` (abandonable workers); the main
@@ -18,7 +19,6 @@ import contextlib
 import ctypes
 import gc
 import json
-import os
 import shutil
 import socket
 import sys
@@ -152,39 +152,17 @@ def take_bundle(options: BundleOptions, progress: Progress | None = stderr_progr
         command=command, analysis=analysis_doc, analysis_error=analysis_error, runs=run_docs,
         redaction=redactor.report(), self_cgroup=selfcg.to_dict(), record_counts=counts, warnings=notices,
     )  # fmt: skip
-    _report(writer, data, chart_data, at(0.95), runs, log)
+    _report(writer, data, chart_data, at(0.9), runs, log)
 
     # ---- the tool's own log, redaction.json, manifest, SHA256SUMS, archive
     log(f"verdict: {verdict}")
     writer.write_text("log.txt", "\n".join(log.lines) + "\n", collector="bundle")
     writer.write_json("redaction.json", redactor.report(), collector="bundle")
     writer.hash_all()
-    run_docs = [_run_doc(r, writer) for r in runs]
     duration = time.monotonic() - t0
-    manifest = {
-        "format": FORMAT,
-        "tool": "llm-diag",
-        "version": tool_version(),
-        "host": host,
-        "bundle": name,
-        "created": started,
-        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "command": command,
-        "window": {"requested_since_s": options.since_s, "start": window[0], "end": window[1]},
-        "deadline_s": deadline,
-        "duration_s": round(duration, 3),
-        "deadline_exceeded": duration > deadline,
-        "verdict": verdict,
-        "self_cgroup": selfcg.to_dict(),
-        "watched": {
-            "pids": list(options.pids),
-            "cgroups": list(options.cgroups) or [c.path for c in state.cgroups],
-            "model_holders": collect.watched_pids(state),
-        },
-        "collectors": run_docs,
-        "timeline": counts,
-        "files": [vars(f) for f in sorted(writer.files.values(), key=lambda f: f.path)],
-    }
+    about = {"host": host, "bundle": name, "created": started, "command": command, "window": window, "duration_s": duration,
+             "verdict": verdict, "self_cgroup": selfcg.to_dict(), "timeline": counts}  # fmt: skip
+    manifest = _manifest(about, options, state, runs, writer)
     writer.write_json("manifest.json", manifest, collector="bundle")
     writer.write_sums()
     archive = None
@@ -197,6 +175,36 @@ def take_bundle(options: BundleOptions, progress: Progress | None = stderr_progr
 
 
 # --------------------------------------------------------------------------- steps
+
+
+def _manifest(about: dict[str, Any], options: BundleOptions, state: collect.State, runs: list[Run],
+              writer: BundleWriter) -> dict[str, Any]:  # fmt: skip
+    """manifest.json: what was asked, what each collector did (timing, timeout, bytes, sha256), every file."""
+    window, duration = about["window"], about["duration_s"]
+    return {
+        "format": FORMAT,
+        "tool": "llm-diag",
+        "version": tool_version(),
+        "host": about["host"],
+        "bundle": about["bundle"],
+        "created": about["created"],
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(about["created"])),
+        "command": about["command"],
+        "window": {"requested_since_s": options.since_s, "start": window[0], "end": window[1]},
+        "deadline_s": options.deadline_s,
+        "duration_s": round(duration, 3),
+        "deadline_exceeded": duration > options.deadline_s,
+        "verdict": about["verdict"],
+        "self_cgroup": about["self_cgroup"],
+        "watched": {
+            "pids": list(options.pids),
+            "cgroups": list(options.cgroups) or [c.path for c in state.cgroups],
+            "model_holders": collect.watched_pids(state),
+        },
+        "collectors": [_run_doc(r, writer) for r in runs],
+        "timeline": about["timeline"],
+        "files": [vars(f) for f in sorted(writer.files.values(), key=lambda f: f.path)],
+    }
 
 
 def _pid_groups(options: BundleOptions) -> list[str]:
@@ -393,6 +401,3 @@ def _run_doc(run: Run, writer: BundleWriter) -> dict[str, Any]:
         doc["sha256"] = files[0].sha256
     return doc
 
-
-def default_out_dir() -> Path:
-    return Path(os.getcwd())

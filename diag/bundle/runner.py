@@ -70,10 +70,16 @@ CollectorFn = Callable[["Context"], Output]
 
 @dataclass
 class Context:
-    """What a collector gets: its cancel flag and its own deadline (monotonic seconds)."""
+    """What a collector gets: its cancel flag and its own deadline (monotonic seconds).
+
+    ``partial``: a collector that produces output over time (a command's stdout) sets it to a function
+    returning what it has so far. If the collector is abandoned at its deadline, the runner keeps that
+    -- a snapshot taken then, so nothing the abandoned worker does later can reach the bundle.
+    """
 
     cancel: threading.Event
     deadline: float
+    partial: Callable[[], Output] | None = None
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
@@ -158,6 +164,9 @@ def run_collectors(collectors: Sequence[Collector], deadline: float, progress: C
             run.abandoned = True
             run.status = "timeout"
             run.reason = f"no result within {run.timeout_s:g} s; abandoned (its late result is ignored)"
+            run.output = _partial_output(worker.ctx)
+            if run.output is not None:
+                run.reason += f"; kept what it had produced by then ({run.output.reason})"
             progress(f"{run.name}: TIMED OUT after {run.timeout_s:g} s, abandoned")
             continue
         if worker.error is not None:
@@ -172,6 +181,18 @@ def run_collectors(collectors: Sequence[Collector], deadline: float, progress: C
         run.reason = out.reason
         progress(f"{run.name}: {run.status}" + (f" ({run.reason})" if run.reason else "") + f" in {run.duration_s:.2f} s")
     return runs
+
+
+def _partial_output(ctx: Context) -> Output | None:
+    """What an abandoned collector had produced (see ``Context.partial``), or None."""
+    if ctx.partial is None:
+        return None
+    try:
+        out = ctx.partial()
+    except Exception:  # a collector's snapshot function must not cost the bundle either
+        return None
+    out.timeout_hit = True
+    return out
 
 
 # --------------------------------------------------------------------------- bounded reads
@@ -241,10 +262,15 @@ class CommandResult:
     duration_s: float
 
 
-def run_command(argv: Sequence[str], ctx: Context, cap: int, env: dict[str, str] | None = None) -> CommandResult:
+def run_command(
+    argv: Sequence[str], ctx: Context, cap: int, env: dict[str, str] | None = None, sink: bytearray | None = None
+) -> CommandResult:
     """Run ``argv`` with stdin closed, keeping the tail of stdout (``cap``) and of stderr (64 KiB).
 
-    Killed -- its whole process group -- when ``ctx``'s deadline passes or it is cancelled.
+    Killed -- its whole process group -- when ``ctx``'s deadline passes or it is cancelled; what it
+    printed until then is kept (the pipes are drained after the kill). ``sink``: the buffer stdout is
+    read into as it arrives (at most 2 x ``cap``, the tail), so a caller can publish it through
+    ``Context.partial`` while the command still runs.
     """
     started = time.monotonic()
     proc = subprocess.Popen(
@@ -255,7 +281,7 @@ def run_command(argv: Sequence[str], ctx: Context, cap: int, env: dict[str, str]
         start_new_session=True,
         env=env,
     )
-    out, err = bytearray(), bytearray()
+    out, err = (sink if sink is not None else bytearray()), bytearray()
     total_out = 0
     timed_out = False
     sel = selectors.DefaultSelector()
@@ -271,23 +297,15 @@ def run_command(argv: Sequence[str], ctx: Context, cap: int, env: dict[str, str]
                 timed_out = True
                 break
             for key, _ in sel.select(timeout=min(left, 0.2)):
-                try:
-                    chunk = os.read(key.fd, CHUNK)
-                except BlockingIOError:
-                    continue
-                if not chunk:
+                got = _read_into(key.fd, key.data, cap if key.data is out else 64 * 1024)
+                if got is None:
                     sel.unregister(key.fileobj)
                     open_pipes -= 1
-                    continue
-                buf = key.data
-                if buf is out:
-                    total_out += len(chunk)
-                buf += chunk
-                limit = cap if buf is out else 64 * 1024
-                if len(buf) > 2 * limit:
-                    del buf[: len(buf) - limit]
+                elif key.data is out:
+                    total_out += got
         if timed_out:
             _kill_group(proc)
+            total_out += _drain(sel, out, cap)
         else:
             try:
                 proc.wait(max(0.05, ctx.deadline - time.monotonic()))
@@ -309,6 +327,35 @@ def run_command(argv: Sequence[str], ctx: Context, cap: int, env: dict[str, str]
         truncated,
         time.monotonic() - started,
     )
+
+
+def _read_into(fd: int, buf: bytearray, limit: int) -> int | None:
+    """One non-blocking read appended to ``buf`` (kept under 2 x ``limit``, the tail); bytes read, None at EOF."""
+    try:
+        chunk = os.read(fd, CHUNK)
+    except BlockingIOError:
+        return 0
+    if not chunk:
+        return None
+    buf += chunk
+    if len(buf) > 2 * limit:
+        del buf[: len(buf) - limit]
+    return len(chunk)
+
+
+def _drain(sel: selectors.BaseSelector, out: bytearray, cap: int, within_s: float = 0.3) -> int:
+    """After the kill: what is still in the pipes (written before the kill, not yet read). Bounded in time:
+    a grandchild that left the process group may still hold a pipe open."""
+    deadline = time.monotonic() + within_s
+    total = 0
+    while sel.get_map() and time.monotonic() < deadline:
+        for key, _ in sel.select(timeout=max(0.0, deadline - time.monotonic())):
+            got = _read_into(key.fd, key.data, cap if key.data is out else 64 * 1024)
+            if got is None:
+                sel.unregister(key.fileobj)
+            elif key.data is out:
+                total += got
+    return total
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

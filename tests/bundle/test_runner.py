@@ -113,3 +113,49 @@ def test_the_bundle_deadline_caps_every_collector_timeout() -> None:
 
     (run,) = run_collectors([Collector("slow", "cooperative", slow, 600.0)], time.monotonic() + 0.5, lambda _: None)
     assert run.timeout_s <= 0.5 and run.timeout_hit and not run.abandoned  # it acknowledged the cancel
+
+
+def test_a_command_that_prints_then_hangs_keeps_its_output_when_killed_at_once(tmp_path: Path) -> None:
+    # Printed and still in the pipe when the deadline hits: read after the kill, not lost with the process.
+    pidfile = tmp_path / "pid"
+    res = run_command(["sh", "-c", f"echo $$ > {pidfile}; echo '==== NVSMI LOG ===='; exec sleep 300"], _ctx(0.8), 1 << 20)
+    assert res.timed_out and res.stdout == b"==== NVSMI LOG ====\n"
+    assert _gone(int(pidfile.read_text()))
+
+
+def test_an_abandoned_command_collector_keeps_what_was_printed(tmp_path: Path) -> None:
+    """A collector stuck past its deadline (here: running its command under a later deadline of its own, as a
+    worker blocked in a kill or a slow wait would be) is abandoned -- and what its command printed is kept."""
+    from diag.bundle.collect import _command_output
+
+    pidfile = tmp_path / "pid"
+    argv = ["sh", "-c", f"echo $$ > {pidfile}; echo 'GPU 00000000:3B:00.0'; exec sleep 300"]
+
+    def stuck(ctx: Context) -> Output:
+        own = Context(threading.Event(), time.monotonic() + 4.0)
+        ctx.partial = lambda: own.partial() if own.partial is not None else Output()
+        return _command_output(argv, "raw/nvidia-smi-q.txt", 1 << 20, own)
+
+    (run,) = run_collectors([Collector("nvidia-smi", "stuck", stuck, 1.0)], time.monotonic() + 30, lambda _: None)
+    assert run.abandoned and run.timeout_hit and run.status == "timeout"
+    assert run.output is not None and run.output.timeout_hit
+    (f,) = run.output.files
+    assert f.path == "raw/nvidia-smi-q.txt" and f.text == "GPU 00000000:3B:00.0\n"
+    assert "printed before it was abandoned" in run.reason
+    assert _gone(int(pidfile.read_text()))  # the stuck worker still kills its command at its own deadline
+
+
+def test_the_kmsg_collector_stops_at_its_own_budget_and_keeps_its_lines(tmp_path: Path) -> None:
+    """A source that never drains (here /dev/zero; on a host that thrashes, a slow CPU) must not run the
+    collector into its deadline: it returns what it read before the deadline, saying where it stopped."""
+    from diag.bundle import collect
+    from diag.bundle.options import BundleOptions
+    from diag.bundle.redactor import Redactor
+
+    options = BundleOptions(kmsg_path="/dev/zero")
+    state = collect.State(options, Redactor(), time.time(), time.time() - 60, tmp_path)
+    collector = collect.kmsg_collector(state)
+    collector.timeout_s = 1.5
+    (run,) = run_collectors([collector], time.monotonic() + 30, lambda _: None)
+    assert run.status == "ok" and not run.timeout_hit and not run.abandoned  # done before its 1.5 s deadline
+    assert "stopped at its time budget" in run.reason and run.output.extra["records_read"] > 0

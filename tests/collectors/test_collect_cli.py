@@ -103,6 +103,157 @@ def test_bad_arguments_fail_with_a_clear_message(tmp_path: Path) -> None:
         assert "Traceback" not in proc.stderr
 
 
+def _invoke(args: list[str]) -> tuple[int, str]:
+    """The real command in-process (the subprocess path is covered above): exit status and stderr."""
+    from typer.testing import CliRunner
+
+    from diag.cli import app
+
+    result = CliRunner().invoke(app, args)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stderr
+
+
+def test_every_option_is_checked_before_work_and_inapplicable_ones_are_refused(tmp_path: Path) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    bundle_dir = tmp_path / "bundle"
+    (bundle_dir / "timeline").mkdir(parents=True)
+    recorder = tmp_path / "never-created.db"
+    cases = [
+        # values: malformed or out of range, with the accepted forms in the message
+        (["collect", "--retention", "abc", "--once"], "--retention: 'abc' is not a duration; use e.g. 90s"),
+        (["collect", "--retention", "abc", "--recorder", str(recorder)], "is not a duration"),
+        (["collect", "--interval", "0", "--recorder", str(recorder)], "must be positive"),
+        (["collect", "--max-size", "1KiB", "--recorder", str(recorder)], "at least 64 KiB"),
+        (["collect", "--max-size", "lots", "--recorder", str(recorder)], "use e.g. 256MiB"),
+        (["collect", "--listen", "127.0.0.1:99999", "--recorder", str(recorder)], "port out of range"),
+        (["collect", "--recorder", str(tmp_path)], "is a folder"),
+        (["collect", "--recorder", str(a_file / "r.db")], "is not a folder"),
+        (["collect", "--samples", "0", "--recorder", str(recorder)], "--samples 0: at least 1"),
+        (["collect", "--retention", "5s", "--interval", "5s", "--recorder", str(recorder)], "keeps less than two samples"),
+        (["snapshot", "--pid", "0"], "a process id is a positive number"),
+        (["snapshot", "--cgroup", "system.slice/../x"], "absolute path"),
+        (["snapshot", "--sys-root", str(tmp_path / "nope")], "--sys-root"),
+        (["snapshot", "--model-ext", "a/b"], "--model-ext"),
+        (["analyze", "--recorder", str(tmp_path / "missing.db")], "no such file"),
+        (["analyze", "--bundle", str(a_file)], "is not a folder"),
+        (["analyze", "--prometheus", "ftp://x"], "http(s) base URL"),
+        (["analyze", "--since", "forever"], "not a duration"),
+        (["bundle", "--deadline", "1s", "--out", str(tmp_path / "b1")], "--deadline 1s: at least 2s"),
+        (["bundle", "--since", "yesterday", "--out", str(tmp_path / "b2")], "not a duration"),
+        (["bundle", "--out", str(a_file)], "exists and is not a folder"),
+        (["bundle", "--include", str(tmp_path / "nope.conf"), "--out", str(tmp_path / "b3")], "no such file"),
+        (["bundle", "--unit", "vllm service; rm", "--out", str(tmp_path / "b4")], "systemd unit name"),
+        (["bundle", "--pid", "-3", "--out", str(tmp_path / "b5")], "positive number"),
+        # combinations: an option that cannot apply is refused, not ignored
+        (["collect", "--once", "--retention", "1h"], "--retention cannot be used with --once"),
+        (["collect", "--once", "--recorder", str(recorder), "--samples", "3"], "--recorder, --samples cannot be used"),
+        (["collect", "--once", "--listen", "127.0.0.1:0"], "--listen cannot be used with --once"),
+        (["collect", "--once", "--kmsg"], "--kmsg cannot be used with --once"),
+        (["collect", "--once", "--interval", "5s"], "--interval cannot be used with --once"),
+        (["analyze", "--bundle", str(bundle_dir), "--since", "2h"], "--since cannot be used with --bundle"),
+        (["analyze", "--recorder", str(a_file), "--selector", 'job="x"'], "--selector cannot be used without --prometheus"),
+        (["analyze", "--bundle", str(bundle_dir), "--prometheus", "http://127.0.0.1:1"], "give one of"),
+    ]
+    for args, message in cases:
+        code, err = _invoke(args)
+        assert code == 2, (args, code, err)
+        assert message in " ".join(err.split()), (args, err)
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err  # one clear line
+    assert not recorder.exists(), "a refused command must not have created anything"
+    assert not any((tmp_path / f"b{i}").exists() for i in (1, 2, 3, 4, 5)), "--out is created only once all is valid"
+
+
+def test_bundle_creates_an_out_folder_that_does_not_exist_yet(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "deeper"
+    proc = subprocess.run([*DIAG, "bundle", "--out", str(out), "--no-gpu", "--no-tar", "--recorder", str(tmp_path / "none.db"),
+                           "--since", "1m", "-q"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (root,) = out.iterdir()
+    assert (root / "manifest.json").is_file() and f"Bundle: {root}" in proc.stdout
+
+
+def test_snapshot_says_which_targets_do_not_exist_and_where_it_looked() -> None:
+    proc = subprocess.run([*DIAG, "snapshot", "--no-gpu", "--pid", "999999", "--cgroup", "/nope"], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+    assert proc.returncode == 1, proc.stderr  # nothing asked for exists
+    assert "pid 999999: no such process" in proc.stderr
+    line = next(x for x in proc.stderr.splitlines() if "cgroup /nope" in x)
+    assert "not found under" in line and ("v1 memory" in line or "cgroup2" in line)  # the hierarchies searched
+    row = next(x for x in proc.stdout.splitlines() if x.strip().startswith("/nope"))
+    assert "NOT FOUND" in row and "unlimited" not in row  # never a row that reads as "no limit"
+    # one target that exists is enough for success; the missing one is still named
+    ok = subprocess.run([*DIAG, "snapshot", "--no-gpu", "--json", "--pid", str(os.getpid()), "--cgroup", "/nope"],
+                        capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    scope = json.loads(ok.stdout)["scope"]
+    assert scope["resolved_pids"] == [os.getpid()] and scope["missing"][0].startswith("cgroup /nope: not found under")
+
+
+def test_collect_warns_about_a_missing_target_once_and_records_the_watch_scope(tmp_path: Path) -> None:
+    recorder = tmp_path / "r.db"
+    proc = subprocess.run(
+        [*DIAG, "collect", "--pid", "999999", "--cgroup", "/nope", "--samples", "4", "--interval", "50ms", "--listen",
+         "off", "--recorder", str(recorder), "--no-gpu", "--no-kmsg"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr  # a service may start later: never a refusal
+    assert proc.stderr.count("watch target not found (looking again every sample): pid 999999") == 1
+    assert "stopped after 4 samples" in proc.stderr
+    with FlightRecorder(recorder, readonly=True) as rec:
+        (scope,) = list(rec.read(kinds=["watch_scope"]))  # written once: the resolution did not change
+        assert rec.count("host") == 4
+    assert scope.pids == [999999] and scope.cgroups == ["/nope"] and scope.resolved_pids == []
+    assert any(m.startswith("pid 999999: no such process") for m in scope.missing)
+    assert any(m.startswith("cgroup /nope: not found under") for m in scope.missing)
+    once = subprocess.run([*DIAG, "collect", "--once", "--no-gpu", "--pid", "999999", "--pid", str(os.getpid())],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    metrics = _parse_exposition(once.stdout)
+    assert metrics['llmdiag_watch_targets{kind="pid"}'] == 2 and metrics['llmdiag_watch_targets_found{kind="pid"}'] == 1
+
+
+def test_a_corrupt_recorder_is_named_by_analyze_and_set_aside_by_collect(tmp_path: Path) -> None:
+    recorder = tmp_path / "recorder.db"
+    junk = os.urandom(8192)
+    recorder.write_bytes(junk)
+    (tmp_path / "recorder.db-wal").write_bytes(b"stale wal")
+    code = subprocess.run([*DIAG, "analyze", "--recorder", str(recorder)], capture_output=True, text=True, timeout=60)
+    assert code.returncode == 2 and "Traceback" not in code.stderr
+    assert f"{recorder} is not a readable flight recorder" in code.stderr and "Move it aside" in code.stderr
+    proc = subprocess.Popen(
+        [*DIAG, "collect", "--interval", "100ms", "--listen", "127.0.0.1:0", "--recorder", str(recorder), "--no-gpu",
+         "--no-kmsg"], stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        moved = ""
+        for line in proc.stderr:
+            moved += line
+            if "sampling every" in line:
+                break
+        url = re.search(r"http://127\.0\.0\.1:(\d+)/metrics", moved)
+        assert url and "moved it to" in moved, moved
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            metrics = _parse_exposition(httpx.get(url.group(0), timeout=5).text)
+            if "llmdiag_host_memory_total_bytes" in metrics:
+                break
+            time.sleep(0.1)
+        assert metrics['llmdiag_recorder_resets_total{reason="corrupt"}'] == 1
+        time.sleep(0.5)
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    (aside,) = [p for p in tmp_path.iterdir() if re.fullmatch(r"recorder\.db\.corrupt-\d{8}T\d{4}Z", p.name)]
+    assert aside.read_bytes() == junk  # kept as it was
+    assert (tmp_path / f"{aside.name}-wal").read_bytes() == b"stale wal"  # with its WAL, away from the fresh file
+    with FlightRecorder(recorder, readonly=True) as rec:
+        assert rec.integrity_ok() and rec.count("host") >= 2
+    assert subprocess.run([*DIAG, "analyze", "--recorder", str(recorder)], capture_output=True, timeout=60).returncode == 0
+
+
 def test_snapshot_json_on_this_host() -> None:
     proc = subprocess.run([*DIAG, "snapshot", "--json", "--pid", str(os.getpid())], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

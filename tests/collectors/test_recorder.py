@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -96,35 +97,73 @@ _WRITER = textwrap.dedent(
     import sys, time
     from collectors.recorder import FlightRecorder
     from collectors.records import HostSnapshot
-    rec = FlightRecorder(sys.argv[1], retention_s=86400, max_size_bytes=64 << 20)
+    trim_each = sys.argv[2] == "trim"
+    rec = FlightRecorder(sys.argv[1], retention_s=3600, max_size_bytes=64 << 20)
     i = 0
     while True:
-        rec.write(HostSnapshot(ts=time.time(), memory={"total": i}, vmstat={"pgmajfault": i}) for _ in range(500))
+        now = time.time()
+        rows = [HostSnapshot(ts=now, memory={"total": i}, vmstat={"pgmajfault": i}) for _ in range(500)]
+        if trim_each:  # rows past the retention, so every trim deletes, vacuums and checkpoints for real
+            rows += [HostSnapshot(ts=now - 7200, memory={"total": -1}) for _ in range(500)]
+        rec.write(rows)
         i += 1
-        if i % 7 == 0:
+        print(i, flush=True)  # committed: the transaction above returned
+        if trim_each or i % 7 == 0:
             rec.trim()
-        print(i, flush=True)
+            print("trimmed", flush=True)
     """
 )
 
 
 @pytest.mark.parametrize("round_", range(3))
-def test_kill_9_mid_write_leaves_a_readable_database(tmp_path: Path, round_: int) -> None:
+@pytest.mark.parametrize("during", ["write", "trim"])
+def test_kill_9_mid_write_or_trim_loses_nothing_committed(tmp_path: Path, round_: int, during: str) -> None:
     path = tmp_path / "r.db"
-    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), during], stdout=subprocess.PIPE, text=True)
+    committed = 0
     try:
         assert proc.stdout is not None
         target = 5 + 4 * round_
         for line in proc.stdout:
-            if int(line) >= target:
+            if line.strip().isdigit():
+                committed = int(line)
+            elif during == "trim" and committed >= target:
+                break  # a trim just finished: the next write and trim are under way
+            if during == "write" and committed >= target:
                 break
-        time.sleep(0.013 * (round_ + 1))  # land somewhere inside a later transaction
+        time.sleep(0.013 * (round_ + 1))  # land somewhere inside a later transaction (or trim)
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
     assert proc.returncode == -signal.SIGKILL
-    with FlightRecorder(path) as rec:
+    with FlightRecorder(path) as rec:  # the next start recovers the WAL
         assert rec.integrity_ok()
-        n = rec.count()
-        assert n >= 5 * 500 and n % 500 == 0, "a transaction is all or nothing"
-        assert sum(1 for _ in rec.read()) == n
+        new = rec._db.execute("SELECT COUNT(*) FROM records WHERE json_extract(body, '$.memory.total') >= 0").fetchone()[0]
+        assert new >= committed * 500, "a committed sample was lost"
+        assert new % 500 == 0, "a transaction is all or nothing"
+        assert sum(1 for _ in rec.read()) == rec.count()
+
+
+def test_kill_9_of_the_agent_loses_no_committed_sample_and_the_next_start_recovers(tmp_path: Path) -> None:
+    recorder = tmp_path / "r.db"
+    argv = [sys.executable, "-m", "diag.cli", "collect", "--interval", "50ms", "--listen", "off", "--recorder",
+            str(recorder), "--no-gpu", "--no-kmsg", "--verbose"]  # fmt: skip
+    agent = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    written = 0
+    try:
+        assert agent.stderr is not None
+        for line in agent.stderr:
+            match = re.search(r"sample (\d+) written", line)
+            if match:
+                written = int(match.group(1))  # logged after the sample's transaction committed
+                if written >= 15:
+                    break
+    finally:
+        os.kill(agent.pid, signal.SIGKILL)
+        agent.wait(timeout=10)
+    restart = subprocess.run([*argv[:-1], "--samples", "3"], capture_output=True, text=True, timeout=60)
+    assert restart.returncode == 0, restart.stderr
+    assert "moved it to" not in restart.stderr  # recovered, not set aside
+    with FlightRecorder(recorder, readonly=True) as rec:
+        assert rec.integrity_ok()
+        assert rec.count("host") >= written + 3
