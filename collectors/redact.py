@@ -112,6 +112,7 @@ _DESCRIPTOR_TAILS = frozenset(
 # Whole names that contain a secret word but are well-known non-secrets (the shell's working directory).
 _NOT_SECRET_NAMES = frozenset({"pwd", "oldpwd"})
 _AUTH_SCHEMES = frozenset({"bearer", "basic", "token", "digest", "negotiate"})
+_LONGEST_SCHEME = max(len(s) for s in _AUTH_SCHEMES)
 
 _WORD_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 
@@ -382,32 +383,36 @@ def _key_value(t: _Text, counts: dict[str, int]) -> None:
         return
     text = t.text
     out: list[str] = []
+    append = out.append
     pos = 0
     search_from = 0
+    fired = 0
     for run_start, _name_end, sep_end in _secret_name_runs(t):
         if run_start < search_from:
             continue  # inside a value already redacted
-        search_from = sep_end
-        start = sep_end
+        search_from = start = sep_end
         if text.startswith(REDACTED, start):
             continue
         end = _value_end(text, start)
         if end is None:
             continue
-        replacement = _quoted_redaction(text[start:end])
-        # "Authorization: Bearer x": the secret is the word after the scheme.
-        if text[start:end].strip("\"'").lower() in _AUTH_SCHEMES:
+        # an unquoted value never starts with a quote, so only a quoted one keeps its quotes
+        quoted = text[start] in "\"'"
+        replacement = _quoted_redaction(text[start:end]) if quoted else REDACTED
+        # "Authorization: Bearer x": the secret is the word after the scheme (an unquoted value holds no
+        # quote to strip, so it is a scheme only when it is as short as one).
+        if (quoted or end - start <= _LONGEST_SCHEME) and text[start:end].strip("\"'").lower() in _AUTH_SCHEMES:
             rest = _UNQUOTED_VALUE_RE.match(text, end + 1) if text.startswith(" ", end) else None
             if rest is None or rest.group(0) == REDACTED:
                 continue
             start, end, replacement = rest.start(), rest.end(), REDACTED
-        out.append(text[pos:start])
-        out.append(replacement)
-        counts["key_value"] = counts.get("key_value", 0) + 1
-        pos = end
-        search_from = end
+        append(text[pos:start])
+        append(replacement)
+        fired += 1
+        pos = search_from = end
     if out:
-        out.append(text[pos:])
+        counts["key_value"] = counts.get("key_value", 0) + fired
+        append(text[pos:])
         t.set("".join(out))
 
 
@@ -465,7 +470,21 @@ _TEXT_RULES: tuple[Callable[[_Text, dict], None], ...] = (
 _ANY_TRIGGER_RE = re.compile(
     "|".join(
         re.escape(x)
-        for x in (*_SECRET_ROOTS, "-----begin ", "://", "sk-", "hf_", "gh", "glpat-", "akia", "asia", "xox", "aiza", "eyj")
+        for x in (
+            *_SECRET_ROOTS,
+            "-----begin ",
+            "://",
+            "sk-",
+            "hf_",
+            "gh",
+            "github_pat_",
+            "glpat-",
+            "akia",
+            "asia",
+            "xox",
+            "aiza",
+            "eyj",
+        )
     )
 )
 _SHORT = 512
@@ -493,6 +512,9 @@ def redact_argv_counts(argv: Sequence[str]) -> tuple[str, dict[str, int]]:
     """``redact_argv`` plus the per-rule counts (for bundles' redaction reports)."""
     counts: dict[str, int] = {}
     args = [a if isinstance(a, str) else str(a) for a in argv]
+    joined = " ".join(args)
+    if not _ANY_TRIGGER_RE.search(joined.lower()):
+        return joined, counts  # no rule and no flag can fire: one search instead of one redact_text per argument
     redact_next = [False] * len(args)
     for i, arg in enumerate(args):
         lowered = arg.lower()

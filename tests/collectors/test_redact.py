@@ -288,8 +288,18 @@ _ordinary = st.lists(
 ).map("".join)
 
 
+# Settings and flags glued together: most of these texts have something to redact.
+_pair = st.tuples(
+    st.sampled_from(["", " ", "\n", "&", ",", "{", '"', "--", "-", "9", "x.", "a=", "_"]),
+    st.sampled_from(["token", "api_key", "password", "max_tokens", "Authorization", "auth_type", "PWD", "cookie", "k"]),
+    st.sampled_from(["=", ": ", '": ', "= ", " ", "\t", '="', "='", ":"]),
+    st.one_of(st.sampled_from(["Bearer", "Basic", "<redacted>", '"', "'", "", "x y", "sk-" + "a" * 22]), st.text(max_size=10)),
+).map("".join)
+_dense = st.lists(st.one_of(_pair, st.sampled_from(_FRAGMENTS)), max_size=12).map("".join)
+
+
 @settings(max_examples=600, deadline=None)
-@given(_ordinary)
+@given(st.one_of(_ordinary, _dense))
 def test_linear_engine_gives_the_old_output_and_counts(text: str) -> None:
     assert redact_text(text) == REFERENCE.redact_text(text)
 
@@ -306,7 +316,7 @@ GOOGLE = "AIza" + "SyA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q"
 GITHUB_PAT = "github_pat_" + "11ABCDEFG0123456789_abcdefghijklmnop"
 PEM = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA" + CANARY + "\n-----END RSA PRIVATE KEY-----"
 # The credential shapes detect-secrets and gitleaks look for, each in a setting where nothing names it.
-SHAPES = [OPENAI, HF, GHP, GITHUB_PAT, GITLAB, SLACK, GOOGLE, AWS, "ASIA" + "Y34FZKBOKMUTVV7A", JWT]
+SHAPES = [OPENAI, HF, GHP, GITHUB_PAT, "github_pat_" + "1" * 30, GITLAB, SLACK, GOOGLE, AWS, "ASIA" + "Y34FZKBOKMUTVV7A", JWT]
 
 
 @pytest.mark.parametrize("secret", SHAPES)
@@ -386,3 +396,18 @@ def test_redaction_work_grows_linearly(unit: str) -> None:
     assert times[2] <= 9 * max(times[0], 1e-4), (unit, times)
     argv_times = [_cpu(redact_argv, ["serve", "--config", t]) for t in (texts[0], texts[2])]
     assert argv_times[1] <= 9 * max(argv_times[0], 1e-4), (unit, argv_times)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "github_pat_" + "1" * 30,  # no "gh" inside: the quick no-trigger check must still see it
+        "token=\"'''''bearer'''''\" abc",  # a quoted scheme with extra quotes inside is still a scheme
+        "auth=Negotiate abc auth=BASIC  x",
+        "a=password=x&token=y",
+        "x" * 600 + " token=abc Authorization: Bearer q",  # past the short-text path
+    ],
+)
+def test_linear_engine_agrees_on_edge_cases(text: str) -> None:
+    assert redact_text(text) == REFERENCE.redact_text(text)
+    assert redact_argv_counts(text.split(" ")) == REFERENCE.redact_argv_counts(text.split(" "))
