@@ -82,11 +82,11 @@ def parse_kmsg_chunk(data: bytes | str) -> list[KmsgRecord]:
 
 # --------------------------------------------------------------------------- the two OOM lines
 
-_OOM_KILL_RE = re.compile(
-    r"oom-kill:constraint=(?P<constraint>[^,]*),nodemask=(?P<nodemask>.*?),cpuset=(?P<cpuset>.*?),"
-    r"mems_allowed=(?P<mems>.*?),(?:oom_memcg=(?P<oom_memcg>.*?)|global_oom),task_memcg=(?P<task_memcg>.*),"
-    r"task=(?P<task>.*),pid=(?P<pid>[0-9]{1,10}),uid=(?P<uid>[0-9]{1,10})\s*$"
-)
+# The kernel's layout: oom-kill:constraint=C,nodemask=N,cpuset=S,mems_allowed=M,(oom_memcg=G|global_oom),
+# task_memcg=T,task=COMM,pid=P,uid=U. Split by finding each separator once (``_split_oom_kill``): a regex with a
+# lazy group per field backtracks polynomially on a line that repeats the separators (a 2 KB line took 40 s).
+_OOM_HEAD_RE = re.compile(r"oom-kill:constraint=(?P<constraint>[^,]*),nodemask=")
+_OOM_TAIL_RE = re.compile(r",pid=(?P<pid>[0-9]{1,10}),uid=(?P<uid>[0-9]{1,10})\s*\Z")
 _KILLED_RE = re.compile(r"Killed process (?P<pid>[0-9]{1,10}) \((?P<rest>.*)$")
 _KB_FIELDS = {
     "total_vm_bytes": re.compile(r"total-vm:([0-9]{1,20})kB"),
@@ -103,16 +103,9 @@ def parse_oom_kill_line(message: str) -> dict[str, object] | None:
     if not isinstance(message, str) or "oom-kill:" not in message:
         return None
     body = message[message.index("oom-kill:") :]
-    m = _OOM_KILL_RE.match(body)
-    if m is not None:
-        return {
-            "constraint": m["constraint"] or None,
-            "oom_memcg": m["oom_memcg"],
-            "task_memcg": m["task_memcg"],
-            "task": m["task"],
-            "pid": int(m["pid"]),
-            "uid": int(m["uid"]),
-        }
+    strict = _split_oom_kill(body)
+    if strict is not None:
+        return strict
     # Lenient fallback for layouts we have not seen: comma-separated key=value, pid required.
     pairs: dict[str, str] = {}
     for item in body[len("oom-kill:") :].split(","):
@@ -130,6 +123,44 @@ def parse_oom_kill_line(message: str) -> dict[str, object] | None:
         "task": pairs.get("task"),
         "pid": int(pid),
         "uid": int(uid) if uid.isascii() and uid.isdigit() and len(uid) <= 10 else None,
+    }
+
+
+def _split_oom_kill(body: str) -> dict[str, object] | None:
+    """The kernel's own layout, each field up to its next separator (the last ``,task=`` for the task name,
+    which may itself hold commas); None when a separator is missing. Linear in the line."""
+    head = _OOM_HEAD_RE.match(body)
+    tail = _OOM_TAIL_RE.search(body)
+    if head is None or tail is None or "\n" in body[: tail.start()]:
+        return None
+    end = tail.start()
+    cpuset = body.find(",cpuset=", head.end(), end)
+    mems = body.find(",mems_allowed=", cpuset + 1, end) if cpuset != -1 else -1
+    if mems == -1:
+        return None
+    memcg = body.find(",oom_memcg=", mems + 1, end)
+    global_oom = body.find(",global_oom,task_memcg=", mems + 1, end)
+    oom_memcg: str | None = None
+    if memcg != -1 and (global_oom == -1 or memcg < global_oom):
+        task_memcg_at = body.find(",task_memcg=", memcg + 1, end)
+        if task_memcg_at == -1:
+            return None
+        oom_memcg = body[memcg + len(",oom_memcg=") : task_memcg_at]
+    elif global_oom != -1:
+        task_memcg_at = global_oom + len(",global_oom")
+    else:
+        return None
+    start = task_memcg_at + len(",task_memcg=")
+    task_at = body.rfind(",task=", start, end)
+    if task_at == -1:
+        return None
+    return {
+        "constraint": head["constraint"] or None,
+        "oom_memcg": oom_memcg,
+        "task_memcg": body[start:task_at],
+        "task": body[task_at + len(",task=") : end],
+        "pid": int(tail["pid"]),
+        "uid": int(tail["uid"]),
     }
 
 

@@ -256,8 +256,18 @@ def _load_parallel(path: Path, parts: list[tuple[float | None, float | None]], s
 
 
 def load_bundle(path: str | Path) -> Timeline:
-    """Records from a bundle's ``timeline/*.jsonl`` (one JSON record per line; a bad line is counted, not fatal)."""
+    """Records from a bundle's ``timeline/*.jsonl`` (one JSON record per line; a bad line is counted, not fatal).
+
+    ``path`` is the bundle folder or its archive (``.tar.gz``/``.tar``, read without extracting)."""
     root = Path(path)
+    if root.is_file():  # a .tar.gz / .tar: read in place, never extracted (untrusted input)
+        from diag.bundle.archive_input import read_timeline
+
+        builder = TimelineBuilder(source=f"bundle:{root}")
+        with paused_gc():
+            for kind, lines in read_timeline(root, batch_rows=BATCH_ROWS, batch_bytes=BATCH_BYTES):
+                builder.add_bodies(kind, lines)
+        return builder.build()
     folder = root / "timeline"
     if not folder.is_dir():
         raise FileNotFoundError(f"{root} is not an llm-diag bundle (no timeline/ folder)")

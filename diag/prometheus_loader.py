@@ -186,7 +186,7 @@ class _Prometheus:
             raise ValueError(f"cannot reach Prometheus at {self.base}: {exc}") from None
         try:
             body = resp.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
             body = None
         if isinstance(body, dict) and body.get("status") == "error":
             query = str(params.get("query", ""))
@@ -216,16 +216,23 @@ def _parse_matrix(data: dict[str, Any]) -> list[_Result]:
     if data.get("resultType") != "matrix":
         return []
     out = []
-    for item in data.get("result") or ():
-        values = item.get("values") or ()
-        if not values:
+    result = data.get("result")
+    for item in result if isinstance(result, list) else ():
+        try:
+            values = item.get("values") or ()
+            if not values:
+                continue
+            ts = np.fromiter((v[0] for v in values), dtype=np.float64, count=len(values))
+            vals = np.array([v[1] for v in values], dtype=np.float64)  # "NaN", "+Inf" parse as floats
+            metric = {str(k): str(v) for k, v in (item.get("metric") or {}).items()}
+        except (AttributeError, TypeError, ValueError, IndexError, KeyError, OverflowError):
+            # Not the documented [[unix_seconds, "value"], ...] shape: that series is left out, the rest loads.
+            log.warning("Prometheus: a series in an unexpected shape was left out")
             continue
-        ts = np.fromiter((v[0] for v in values), dtype=np.float64, count=len(values))
-        vals = np.array([v[1] for v in values], dtype=np.float64)  # "NaN", "+Inf" parse as floats
-        keep = ~np.isnan(vals)
+        keep = ~np.isnan(vals) & np.isfinite(ts)
         if not keep.any():
             continue
-        out.append(_Result(dict(item.get("metric") or {}), ts[keep], vals[keep]))
+        out.append(_Result(metric, ts[keep], vals[keep]))
     return out
 
 

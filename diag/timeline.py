@@ -325,7 +325,7 @@ class TimelineBuilder:
     def add_json(self, text: str | bytes, kind_hint: str = "?") -> None:
         try:
             obj = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: a row nested thousands deep
             self.skipped[kind_hint] += 1
             return
         if isinstance(obj, dict):
@@ -414,7 +414,7 @@ class TimelineBuilder:
         objs: Any = None
         try:
             objs = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             objs = None
         if not isinstance(objs, list) or len(objs) != len(bodies):  # a body that is not one JSON value
             self.decode_paths["per_row"] += len(bodies)

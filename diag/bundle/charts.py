@@ -138,11 +138,79 @@ def _when(ts: np.ndarray) -> np.ndarray:
     return (np.asarray(ts, dtype=np.float64) * 1000).astype("datetime64[ms]")
 
 
-def _time_axis(ax: Any, maxticks: int = 8) -> None:
+MIN_WINDOW_S = 10.0  # a window narrower than this (one sample, two close ones) is widened around its middle
+_DAY_S = 86400.0
+# Tick label formats, finest last: seconds when ticks are seconds apart, minutes within a day, date and time beyond.
+_TICK_FORMATS = ("%m-%d %H:%M", "%H:%M", "%H:%M:%S", "%m-%d %H:%M:%S", "%Y-%m-%d %H:%M:%S")
+
+
+def _tick_format(values: Sequence[float]) -> str:
+    """The shortest format that tells the ticks (matplotlib date numbers: days) apart, as a reader expects it:
+    HH:MM:SS when ticks are less than a minute apart, HH:MM within a day, date and time over longer windows."""
     import matplotlib.dates as mdates
 
-    ax.xaxis.set_major_locator(mdates.AutoDateLocator(minticks=3, maxticks=maxticks))
-    ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
+    if len(values) < 2:
+        return "%H:%M:%S"
+    step = float(np.min(np.diff(np.sort(np.asarray(values, dtype=np.float64))))) * _DAY_S
+    span = (max(values) - min(values)) * _DAY_S
+    if step < 60:
+        first = 2
+    elif span < _DAY_S and mdates.num2date(min(values)).date() == mdates.num2date(max(values)).date():
+        first = 1
+    else:
+        first = 0
+    formats = list(_TICK_FORMATS[first:])
+    if mdates.num2date(min(values)).year != mdates.num2date(max(values)).year:
+        formats = ["%Y-%m-%d %H:%M", *formats]  # month-day alone would not sort across new year
+    for fmt in formats:
+        labels = [mdates.num2date(v).strftime(fmt) for v in values]
+        if len(set(labels)) == len(labels):
+            return fmt
+    return _TICK_FORMATS[-1]
+
+
+def _tick_formatter() -> Any:
+    import matplotlib.dates as mdates
+    import matplotlib.ticker as mticker
+
+    class TimeFormatter(mticker.Formatter):
+        """Formats all ticks of the axis with one format chosen from their spacing (``_tick_format``)."""
+
+        def format_ticks(self, values: Sequence[float]) -> list[str]:
+            fmt = _tick_format(values)
+            return [mdates.num2date(v).strftime(fmt) for v in values]
+
+        def __call__(self, x: float, pos: int | None = None) -> str:
+            return mdates.num2date(x).strftime("%Y-%m-%d %H:%M:%S")
+
+    return TimeFormatter()
+
+
+def _time_axis(ax: Any, maxticks: int = 8) -> None:
+    """UTC time on x with distinct, readable ticks for any window from seconds to a month.
+
+    The view is set to the data's own window (widened to ``MIN_WINDOW_S`` when narrower): left to itself,
+    matplotlib widens a single-instant date axis to days, and every tick then reads 00:00:00."""
+    import matplotlib.dates as mdates
+
+    lows, highs = [], []
+    for sibling in ax.get_shared_x_axes().get_siblings(ax):
+        lo, hi = sibling.dataLim.intervalx
+        if np.isfinite(lo) and np.isfinite(hi):
+            lows.append(lo)
+            highs.append(hi)
+    if lows:
+        lo, hi = min(lows), max(highs)
+        min_days = MIN_WINDOW_S / _DAY_S
+        if hi - lo < min_days:
+            mid = (lo + hi) / 2
+            lo, hi = mid - min_days / 2, mid + min_days / 2
+        margin = (hi - lo) * 0.02
+        ax.set_xlim(lo - margin, hi + margin)
+    locator = mdates.AutoDateLocator(minticks=3, maxticks=maxticks)
+    locator.intervald[mdates.SECONDLY] = [1, 2, 5, 10, 15, 30]  # never sub-second ticks
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(_tick_formatter())
     ax.set_xlabel("time (UTC)")
 
 

@@ -156,15 +156,18 @@ class Redactor:
         if obj is _UNPARSED:
             try:
                 obj = json.loads(body)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested thousands deep
                 return None
         if not isinstance(obj, dict):
             return None
-        # A raw line break (whitespace between tokens) would split the JSONL line: re-encode those.
-        if "\n" not in body and "\r" not in body and self._clean(obj):
-            return body, obj
-        clean = self.value(obj, where)
-        return _DUMPS(clean), clean
+        try:
+            # A raw line break (whitespace between tokens) would split the JSONL line: re-encode those.
+            if "\n" not in body and "\r" not in body and self._clean(obj):
+                return body, obj
+            clean = self.value(obj, where)
+            return _DUMPS(clean), clean
+        except RecursionError:  # decodable but too deep to walk: left out, like an undecodable row
+            return None
 
     def _key(self, name: str) -> int:
         """0: an ordinary key; 1: a secret-looking name; 2: a prompt-bearing field; 3: a key a text rule changes."""
@@ -269,18 +272,19 @@ _DUMPS = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 def parse_many(bodies: list[str]) -> list[Any]:
     """Decode many JSON texts at once (one C call for the lot: ~30 % faster than one call each).
 
-    A batch holding an undecodable text is decoded one by one instead, that text giving None."""
+    A batch holding an undecodable text (or one nested too deep to decode) is decoded one by one instead, that
+    text giving None."""
     try:
         out = json.loads("[" + ",".join(bodies) + "]")
         if isinstance(out, list) and len(out) == len(bodies):
             return out
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
     result = []
     for body in bodies:
         try:
             result.append(json.loads(body))
-        except ValueError:
+        except (ValueError, RecursionError):
             result.append(None)
     return result
 

@@ -182,3 +182,232 @@ def test_redact_text_never_raises(text: str) -> None:
 @given(st.lists(st.text(max_size=40), max_size=12))
 def test_redact_argv_never_raises(argv: list[str]) -> None:
     assert isinstance(redact_argv(argv), str)
+
+
+# --------------------------------------------------------------------------- the linear engine
+
+
+def _reference():
+    """The engine before it became linear (kept in bench/ as a frozen copy), loaded by path."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "redact_reference.py"
+    spec = importlib.util.spec_from_file_location("redact_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+REFERENCE = _reference()
+
+# Pieces that exercise every rule, glued by generated text: the two engines must agree on the lot.
+_FRAGMENTS = [
+    "token",
+    "TOKEN",
+    "api_key",
+    "apiKey",
+    "max_tokens",
+    "password",
+    "PGPASSWORD",
+    "passphrase",
+    "auth",
+    "Authorization",
+    "auth_type",
+    "key_file",
+    "tokenizer",
+    "monkey",
+    "Bearer",
+    "bearer",
+    "Basic",
+    "cookie",
+    "creds",
+    "pwd",
+    "PWD",
+    "=",
+    ":",
+    ": ",
+    '="',
+    '"',
+    "'",
+    '":',
+    "&",
+    ",",
+    ";",
+    "}",
+    "]",
+    ")",
+    " ",
+    "  ",
+    "\t",
+    "\n",
+    "-",
+    "--",
+    "--api-key",
+    "--token",
+    "-token",
+    "--max-tokens",
+    "://",
+    "http://",
+    "postgres://",
+    "u:p@",
+    "user:pw@",
+    "@",
+    "/",
+    "sk-",
+    "hf_",
+    "ghp_",
+    "gho_",
+    "github_pat_",
+    "glpat-",
+    "AKIA",
+    "ASIA",
+    "xoxb-",
+    "xoxp-",
+    "AIza",
+    "eyJ",
+    ".eyJ",
+    ".",
+    "-----BEGIN ",
+    "RSA ",
+    "PRIVATE KEY-----",
+    "-----END ",
+    "<redacted>",
+    "ab12CD34ef56GH78ij90",
+    "0123456789",
+    "ABCDEFGHIJKLMNOP",
+    "x",
+    "_",
+    "9",
+    "é",
+    "K",
+    "İ",
+]
+_ordinary = st.lists(
+    st.one_of(st.sampled_from(_FRAGMENTS), st.text(alphabet=st.characters(codec="utf-8"), max_size=12)), max_size=40
+).map("".join)
+
+
+# Settings and flags glued together: most of these texts have something to redact.
+_pair = st.tuples(
+    st.sampled_from(["", " ", "\n", "&", ",", "{", '"', "--", "-", "9", "x.", "a=", "_"]),
+    st.sampled_from(["token", "api_key", "password", "max_tokens", "Authorization", "auth_type", "PWD", "cookie", "k"]),
+    st.sampled_from(["=", ": ", '": ', "= ", " ", "\t", '="', "='", ":"]),
+    st.one_of(st.sampled_from(["Bearer", "Basic", "<redacted>", '"', "'", "", "x y", "sk-" + "a" * 22]), st.text(max_size=10)),
+).map("".join)
+_dense = st.lists(st.one_of(_pair, st.sampled_from(_FRAGMENTS)), max_size=12).map("".join)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.one_of(_ordinary, _dense))
+def test_linear_engine_gives_the_old_output_and_counts(text: str) -> None:
+    assert redact_text(text) == REFERENCE.redact_text(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_ordinary.map(lambda s: s[:60]), max_size=10))
+def test_linear_engine_gives_the_old_argv(argv: list[str]) -> None:
+    assert redact_argv_counts(argv) == REFERENCE.redact_argv_counts(argv)
+
+
+GITLAB = "glpat-" + "Ab1Cd2Ef3Gh4Ij5Kl6Mn"
+SLACK = "xoxb-" + "1234567890-abcdefABCDEF"
+GOOGLE = "AIza" + "SyA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q"
+GITHUB_PAT = "github_pat_" + "11ABCDEFG0123456789_abcdefghijklmnop"
+PEM = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA" + CANARY + "\n-----END RSA PRIVATE KEY-----"
+# The credential shapes detect-secrets and gitleaks look for, each in a setting where nothing names it.
+SHAPES = [OPENAI, HF, GHP, GITHUB_PAT, "github_pat_" + "1" * 30, GITLAB, SLACK, GOOGLE, AWS, "ASIA" + "Y34FZKBOKMUTVV7A", JWT]
+
+
+@pytest.mark.parametrize("secret", SHAPES)
+@pytest.mark.parametrize("noise", ["", "a" * 30_000, "sk-" * 5_000, "x=" * 5_000, "eyJ" * 5_000])
+def test_shapes_never_survive_next_to_adversarial_words(secret: str, noise: str) -> None:
+    for text in (f"{noise} {secret} {noise}", f"{noise}\n{secret}", f"{secret}\n{noise}"):
+        out, counts = redact_text(text)
+        assert secret not in out
+        assert counts
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        PEM,
+        f"postgres://admin:{CANARY}@db/app",
+        f"Authorization: Bearer {CANARY}",
+        f'{{"client_secret": "{CANARY}"}}',
+        f"export OPENAI_API_KEY={CANARY}",
+        f"--hf-token {CANARY}",
+        f"Cookie: {CANARY}",
+    ],
+)
+def test_named_secrets_never_survive_in_a_long_text(text: str) -> None:
+    long = ("a" * 20_000 + " ") + text + (" " + "b" * 20_000)
+    out, _ = redact_text(long)
+    assert CANARY not in out
+
+
+def _cpu(fn, arg, reps: int = 5) -> float:
+    """Least CPU time of ``reps`` calls: the figure least disturbed by other jobs on the machine."""
+    import time
+
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.process_time()
+        fn(arg)
+        best = min(best, time.process_time() - t0)
+    return best
+
+
+_ADVERSARIAL_UNITS = [
+    "a",
+    "aB",
+    "sk-",
+    "hf_",
+    "ghp_",
+    "eyJ",
+    "eyJaaaaaaaaa.",
+    "AKIA",
+    "xoxb-",
+    "AIza",
+    "=",
+    "a=",
+    "a:b",
+    "key",
+    "a.b-",
+    "http://",
+    "a://b",
+    "-----BEGIN ",
+    "Bearer ",
+    "--token ",
+    'password="',
+    "token=x&",
+]
+
+
+@pytest.mark.parametrize("unit", _ADVERSARIAL_UNITS)
+def test_redaction_work_grows_linearly(unit: str) -> None:
+    """Doubling the input twice (20k -> 80k characters) multiplies the work by about 4 when linear and by 16 when
+    quadratic; measured side by side (CPU time, best of several), the bound of 9 separates the two with room for
+    noise and asserts no absolute time."""
+    sizes = [20_000, 40_000, 80_000]
+    texts = [(unit * (n // len(unit) + 1))[:n] for n in sizes]
+    _cpu(redact_text, texts[0], reps=1)  # warm caches
+    times = [_cpu(redact_text, t) for t in texts]
+    assert times[2] <= 9 * max(times[0], 1e-4), (unit, times)
+    argv_times = [_cpu(redact_argv, ["serve", "--config", t]) for t in (texts[0], texts[2])]
+    assert argv_times[1] <= 9 * max(argv_times[0], 1e-4), (unit, argv_times)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "github_pat_" + "1" * 30,  # no "gh" inside: the quick no-trigger check must still see it
+        "token=\"'''''bearer'''''\" abc",  # a quoted scheme with extra quotes inside is still a scheme
+        "auth=Negotiate abc auth=BASIC  x",
+        "a=password=x&token=y",
+        "x" * 600 + " token=abc Authorization: Bearer q",  # past the short-text path
+    ],
+)
+def test_linear_engine_agrees_on_edge_cases(text: str) -> None:
+    assert redact_text(text) == REFERENCE.redact_text(text)
+    assert redact_argv_counts(text.split(" ")) == REFERENCE.redact_argv_counts(text.split(" "))
