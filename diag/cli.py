@@ -217,8 +217,22 @@ def analyze(
 ) -> None:
     """Classify what the records show: the verdict first, findings with evidence, and what could not be evaluated.
 
-    JSON shape: {"verdict": {"primary", "contributing"}, "findings": [{"class", "rule", "confidence", "summary",
-    "evidence", "rules_out", "remediation", "start", "end"}], "not_evaluated": [{"rule", "class", "missing"}]}
+    Verdict: an incident class when a finding reaches confidence 0.5
+    (other findings at 0.5 or more are "contributing").
+    "inconclusive" when findings reach only 0.3 (the "suspects", with their
+    confidence) or a rule had too little data to judge ("too_little_data":
+    what it had and what it needs). "healthy" only when no rule found anything
+    at 0.3 or more and none lacked data. Rules whose signals are absent are
+    listed as not evaluated, with where the signal would come from.
+
+    The service is what `diag collect --pid/--cgroup` named, else the
+    processes writing service records, else model-file holders inside the
+    watched groups; a neighbour is never taken for the service.
+
+    JSON: {"verdict": {"primary", "contributing", "suspects", "too_little_data",
+    "meaning"}, "findings": [{"class", "rule", "confidence", "summary",
+    "evidence", "rules_out", "remediation", "start", "end"}],
+    "not_evaluated": [{"rule", "class", "missing", "why"}]}
 
     Examples:\n
       diag analyze --since 30m\n

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import json
 import logging
 import math
 import multiprocessing
@@ -33,6 +34,7 @@ from typing import Any
 from urllib.parse import quote
 
 from collectors.recorder import FlightRecorder
+from collectors.records import WatchScope, record_from_dict
 from diag.fastdecode import TYPED_KINDS, paused_gc
 from diag.timeline import Timeline, TimelineBuilder
 
@@ -58,8 +60,31 @@ def load_recorder(
     parts = _plan(Path(path), since, until, _workers(workers))
     with paused_gc():  # millions of short-lived acyclic objects: see diag/fastdecode.py
         if len(parts) <= 1:
-            return _read_part(Path(path), since, until, source).build()
-        return _load_parallel(Path(path), parts, source)
+            timeline = _read_part(Path(path), since, until, source).build()
+        else:
+            timeline = _load_parallel(Path(path), parts, source)
+    if since is not None:
+        timeline.watch_scopes[:0] = _scope_before(Path(path), since)
+    return timeline
+
+
+def _scope_before(path: Path, since: float) -> list[WatchScope]:
+    """The watch scope in force when the window opens: the agent writes one only at start-up and on change,
+    so a window that starts later would otherwise lose what the operator asked to watch."""
+    db = _connect(path)
+    try:
+        row = db.execute(
+            "SELECT body FROM records WHERE kind = 'watch_scope' AND ts < ? ORDER BY ts DESC LIMIT 1", (since,)
+        ).fetchone()
+    finally:
+        db.close()
+    if row is None:
+        return []
+    try:
+        record = record_from_dict(json.loads(row[0]))
+    except ValueError:
+        return []
+    return [record] if isinstance(record, WatchScope) else []
 
 
 def _connect(path: Path) -> sqlite3.Connection:

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from collectors.records import CudaOomError, OomEvent, ServiceConfig, record_from_dict
+from collectors.records import CudaOomError, OomEvent, ServiceConfig, WatchScope, record_from_dict
 from diag import fastdecode
 from diag.fastdecode import TYPED_KINDS, paused_gc
 
@@ -116,6 +116,7 @@ class ProcessTrack:
     cmdline: str = ""
     memory_cgroup: str | None = None
     model_files: set[str] = field(default_factory=set)
+    ppid: int | None = None
     series: dict[str, Series] = field(default_factory=dict)
 
     @property
@@ -146,6 +147,9 @@ class Timeline:
     ooms: list[OomEvent] = field(default_factory=list)
     cuda_ooms: list[CudaOomError] = field(default_factory=list)
     configs: list[ServiceConfig] = field(default_factory=list)
+    # What the operator asked the agent to watch (--pid/--cgroup), oldest first; the last one before the window
+    # is included by the recorder loader, since a scope is written only at start-up and when it changes.
+    watch_scopes: list[WatchScope] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)  # records read per kind
     skipped: dict[str, int] = field(default_factory=dict)  # undecodable rows per kind
 
@@ -318,6 +322,7 @@ class TimelineBuilder:
         self.ooms: list[OomEvent] = []
         self.cuda_ooms: list[CudaOomError] = []
         self.configs: list[ServiceConfig] = []
+        self.watch_scopes: list[WatchScope] = []
         self.counts: dict[str, int] = defaultdict(int)
         self.skipped: dict[str, int] = defaultdict(int)
         self.decode_paths: dict[str, int] = defaultdict(int)  # rows per add_bodies path: typed, json, per_row
@@ -349,6 +354,8 @@ class TimelineBuilder:
             self.skipped[kind] += 1
             return
         self.counts[kind] += 1
+        if kind in _NOT_OBSERVATIONS:
+            return
         self.start = min(self.start, ts)
         self.end = max(self.end, ts)
 
@@ -493,6 +500,7 @@ class TimelineBuilder:
                 mine.cmdline = track.cmdline or mine.cmdline
                 mine.memory_cgroup = track.memory_cgroup or mine.memory_cgroup
                 mine.model_files.update(track.model_files)
+                mine.ppid = track.ppid if track.ppid is not None else mine.ppid
             self.proc_series[key].merge(other.proc_series[key])
         for index, b in other.gpus.items():
             self.gpus[index].merge(b)
@@ -505,6 +513,7 @@ class TimelineBuilder:
         self.ooms.extend(other.ooms)
         self.cuda_ooms.extend(other.cuda_ooms)
         self.configs.extend(other.configs)
+        self.watch_scopes.extend(other.watch_scopes)
         for kind, n in other.counts.items():
             self.counts[kind] += n
         for kind, n in other.skipped.items():
@@ -548,6 +557,8 @@ class TimelineBuilder:
         track.cmdline = obj.get("cmdline") or track.cmdline
         track.memory_cgroup = obj.get("memory_cgroup") or track.memory_cgroup
         track.model_files.update(obj.get("model_files") or ())
+        if obj.get("ppid") is not None:
+            track.ppid = int(obj["ppid"])
         b = self.proc_series[key]
         for name in ("rss", "pss", "uss", "swap"):
             b.add(name, ts, obj.get(f"{name}_bytes"))
@@ -579,6 +590,9 @@ class TimelineBuilder:
 
     def _config(self, ts: float, obj: Mapping[str, Any]) -> None:
         self.configs.append(record_from_dict(dict(obj)))  # type: ignore[arg-type]
+
+    def _watch_scope(self, ts: float, obj: Mapping[str, Any]) -> None:
+        self.watch_scopes.append(record_from_dict(dict(obj)))  # type: ignore[arg-type]
 
     def build(self) -> Timeline:
         start = self.start if self.start != math.inf else 0.0
@@ -612,6 +626,7 @@ class TimelineBuilder:
             ooms=sorted(self.ooms, key=lambda o: o.ts),
             cuda_ooms=sorted(self.cuda_ooms, key=lambda o: o.ts),
             configs=sorted(self.configs, key=lambda c: c.ts),
+            watch_scopes=sorted(self.watch_scopes, key=lambda w: w.ts),
             counts=dict(self.counts),
             skipped=dict(self.skipped),
         )
@@ -661,6 +676,9 @@ def _derive_request_columns(t: Table) -> Table:
     return Table(cols)
 
 
+# Kinds that state a configuration rather than observe a moment: they do not stretch the window.
+_NOT_OBSERVATIONS = frozenset({"watch_scope"})
+
 _HANDLERS: dict[str, Any] = {
     "host": TimelineBuilder._host,
     "cgroup": TimelineBuilder._cgroup,
@@ -669,6 +687,7 @@ _HANDLERS: dict[str, Any] = {
     "oom": TimelineBuilder._oom,
     "cuda_oom": TimelineBuilder._cuda_oom,
     "config": TimelineBuilder._config,
+    "watch_scope": TimelineBuilder._watch_scope,
     "request": _table_handler("requests", _REQUEST_COLUMNS, _REQUEST_STR_COLUMNS),
     "batch": _table_handler("batches", _BATCH_COLUMNS),
     "routing": _table_handler("routing", _ROUTING_COLUMNS),
@@ -854,7 +873,7 @@ def _bulk_cgroup(self: TimelineBuilder, ts: np.ndarray, objs: list[Any], rows: _
 
 _PROCESS_FIELDS = ("rss_bytes", "pss_bytes", "uss_bytes", "swap_bytes", "major_faults", "minor_faults")
 _PROCESS_SERIES = ("rss", "pss", "uss", "swap", "major_faults", "minor_faults")
-_PROCESS_FACTS = ("comm", "cmdline", "memory_cgroup")
+_PROCESS_FACTS = ("comm", "cmdline", "memory_cgroup", "ppid")
 
 
 def _last_truthy(objs: list[Any], idx: np.ndarray | None, get: Any) -> Any:
@@ -899,7 +918,7 @@ def _bulk_process(self: TimelineBuilder, ts: np.ndarray, objs: list[Any], rows: 
         staged.append((key, pid, start_time, last, files.get(number, set()), t, cols))
 
     def commit() -> None:
-        for key, pid, start_time, (comm, cmdline, cgroup), model_files, t, cols in staged:
+        for key, pid, start_time, (comm, cmdline, cgroup, ppid), model_files, t, cols in staged:
             track = self.procs.get(key)
             if track is None:
                 track = self.procs[key] = ProcessTrack(pid, start_time)
@@ -907,6 +926,8 @@ def _bulk_process(self: TimelineBuilder, ts: np.ndarray, objs: list[Any], rows: 
             track.cmdline = cmdline or track.cmdline
             track.memory_cgroup = cgroup or track.memory_cgroup
             track.model_files.update(model_files)
+            if ppid:
+                track.ppid = int(ppid)
             b = self.proc_series[key]
             for name, values in cols:
                 b.add_chunk(name, t, values)

@@ -22,7 +22,8 @@ import numpy as np
 
 from collectors.records import CudaOomError, OomEvent
 from diag.rules import stats
-from diag.rules.base import Evidence, Finding, rule
+from diag.rules.base import Evidence, Finding, TooLittleData, rule
+from diag.rules.context import AnalysisContext
 from diag.rules.stats import Scope
 from diag.timeline import Series, Timeline
 from diag.units import format_bytes
@@ -110,9 +111,9 @@ def _counter_increases(timeline: Timeline) -> tuple[dict[str, float], float]:
 
 
 @rule("oom.host", "host_oom", needs=("ooms",))
-def host_oom(timeline: Timeline) -> Finding | None:
+def host_oom(timeline: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """Kernel OOM kills: which memory ran out (a cgroup limit or the host), who died, corroborated by counters."""
-    scope = stats.service_scope(timeline)
+    scope = stats.service_scope(timeline, ac)
     per_group, host_kills = _counter_increases(timeline)
     kills = list(timeline.ooms)
     if not kills and not per_group and host_kills <= 0:
@@ -284,7 +285,7 @@ def _gpu_used(timeline: Timeline, err: CudaOomError) -> Evidence | None:
 
 
 @rule("oom.gpu", "gpu_oom", needs_any=("cuda_ooms", "torch"))
-def gpu_oom(timeline: Timeline) -> Finding | None:
+def gpu_oom(timeline: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """A CUDA allocation failed because the GPU was really full (not fragmented); who else held it."""
     errs = list(timeline.cuda_ooms)
     torch_ooms, _retries, slack = _torch_ooms(timeline)
@@ -375,7 +376,7 @@ def gpu_oom(timeline: Timeline) -> Finding | None:
 
 
 @rule("oom.allocator_fragmentation", "allocator_fragmentation", needs_any=("cuda_ooms", "torch"))
-def allocator_fragmentation(timeline: Timeline) -> Finding | None:
+def allocator_fragmentation(timeline: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """The failed request fit in memory torch had reserved but not allocated: fragmented, not full."""
     errs = list(timeline.cuda_ooms)
     torch_ooms, retries, slack = _torch_ooms(timeline)

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from diag.rules import stats
-from diag.rules.base import Evidence, Finding, rule
+from diag.rules.base import Evidence, Finding, TooLittleData, rule
+from diag.rules.context import AnalysisContext
 from diag.timeline import ProcessTrack, Series, Timeline
 from diag.units import format_bytes
 
@@ -134,13 +135,13 @@ def _gpu_copies(timeline: Timeline, pids: set[int], size: float | None) -> tuple
     needs=("process:model_files",),
     needs_any=("process:uss", "process:pss", "gpu_processes"),
 )
-def duplicate_model_processes(timeline: Timeline) -> Finding | None:
+def duplicate_model_processes(timeline: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """Several live processes hold the same model file, each with its own private copy (not a shared mmap)."""
     by_file: dict[str, list[ProcessTrack]] = {}
     for track in timeline.processes.values():
         for path in track.model_files:
             by_file.setdefault(path, []).append(track)
-    scope = stats.service_scope(timeline)
+    scope = stats.service_scope(timeline, ac)
     results = []
     for path, tracks in by_file.items():
         holders, when = _holders(tracks)
@@ -282,9 +283,9 @@ def _nearest(series: Series, ts: np.ndarray) -> np.ndarray:
     needs=("cgroup:psi.memory.some.avg10",),
     needs_any=("host:psi.memory.some.avg10", "host:psi.io.some.avg10"),
 )
-def noisy_neighbour(timeline: Timeline) -> Finding | None:
+def noisy_neighbour(timeline: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """Host pressure up while the service cgroup's own PSI and memory stay flat: someone else's pressure."""
-    scope = stats.service_scope(timeline)
+    scope = stats.service_scope(timeline, ac)
     groups = [g for g in scope.cgroups if len(stats.stall_percent(timeline.cgroups[g], "psi.memory.some"))]
     if not groups:
         return None

@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from diag.rules import numstats
-from diag.rules.base import Evidence, Finding, rule
+from diag.rules.base import Evidence, Finding, TooLittleData, rule
+from diag.rules.context import AnalysisContext, shared
 from diag.rules.stats import edge_level, service_scope, stall_percent
 from diag.rules.usl import LoadCurve, UslFit, concurrency_levels, count_at, covered_time, fit_usl, load_curve
-from diag.timeline import Series, Table, Timeline
+from diag.timeline import Series, Timeline
 
 MIN_REQUESTS = 30  # started requests; below this a quartile is a handful of requests and medians are noise
 
@@ -53,6 +54,7 @@ FAULTS_UP = 50.0  # major faults per second
 REFAULTS_UP = 200.0  # pages refaulted per second
 SWAP_UP = 100.0  # pages swapped in+out per second
 RATE_FACTOR = 3.0
+NO_STALL_CAP = 0.2  # thrashing without a memory stall stays below the suspect level (0.3): it is not thrashing
 RATE_ALWAYS = 10.0  # a rate at 10x its floor is a stall even when the whole recording was already stalling
 
 # What ``thrashing`` can stand on: any one memory-stall signal, host-wide or per cgroup or per process.
@@ -85,10 +87,10 @@ class ServiceContext:
     how: str = ""  # how the cgroup was identified (for evidence)
 
 
-def service_context(tl: Timeline) -> ServiceContext:
+def service_context(tl: Timeline, ac: AnalysisContext | None = None) -> ServiceContext:
     """The service as every rule family scopes it (``stats.service_scope``: the pids named by the service's
     records, their watched cgroups); the deepest such cgroup is the one whose stall and memory are ours."""
-    scope = service_scope(tl)
+    scope = service_scope(tl, ac)
     cgroup = scope.cgroups[0] if scope.cgroups else None
     return ServiceContext(set(scope.pids), cgroup, scope.identified_by if cgroup else "not identified")
 
@@ -189,19 +191,20 @@ class RequestLoad:
         return abs(self.little_l - self.little_lw) / self.little_l if self.little_l > 0 else math.nan
 
 
-_CACHE: list[tuple[Table, float, float, RequestLoad | None]] = []
+def analyse_requests(tl: Timeline, ac: AnalysisContext | None = None) -> RequestLoad | None:
+    """The shared pass over the request table, once per analysis: several rules ask on one timeline."""
+    return shared(ac, tl, "requests.analyse", lambda: _analyse(tl))
 
 
-def analyse_requests(tl: Timeline) -> RequestLoad | None:
-    """The shared pass, cached for the last (request table, window) seen: several rules ask on one timeline.
-
-    The cache holds a reference to the table, so its identity cannot be recycled while cached.
-    """
-    if _CACHE and _CACHE[0][0] is tl.requests and _CACHE[0][1:3] == (tl.start, tl.end):
-        return _CACHE[0][3]
-    result = _analyse(tl)
-    _CACHE[:] = [(tl.requests, tl.start, tl.end, result)]
-    return result
+def too_few_requests(tl: Timeline) -> TooLittleData | None:
+    """What the request rules say when the table has rows but fewer than ``MIN_REQUESTS`` started ones."""
+    req = tl.requests
+    if not len(req) or "start" not in req:
+        return None
+    n = int(np.isfinite(req["start"]).sum())
+    if n >= MIN_REQUESTS:
+        return None
+    return TooLittleData(f"{n} started requests", f"{MIN_REQUESTS} started requests")
 
 
 def _median(x: np.ndarray) -> float:
@@ -465,16 +468,16 @@ def _wait_series(load: RequestLoad) -> Evidence | None:
 
 
 @rule("requests.queue_backlog", "queue_backlog", needs=("requests",))
-def queue_backlog(tl: Timeline) -> Finding | None:
+def queue_backlog(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """Queue wait rises with load while inference time stays flat and memory does not stall."""
-    load = analyse_requests(tl)
+    load = analyse_requests(tl, ac)
     if load is None:
-        return None
+        return too_few_requests(tl)
     w_rose = load.w_high >= max(W_MIN_S, W_MIN_VS_S * load.s_base) and load.w_high >= W_RISE * load.w_low + 0.02
     if not w_rose:
         return None
     infl = load.s_inflation
-    ctx = service_context(tl)
+    ctx = service_context(tl, ac)
     stall = memory_stall(tl, ctx, load)
     # Judge the service's own stall signals when it has them: host-wide stalls while the service's cgroup
     # stays calm are a neighbour's (placement.noisy_neighbour), not evidence against a backlog here.
@@ -566,15 +569,15 @@ def queue_backlog(tl: Timeline) -> Finding | None:
 
 
 @rule("requests.thrashing", "thrashing", needs=("requests",), needs_any=STALL_SIGNALS)
-def thrashing(tl: Timeline) -> Finding | None:
+def thrashing(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """Inference time inflates with concurrency, throughput falls, and memory stalls (PSI, major faults, refaults)."""
-    load = analyse_requests(tl)
+    load = analyse_requests(tl, ac)
     if load is None:
         return None
     infl = load.s_inflation
     if infl < S_INFLATED and not load.retrograde:
         return None
-    ctx = service_context(tl)
+    ctx = service_context(tl, ac)
     stall = memory_stall(tl, ctx, load)
     service_up = [s for s in stall if s.up and s.service]
     host_up = [s for s in stall if s.up and not s.service]
@@ -593,8 +596,8 @@ def thrashing(tl: Timeline) -> Finding | None:
     tail = load.s_high_p99 / load.s_high if load.s_high > 0 else math.nan
     if np.isfinite(tail) and tail >= 3:
         conf += 0.05
-    if not stall_ok:
-        conf = min(conf, 0.35)
+    if not stall_ok:  # a slowdown without any memory stall is CPU or batch contention: a note, not a suspect
+        conf = min(conf, NO_STALL_CAP)
     if infl < S_INFLATED:
         conf = min(conf, 0.4)
     evidence = [
