@@ -339,7 +339,7 @@ def _rate_sum(series: list[Series]) -> Series | None:
     return Series(grid, total)
 
 
-def _stall_candidates(tl: Timeline, ctx: ServiceContext) -> list[tuple[str, str, str, str, Series, bool]]:
+def stall_candidates(tl: Timeline, ctx: ServiceContext) -> list[tuple[str, str, str, str, Series, bool]]:
     """(scope, name, unit, kind, series, is_service) for every stall signal present."""
     out: list[tuple[str, str, str, str, Series, bool]] = []
 
@@ -399,7 +399,7 @@ def memory_stall(tl: Timeline, ctx: ServiceContext, load: RequestLoad | None) ->
             if fin.sum() >= 8 and np.ptp(key[fin]) > 0:
                 q25, q75 = np.quantile(key[fin], [0.25, 0.75])
                 masks.append((fin & (key >= q75), fin & (key <= q25)))
-    for scope, name, unit, kind, series, service in _stall_candidates(tl, ctx):
+    for scope, name, unit, kind, series, service in stall_candidates(tl, ctx):
         his, los = [], []
         if masks and curve is not None:
             at = np.interp(curve.centers, series.ts, series.values, left=np.nan, right=np.nan)
