@@ -45,6 +45,13 @@ W_MIN_S = 0.05
 W_MIN_VS_S = 0.5
 W_RISE = 4.0
 
+# Short windows: the backlog is decided on per-request evidence when it is overwhelming -- at least
+# MIN_REQUESTS started requests, OVERWHELM_SHARE of them waiting OVERWHELM_FACTOR x their own inference time,
+# and someone waiting at every moment (gaps up to OVERWHELM_GAP_S).
+OVERWHELM_FACTOR = 3.0
+OVERWHELM_SHARE = 0.8
+OVERWHELM_GAP_S = 0.01
+
 # Memory-stall thresholds for *diagnosis* (not killing): research/diagnosis.md §3 suggests memory
 # some avg10 > 10 % = pressure and full avg10 > 5 % = thrashing candidate. Counter rates must be both
 # above a floor (a healthy warm service takes ~0 major faults/s) and several times the calm level.
@@ -467,6 +474,90 @@ def _wait_series(load: RequestLoad) -> Evidence | None:
     )
 
 
+@dataclass
+class Overwhelming:
+    """The per-request evidence that decides a backlog without any calm period to compare against."""
+
+    n: int
+    share: float  # of started requests whose queue wait >= OVERWHELM_FACTOR x their inference time
+    wait_median: float
+    inference_median: float
+    t0: float
+    t1: float
+    stalled: list[StallSignal]
+
+
+def _never_empty(arrival: np.ndarray, start: np.ndarray) -> tuple[bool, float, float]:
+    """Whether someone was waiting (arrival <= t < start) at every moment from the first wait to the last start."""
+    waited = start - arrival > 0
+    a, b = arrival[waited], start[waited]
+    if a.size < 2:
+        return False, math.nan, math.nan
+    order = np.argsort(a, kind="stable")
+    a, b = a[order], b[order]
+    reach = np.maximum.accumulate(b)
+    gaps = a[1:] - reach[:-1]
+    return bool(np.all(gaps <= OVERWHELM_GAP_S)), float(a[0]), float(reach[-1])
+
+
+def overwhelming_check(tl: Timeline, ac: AnalysisContext | None = None) -> Overwhelming | None:
+    """>= ``MIN_REQUESTS`` started requests, >= 80 % of them waiting >= 3x their own inference time, and the queue
+    never empty over the window: a backlog whatever the window's length (seconds are enough)."""
+    req = tl.requests
+    if not len(req) or "start" not in req:
+        return None
+    started = np.isfinite(req["start"]) & np.isfinite(req["arrival"]) & np.isfinite(req["finish"])
+    n = int(started.sum())
+    if n < MIN_REQUESTS:
+        return None
+    w, s = req["queue_wait_s"][started], req["inference_s"][started]
+    share = float(np.mean(w >= OVERWHELM_FACTOR * np.maximum(s, 1e-3)))
+    if share < OVERWHELM_SHARE:
+        return None
+    never_empty, t0, t1 = _never_empty(req["arrival"][started], req["start"][started])
+    if not never_empty:
+        return None
+    stall = [x for x in memory_stall(tl, service_context(tl, ac), None) if x.up and x.service]
+    return Overwhelming(n, share, float(np.median(w)), float(np.median(s)), t0, t1, stall)
+
+
+def overwhelming_backlog(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | None:
+    ov = overwhelming_check(tl, ac)
+    if ov is None:
+        return None
+    conf = 0.7 if not ov.stalled else 0.45  # memory stalls too: the wait may be a thrashing service's
+    evidence = [
+        Evidence(f"requests waiting >= {OVERWHELM_FACTOR:g}x their inference time", round(ov.share, 3), f"ratio of {ov.n}",
+                 ov.t0, ov.t1),
+        Evidence("median queue wait", round(ov.wait_median, 4), "s", ov.t0, ov.t1),
+        Evidence("median inference time", round(ov.inference_median, 4), "s", ov.t0, ov.t1),
+        Evidence("queue empty at any moment between the first wait and the last start", "never", "", ov.t0, ov.t1),
+    ]  # fmt: skip
+    for x in ov.stalled[:2]:
+        evidence.append(Evidence(f"{x.label()} (loaded vs calm)", f"{x.hi:.3g} vs {x.lo:.3g}", x.unit))
+    return Finding(
+        cls="queue_backlog",
+        rule="requests.queue_backlog",
+        confidence=conf,
+        summary=(
+            f"{ov.share:.0%} of {ov.n} requests waited >= {OVERWHELM_FACTOR:g}x their inference time "
+            f"(median wait {ms(ov.wait_median)} vs {ms(ov.inference_median)} inference) and the queue never emptied "
+            f"in {ov.t1 - ov.t0:.0f} s: more work arrives than the slots serve"
+        ),
+        evidence=evidence,
+        rules_out=[
+            "judged on per-request evidence alone: the window holds no calm period to compare with",
+            *([f"memory stalls too ({_stall_summary(ov.stalled)}): check thrashing"] if ov.stalled else []),
+        ],
+        remediation=[
+            "bound concurrency and keep the queue small; reject the excess early with 429 + Retry-After (backpressure)",
+            "scale out (more replicas/workers within the memory budget) or rate-limit the heaviest clients",
+        ],
+        start=ov.t0,
+        end=ov.t1,
+    )
+
+
 @rule("requests.queue_backlog", "queue_backlog", needs=("requests",))
 def queue_backlog(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """Queue wait rises with load while inference time stays flat and memory does not stall."""
@@ -475,7 +566,7 @@ def queue_backlog(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | 
         return too_few_requests(tl)
     w_rose = load.w_high >= max(W_MIN_S, W_MIN_VS_S * load.s_base) and load.w_high >= W_RISE * load.w_low + 0.02
     if not w_rose:
-        return None
+        return overwhelming_backlog(tl, ac)  # a short, uniformly overloaded window has no calm quartile to compare
     infl = load.s_inflation
     ctx = service_context(tl, ac)
     stall = memory_stall(tl, ctx, load)
