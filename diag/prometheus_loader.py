@@ -45,7 +45,9 @@ What is filled, and from what (ours first; the external family only where ours i
   queue_wait_p50_s      histogram_quantile(0.5, sum by (le) (rate(<bucket>[W]))) of       s
                         cat.REQUEST_QUEUE_WAIT (cat.VLLM_QUEUE_TIME)
   queue_wait_p95_s      the same, 0.95                                                    s
-  inference_p50_s/p95_s cat.REQUEST_INFERENCE (cat.VLLM_INFERENCE_TIME)                   s
+  inference_p50_s/p95_s cat.REQUEST_INFERENCE (cat.VLLM_INFERENCE_TIME, cat.TGI_INFERENCE_TIME) s
+  <key>_mean_s          sum(rate(<sum>[W])) / sum(rate(<count>[W])) beside each quantile   s
+  prefill_/decode_*     cat.VLLM_PREFILL_TIME / cat.VLLM_DECODE_TIME                      s
   e2e_p50_s/p95_s       cat.REQUEST_E2E (cat.VLLM_E2E)                                    s
   requests_rps          sum(rate(cat.REQUESTS[W])), every outcome                         1/s
   throughput_rps        outcome="ok" (rate of cat.VLLM_SUCCESS)                           1/s
@@ -478,12 +480,14 @@ class _Queries:
 
     def service(self, out: _Loaded) -> None:
         svc = out.service
-        for key, ours, vllm in (
-            ("queue_wait", cat.REQUEST_QUEUE_WAIT.name, cat.VLLM_QUEUE_TIME.name),
-            ("inference", cat.REQUEST_INFERENCE.name, cat.VLLM_INFERENCE_TIME.name),
-            ("e2e", cat.REQUEST_E2E.name, cat.VLLM_E2E.name),
+        for key, families in (
+            ("queue_wait", (cat.REQUEST_QUEUE_WAIT.name, cat.VLLM_QUEUE_TIME.name, cat.TGI_QUEUE_TIME.name)),
+            ("inference", (cat.REQUEST_INFERENCE.name, cat.VLLM_INFERENCE_TIME.name, cat.TGI_INFERENCE_TIME.name)),
+            ("e2e", (cat.REQUEST_E2E.name, cat.VLLM_E2E.name)),
+            ("prefill", (cat.VLLM_PREFILL_TIME.name,)),
+            ("decode", (cat.VLLM_DECODE_TIME.name,)),
         ):
-            for family in (ours, vllm):
+            for family in families:
                 got = {}
                 for q, label in ((0.5, "p50"), (0.95, "p95")):
                     expr = f"histogram_quantile({q}, sum by (le) (rate({self.prom.sel(family + '_bucket')}[{self.w}])))"
@@ -491,6 +495,11 @@ class _Queries:
                     if series is not None:
                         got[f"{key}_{label}_s"] = series
                 if got:
+                    # The mean per step (rate of the sum over rate of the count) is exact where buckets are coarse.
+                    sel_sum, sel_count = self.prom.sel(family + "_sum"), self.prom.sel(family + "_count")
+                    mean = _single(self.range(f"sum(rate({sel_sum}[{self.w}])) / sum(rate({sel_count}[{self.w}]))"))
+                    if mean is not None:
+                        got[f"{key}_mean_s"] = mean
                     svc.update(got)
                     break
         by_outcome = {res.labels.get("outcome", ""): res for res in
@@ -513,7 +522,7 @@ class _Queries:
             ("active_inferences", cat.ACTIVE_INFERENCES.name, cat.VLLM_RUNNING.name),
             ("queue_depth", cat.QUEUE_DEPTH.name, cat.VLLM_WAITING.name),
         ):
-            for family in (ours, vllm):
+            for family in (ours, vllm, *((cat.TGI_QUEUE_SIZE.name,) if key == "queue_depth" else ())):
                 series = _single(self.range(f"sum({self.prom.sel(family)})"))
                 if series is not None:
                     svc[key] = series

@@ -70,6 +70,7 @@ SERIES: frozenset[str] = frozenset(
         "service:inference_mean_s",
         "service:queue_wait_p50_s",
         "service:inference_p50_s",
+        "service:queue_depth",
     }
 )
 

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -100,6 +101,28 @@ def _kill_evidence(timeline: Timeline, ev: OomEvent, kind: str) -> tuple[list[Ev
     return out, rules_out
 
 
+ATTRIBUTE_S = 30.0  # a counted kill is owned by a group whose oom_kill counter rose within this of it
+
+
+def _attributed(timeline: Timeline, ev: OomEvent) -> OomEvent:
+    """A kill without an owner (one counted from a host-wide counter, as on the Prometheus path) given the group
+    whose own ``memory.events`` oom_kill counter rose at that time -- the deepest such group."""
+    if ev.oom_memcg or ev.task_memcg or ev.pid is not None:
+        return ev
+    owners = []
+    for group, series in timeline.cgroups.items():
+        s = series.get("events.oom_kill")
+        if s is None or group == "/":
+            continue
+        near = s.window(ev.ts - ATTRIBUTE_S, ev.ts + ATTRIBUTE_S)
+        if near.increase() > 0:
+            owners.append(group)
+    if not owners:
+        return ev
+    group = max(owners, key=lambda g: g.count("/"))
+    return dataclasses.replace(ev, oom_memcg=group, task_memcg=group, constraint=ev.constraint or "CONSTRAINT_MEMCG")
+
+
 def _counter_increases(timeline: Timeline) -> tuple[dict[str, float], float]:
     per_group = {}
     for group, series in timeline.cgroups.items():
@@ -129,6 +152,7 @@ def host_oom(timeline: Timeline, ac: AnalysisContext | None = None) -> Finding |
         "Bound concurrency and turn on the memory guard so the service itself does not push the host over.",
     ]
     if kills:
+        kills = [_attributed(timeline, e) for e in kills]
         ranked = sorted(kills, key=lambda e: (_service_kill(e, scope), e.ts))
         ev = ranked[-1]
         kind = _kind(ev)
@@ -155,7 +179,10 @@ def host_oom(timeline: Timeline, ac: AnalysisContext | None = None) -> Finding |
             "policy": f"a NUMA/cpuset constraint ({ev.constraint}) ran out",
             "unknown": "the kernel did not say which memory ran out",
         }[kind]
-        victim = f"{ev.task or '?'} (pid {ev.pid}, anon RSS {format_bytes(ev.anon_rss_bytes)})"
+        if ev.pid is None and not ev.task:
+            victim = "a process of it (the kernel log naming the victim was not available)"
+        else:
+            victim = f"{ev.task or '?'} (pid {ev.pid}, anon RSS {format_bytes(ev.anon_rss_bytes)})"
         summary = f"Kernel OOM kill: {what}; it killed {victim}"
         if not ours:
             summary += " -- not one of the service's processes"
