@@ -51,6 +51,7 @@ W_RISE = 4.0
 OVERWHELM_FACTOR = 3.0
 OVERWHELM_SHARE = 0.8
 OVERWHELM_GAP_S = 0.01
+OVERWHELM_COVER = 0.9  # the unbroken waiting stretch must cover 90 % of first arrival .. last start
 
 # Memory-stall thresholds for *diagnosis* (not killing): research/diagnosis.md §3 suggests memory
 # some avg10 > 10 % = pressure and full avg10 > 5 % = thrashing candidate. Counter rates must be both
@@ -488,7 +489,8 @@ class Overwhelming:
 
 
 def _never_empty(arrival: np.ndarray, start: np.ndarray) -> tuple[bool, float, float]:
-    """Whether someone was waiting (arrival <= t < start) at every moment from the first wait to the last start."""
+    """Whether someone was waiting (arrival <= t < start) without a break over ``OVERWHELM_COVER`` of the time from
+    the first arrival to the last start -- the ramp-up (the first clients find the slot free) aside."""
     waited = start - arrival > 0
     a, b = arrival[waited], start[waited]
     if a.size < 2:
@@ -496,8 +498,14 @@ def _never_empty(arrival: np.ndarray, start: np.ndarray) -> tuple[bool, float, f
     order = np.argsort(a, kind="stable")
     a, b = a[order], b[order]
     reach = np.maximum.accumulate(b)
-    gaps = a[1:] - reach[:-1]
-    return bool(np.all(gaps <= OVERWHELM_GAP_S)), float(a[0]), float(reach[-1])
+    breaks = np.flatnonzero(a[1:] - reach[:-1] > OVERWHELM_GAP_S)  # a new stretch starts after each break
+    firsts = np.concatenate([[0], breaks + 1])
+    lasts = np.concatenate([breaks, [a.size - 1]])
+    lengths = reach[lasts] - a[firsts]
+    i = int(np.argmax(lengths))
+    span = float(np.max(start) - np.min(arrival))
+    ok = span > 0 and float(lengths[i]) >= OVERWHELM_COVER * span
+    return bool(ok), float(a[firsts[i]]), float(reach[lasts[i]])
 
 
 def overwhelming_check(tl: Timeline, ac: AnalysisContext | None = None) -> Overwhelming | None:
