@@ -618,7 +618,7 @@ EXTERNAL: tuple[ExternalFamily, ...] = (
     ExternalFamily("DCGM_FI_DEV_FB_FREE", "gauge", "dcgm-exporter", "3.x/4.x", "Framebuffer free, MiB."),
 )
 
-# External families the Prometheus loader (diag/prometheus_loader.py) falls back to where ours are
+# External families the Prometheus loader (diag/sources/prometheus.py) falls back to where ours are
 # absent, as named constants so the loader never spells a name. ``_external`` returns the entry
 # above when the name is already declared, else declares it (appended to EXTERNAL below).
 _EXTERNAL_ADDED: list[ExternalFamily] = []

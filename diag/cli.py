@@ -239,8 +239,8 @@ def analyze(
       diag analyze --bundle ./llm-diag-bundle-20261130T1200Z --json\n
       diag analyze --prometheus http://127.0.0.1:9090 --selector 'job="llm-api"'
     """
-    from diag.loaders import load_bundle, load_recorder
     from diag.rules.engine import analyze as run_rules
+    from diag.sources import load_bundle, load_prometheus, load_recorder
 
     sources = [s for s in (recorder, bundle, prometheus) if s is not None]
     if len(sources) > 1:
@@ -254,8 +254,6 @@ def analyze(
         if bundle is not None:
             timeline = load_bundle(bundle)
         elif prometheus is not None:
-            from diag.prometheus_loader import load_prometheus
-
             timeline = load_prometheus(prometheus, selector=selector, since_s=since_s)
         else:
             path = recorder or default_recorder_path()

@@ -24,6 +24,7 @@ from diag.rules import numstats
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext
 from diag.rules.requests import ServiceContext, excerpt, memory_series, service_context
+from diag.rules.stats import spearman_test
 from diag.rules.usl import covered_time
 from diag.timeline import Series, Timeline
 
@@ -58,15 +59,6 @@ def _latest_settings(tl: Timeline) -> dict[str, Any]:
     return dict(tl.configs[-1].settings) if tl.configs else {}
 
 
-def _spearman(x: np.ndarray, y: np.ndarray) -> tuple[float, float, int]:
-    keep = np.isfinite(x) & np.isfinite(y)
-    n = int(keep.sum())
-    if n < 10 or np.ptp(x[keep]) == 0 or np.ptp(y[keep]) == 0:
-        return math.nan, math.nan, n
-    res = numstats.spearmanr(x[keep], y[keep])
-    return res.statistic, res.pvalue, n
-
-
 def _follows(mem: Series, ts: np.ndarray, amount: np.ndarray) -> tuple[float, float, int]:
     """Rank correlation between the largest ``amount`` started in each memory-sample interval and the
     memory peak at that sample or the next (a batch's peak can land one sample late)."""
@@ -80,7 +72,7 @@ def _follows(mem: Series, ts: np.ndarray, amount: np.ndarray) -> tuple[float, fl
     np.maximum.at(top, k, amt)
     peak = np.maximum(mval, np.concatenate((mval[1:], mval[-1:])))
     has = np.isfinite(top) & (top > -np.inf)
-    return _spearman(top[has], peak[has])
+    return spearman_test(top[has], peak[has], min_points=10)
 
 
 def _oom_times(tl: Timeline) -> np.ndarray:

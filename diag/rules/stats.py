@@ -316,14 +316,21 @@ def largest_step_share(y: np.ndarray) -> float:
     return float(min(1.0, np.max(np.diff(y)) / rise))
 
 
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Rank correlation, NaN when either side is constant or fewer than 5 paired points."""
+def spearman_test(a: np.ndarray, b: np.ndarray, min_points: int = 5) -> tuple[float, float, int]:
+    """(rho, p, paired points) over the finite pairs; NaNs when either side is constant or under ``min_points``."""
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     keep = np.isfinite(a) & np.isfinite(b)
-    if keep.sum() < 5 or np.ptp(a[keep]) == 0 or np.ptp(b[keep]) == 0:
-        return float("nan")
-    return numstats.spearmanr(a[keep], b[keep]).statistic
+    n = int(keep.sum())
+    if n < min_points or np.ptp(a[keep]) == 0 or np.ptp(b[keep]) == 0:
+        return float("nan"), float("nan"), n
+    res = numstats.spearmanr(a[keep], b[keep])
+    return float(res.statistic), float(res.pvalue), n
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Rank correlation, NaN when either side is constant or fewer than 5 paired points."""
+    return spearman_test(a, b)[0]
 
 
 def excerpt(series: Series, max_points: int = 50) -> list[list[float]]:

@@ -30,8 +30,8 @@ import pytest
 from collectors import catalog as cat
 from collectors.recorder import FlightRecorder
 from collectors.records import CgroupSnapshot, HostSnapshot
-from diag.prometheus_loader import _ooms_from, _Result, default_step, load_prometheus
 from diag.rules.engine import analyze
+from diag.sources.prometheus import _ooms_from, _Result, default_step, load_prometheus
 from tests.livecg import LiveGroup, memory_cgroup, skip_reason
 from tests.promserver import PromServer, ScrapeJob, free_port, prometheus, require_prometheus
 

@@ -21,7 +21,7 @@ from collectors.records import (
     RequestTiming,
     ServiceConfig,
 )
-from diag.loaders import load_bundle, load_recorder
+from diag.sources import load_bundle, load_recorder
 from diag.timeline import Series, timeline_from_records
 
 
