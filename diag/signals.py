@@ -30,6 +30,18 @@ TABLES: dict[str, str] = {
     "requests:ttft_s": "time to first token on the request rows",
 }
 
+# Event-table signals and the Timeline attribute holding each (``Timeline.signals()`` reads this).
+TABLE_ATTRS: dict[str, str] = {
+    "requests": "requests",
+    "batches": "batches",
+    "routing": "routing",
+    "loader": "loader",
+    "torch": "torch",
+    "gpu_processes": "gpu_processes",
+}
+# Request-row columns that are a signal of their own when any row has them.
+REQUEST_COLUMNS: tuple[str, ...] = ("prompt_tokens", "output_tokens", "ttft_s")
+
 # Sampled series, by scope prefix: the pattern is matched on the part after the prefix.
 SERIES_SOURCES: dict[str, str] = {
     "host:": "the agent's host sampler (/proc/meminfo, /proc/vmstat, /proc/pressure) or node_exporter",

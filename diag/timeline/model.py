@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from collectors.records import CudaOomError, OomEvent, ServiceConfig, WatchScope
+from diag import signals as vocabulary
 
 NAN = float("nan")
 
@@ -161,11 +162,11 @@ class Timeline:
         names.update(f"service:{k}" for k, s in self.service.items() if len(s.valid()))
         for dev in self.gpus.values():
             names.update(f"gpu:{k}" for k in dev)
-        for name in ("requests", "batches", "routing", "loader", "torch", "gpu_processes"):
-            if len(getattr(self, name)):
+        for name, attr in vocabulary.TABLE_ATTRS.items():
+            if len(getattr(self, attr)):
                 names.add(name)
         if len(self.requests):
-            for col in ("prompt_tokens", "output_tokens", "ttft_s"):
+            for col in vocabulary.REQUEST_COLUMNS:
                 if col in self.requests and not np.isnan(self.requests[col]).all():
                     names.add(f"requests:{col}")
         if self.ooms or self.counts.get("host"):  # kmsg watched while the agent ran: absence of OOMs is evidence

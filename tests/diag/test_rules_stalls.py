@@ -87,3 +87,22 @@ def test_recorded_scenarios_without_the_tracker(name: str, expected: str) -> Non
     assert a.primary == expected, [(f.cls, f.rule, f.confidence) for f in a.findings]
     if expected == "thrashing":
         assert any(f.rule == "memory.thrashing_stalls" and f.confidence >= 0.5 for f in a.findings)
+
+
+def test_prometheus_shaped_series_judge_the_same() -> None:
+    """The fleet path has no cumulative PSI per sample from the agent's record, only series built from the exporter's
+    totals; the rule reads the same Timeline names either way (here: a Timeline with derived avg10 and counters)."""
+    from diag.timeline import Series, Timeline
+
+    tl = timeline_from_records(_records(40, full_pct=12.0, faults_per_s=400.0))
+    group = tl.cgroups[GROUP]
+    fleet = Timeline(start=tl.start, end=tl.end, source="prometheus:test", host=tl.host)
+    full = group["psi.memory.full.total_s"].rate()
+    fleet.cgroups[GROUP] = {
+        "psi.memory.full.avg10": Series(full.ts, full.values * 100.0),
+        "stat.pgmajfault": group["stat.pgmajfault"],
+        "limit": group["limit"],
+        "usage": group["usage"],
+    }
+    f = thrashing_from_stalls(fleet)
+    assert isinstance(f, Finding) and f.confidence >= 0.7
