@@ -667,38 +667,9 @@ def queue_backlog(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | 
     )
 
 
-@rule("requests.thrashing", "thrashing", needs=("requests",), needs_any=STALL_SIGNALS)
-def thrashing(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
-    """Inference time inflates with concurrency, throughput falls, and memory stalls (PSI, major faults, refaults)."""
-    load = analyse_requests(tl, ac)
-    if load is None:
-        return None
+def _thrash_evidence(load: RequestLoad, stall: list[StallSignal], tail: float) -> list[Evidence]:
+    """The numbers behind a thrashing finding: inference inflation, goodput vs concurrency, the USL fit, the stalls."""
     infl = load.s_inflation
-    if infl < S_INFLATED and not load.retrograde:
-        return None
-    ctx = service_context(tl, ac)
-    stall = memory_stall(tl, ctx, load)
-    service_up = [s for s in stall if s.up and s.service]
-    host_up = [s for s in stall if s.up and not s.service]
-    service_seen = any(s.service for s in stall)
-    neighbour = bool(host_up) and service_seen and not service_up
-    stall_ok = bool(service_up) or (bool(host_up) and not service_seen)
-    conf = 0.0
-    if infl >= S_INFLATED:
-        conf += 0.3 + (0.1 if infl >= 3 else 0.0)
-    if load.tau_s >= 0.2:
-        conf += 0.05
-    if stall_ok:
-        conf += 0.3
-    if load.retrograde:
-        conf += 0.15
-    tail = load.s_high_p99 / load.s_high if load.s_high > 0 else math.nan
-    if np.isfinite(tail) and tail >= 3:
-        conf += 0.05
-    if not stall_ok:  # a slowdown without any memory stall is CPU or batch contention: a note, not a suspect
-        conf = min(conf, NO_STALL_CAP)
-    if infl < S_INFLATED:
-        conf = min(conf, 0.4)
     evidence = [
         Evidence("median inference time, low-load quartile (baseline)", round(load.s_base, 4), "s"),
         Evidence("median inference time, high-load quartile", round(load.s_high, 4), "s", load.high_start, load.high_end),
@@ -744,6 +715,42 @@ def thrashing(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooL
                 excerpt(s.series.ts, s.series.values),
             )
         )
+    return evidence
+
+
+@rule("requests.thrashing", "thrashing", needs=("requests",), needs_any=STALL_SIGNALS)
+def thrashing(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
+    """Inference time inflates with concurrency, throughput falls, and memory stalls (PSI, major faults, refaults)."""
+    load = analyse_requests(tl, ac)
+    if load is None:
+        return None
+    infl = load.s_inflation
+    if infl < S_INFLATED and not load.retrograde:
+        return None
+    ctx = service_context(tl, ac)
+    stall = memory_stall(tl, ctx, load)
+    service_up = [s for s in stall if s.up and s.service]
+    host_up = [s for s in stall if s.up and not s.service]
+    service_seen = any(s.service for s in stall)
+    neighbour = bool(host_up) and service_seen and not service_up
+    stall_ok = bool(service_up) or (bool(host_up) and not service_seen)
+    conf = 0.0
+    if infl >= S_INFLATED:
+        conf += 0.3 + (0.1 if infl >= 3 else 0.0)
+    if load.tau_s >= 0.2:
+        conf += 0.05
+    if stall_ok:
+        conf += 0.3
+    if load.retrograde:
+        conf += 0.15
+    tail = load.s_high_p99 / load.s_high if load.s_high > 0 else math.nan
+    if np.isfinite(tail) and tail >= 3:
+        conf += 0.05
+    if not stall_ok:  # a slowdown without any memory stall is CPU or batch contention: a note, not a suspect
+        conf = min(conf, NO_STALL_CAP)
+    if infl < S_INFLATED:
+        conf = min(conf, 0.4)
+    evidence = _thrash_evidence(load, stall, tail)
     rules_out = []
     if infl >= S_INFLATED:
         rules_out.append(
