@@ -15,7 +15,8 @@ Thresholds (also in the README):
 - the extra copies ((n - 1) x the smallest) cost >= ``MATERIAL_WASTE_OF_LIMIT`` (5 %) of the limit;
 - the members were alive at the same instant (workers restarted one after another are not copies);
 - loader records corroborate when >= 2 of the members each loaded >= ``MIN_PRIVATE_BYTES`` of
-  similar size (same ratio); loads alone (no USS for those pids) make only a suspect (0.4).
+  similar size (same ratio); loads alone count only for processes whose USS was never measured, and make
+  only a suspect (0.4).
 """
 
 from __future__ import annotations
@@ -122,9 +123,10 @@ def duplicate_private_copies(tl: Timeline, ac: AnalysisContext | None = None) ->
         if len(copies) >= MIN_SIBLINGS and (best is None or len(copies) > len(best[1])):
             best = (how, copies)
     uss = {t.pid: _median(t, "uss") for t in tl.processes.values()}
-    # A load whose process shows a small private footprint went into a shared mapping: not a copy.
+    # Loads alone are the fallback for processes whose private memory was never measured: where USS is known, the
+    # sibling test above has judged it (a load into a shared mapping leaves a small USS and is no copy).
     by_load = sorted(
-        ((pid, b) for pid, b in loaded.items() if b >= MIN_PRIVATE_BYTES and not uss.get(pid, math.nan) < SIMILAR_RATIO * b),
+        ((pid, b) for pid, b in loaded.items() if b >= MIN_PRIVATE_BYTES and not math.isfinite(uss.get(pid, math.nan))),
         key=lambda x: -x[1],
     )
     load_copies = [x for x in by_load if by_load and x[1] >= SIMILAR_RATIO * by_load[0][1]]

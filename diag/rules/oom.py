@@ -218,11 +218,17 @@ def host_oom(timeline: Timeline, ac: AnalysisContext | None = None) -> Finding |
             timeline.start,
             timeline.end,
         )
+    # The service's own groups count their kills too: when those counters were watched and stayed flat, the host's
+    # kill happened in someone else's group -- a note, not a suspect. Without them it may still have been ours.
+    own_counted = [
+        g for g in scope.cgroups if (c := timeline.cgroups.get(g, {}).get("events.oom_kill")) is not None and len(c.valid()) >= 2
+    ]
     return Finding(
         "host_oom",
         "oom.host",
-        0.45,
-        f"{host_kills:.0f} OOM kill(s) on the host (vmstat oom_kill), victim unknown and not in the service's watched groups",
+        0.25 if own_counted else 0.45,
+        f"{host_kills:.0f} OOM kill(s) on the host (vmstat oom_kill), victim unknown and not in the service's watched groups"
+        + (f" (their own oom_kill counters stayed flat: {', '.join(own_counted)})" if own_counted else ""),
         evidence,
         [],
         remediation_host,

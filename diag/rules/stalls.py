@@ -111,6 +111,7 @@ def thrashing_from_stalls(tl: Timeline, ac: AnalysisContext | None = None) -> Fi
         conf = 0.65
         conf += 0.1 if peak >= PSI_FULL_SEVERE or hot.mean() >= 0.5 else 0.0
         conf += 0.05 if len(paging) >= 2 else 0.0
+        conf += 0.05 if median_hot >= 2 * PSI_FULL_SEVERE else 0.0  # every task stalled a fifth of the time or more
     else:
         conf = 0.4 if recorded == 0 else 0.35  # stalls without page-ins: reclaim, not yet proven thrashing
     rules_out = [
