@@ -30,10 +30,12 @@ def render_analysis(analysis: Analysis, console: Console | None = None) -> None:
     console.print(PLAIN.get(analysis.primary, analysis.primary))
     if analysis.contributing:
         console.print("Contributing: " + ", ".join(analysis.contributing))
-    for sus in analysis.suspects:
+    inconclusive = analysis.primary == "inconclusive"
+    for sus in analysis.suspects if inconclusive else []:  # otherwise they are listed among the findings below
         console.print(Text(f"Suspect: {sus['class']} (confidence {sus['confidence']:.2f}) -- {sus['summary']}", style="yellow"))
     for short in analysis.too_little_data:
-        console.print(Text(f"Too little data for {short['rule']}: have {short['have']}, needs {short['needed']}", style="yellow"))
+        note = f"Too little data for {short['rule']}: have {short['have']}, needs {short['needed']}"
+        console.print(Text(note, style="yellow" if inconclusive else "dim"))
     console.print(Text(f"Window {_when(start)}–{_when(end)} UTC ({end - start:.0f} s) from {analysis.source}", style="dim"))
     for f in analysis.findings:
         console.print()
