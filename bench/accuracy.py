@@ -26,6 +26,7 @@ time). ``--replay DIR`` judges only what is saved; ``--fixtures`` judges the rep
     .venv/bin/python bench/accuracy.py --scenarios leak,thrash --seeds 0,1,2 --variants defaults --save /tmp/acc
     .venv/bin/python bench/accuracy.py --replay /tmp/acc                   # the rules only, on the saved runs
     .venv/bin/python bench/accuracy.py --fixtures                          # the committed fixtures only
+    .venv/bin/python bench/accuracy.py --fixtures --replay /tmp/acc        # both, in one matrix
 """
 
 from __future__ import annotations
@@ -261,10 +262,8 @@ def main() -> None:
     args = ap.parse_args()
     from diag.demo.scenarios import SCENARIO_NAMES
 
-    if args.fixtures:
-        runs = run_fixtures()
-    elif args.replay:
-        runs = run_replay(args.replay)
+    if args.fixtures or args.replay:  # both: the committed fixtures (seed 0) and the saved runs, in one matrix
+        runs = (run_fixtures() if args.fixtures else []) + (run_replay(args.replay) if args.replay else [])
     else:
         from diag.demo.scenarios.cgroups import unavailable_reason
 
