@@ -236,6 +236,18 @@ def _assess_service(timeline: Timeline, ac: AnalysisContext | None) -> ServiceMe
     return ServiceMemory(scope, decisive, decisive)
 
 
+def _longest_memory_series(timeline: Timeline, scope: Scope) -> str:
+    """What the service's longest memory series holds, in the terms the leak test needs (samples, span)."""
+    found = [timeline.cgroups[g].get(k) for g in scope.cgroups for k in CGROUP_SERIES]
+    tracks = scope.tracks if scope.known else list(timeline.processes.values())
+    found += [t.series.get(k) for t in tracks for k in PROCESS_SERIES]
+    spans = [(len(v), float(v.ts[-1] - v.ts[0])) for s in found if s is not None and len(v := s.valid()) >= 1]
+    if not spans:
+        return "no memory series of the service"
+    n, span = max(spans, key=lambda x: (x[1], x[0]))
+    return f"{n} memory samples over {span:.0f} s"
+
+
 def _rate(slope_per_s: float) -> str:
     return f"{slope_per_s / MIB * 60:.2f} MiB/min"
 
@@ -268,7 +280,7 @@ def memory_leak(timeline: Timeline, ac: AnalysisContext | None = None) -> Findin
     scope = mem.scope
     if not mem.decisive:  # memory was sampled, but no series is long enough for a trend to mean anything
         return TooLittleData(
-            f"{timeline.duration_s:.0f} s of memory samples",
+            _longest_memory_series(timeline, scope),
             f"one memory series with {stats.MIN_SAMPLES} samples over {stats.MIN_SPAN_S:.0f} s",
         )
     leaks = [a for a in mem.decisive if a.leak]

@@ -351,7 +351,7 @@ def test_short_recording_is_not_judged_and_says_how_much_is_needed() -> None:
     tl = leak_timeline(n=15)
     result = memory_leak(tl)
     assert isinstance(result, TooLittleData)
-    assert "20 samples over 30 s" in result.needed and result.have.startswith("15 s")
+    assert "20 samples over 30 s" in result.needed and result.have.startswith("15 memory samples over 1")
     analysis = analyze(tl)
     assert analysis.primary == "inconclusive"
     assert "memory.leak" in [t["rule"] for t in analysis.too_little_data]
