@@ -38,7 +38,7 @@ MIN_ROUTING_STEPS = 20
 PERSISTENT_SHARE = 0.5
 
 # Batching: a 10x spread of input tokens among batches of (nearly) the same request count is the
-# signature (issue 4); batches must actually hit the count cap often for the cap to be the limiter.
+# signature; batches must actually hit the count cap often for the cap to be the limiter.
 TOKEN_SPREAD = 10.0
 CAP_SHARE = 0.2
 MIN_BATCHES = 20
