@@ -1,21 +1,32 @@
-"""How well do the rules classify real incidents? A confusion matrix over every scenario x variants x seeds.
+"""How well do the rules classify real incidents? A confusion matrix over scenarios x variants x seeds x views.
 
 Runs ``diag demo --scenario`` for real (root + memory cgroups; ~1 min a run) for each scenario with
-its default parameters *and* a few variants (other limits, load levels, worker counts, skews, ...),
-for each seed, and prints:
+its default parameters and a few parameter variants, for each seed. Every run is then judged in
+several *views* -- what different users would hand the rules from that same real run:
 
-- the confusion matrix (rows: the scenario's class; columns: the analysis' primary class),
-- per-class precision and recall,
-- every run that was misclassified or whose fault did not leave its signature (signals.py), with
-  the top findings, so a miss can be traced to the scenario or to a rule,
-- wall time per run.
+- ``recorded``: everything (agent + the reference backend's tracker);
+- ``uninstrumented``: only what the agent records next to a service we did not instrument (no request,
+  batch, loader, routing or config records), plus the ``watch_scope`` the operator's ``--pid``/``--cgroup``
+  give -- for the scenarios whose class the agent's signals can show (the memory scenarios and healthy);
+  in noisy-neighbour runs the neighbour maps a ``.pth`` file, i.e. "a neighbour that holds model files";
+- ``no-open-files`` (duplicate-models): uninstrumented, and no process holds a model file (read-and-close);
+- ``short-no-calm`` / ``long-no-calm`` (queue): only the overload -- its first 10 s, or all of it -- as a
+  bundle taken during the incident sees it (with and without the calm period: ``recorded`` has it).
 
-It asserts nothing. ``--save DIR`` keeps each run's records (JSONL.gz) and ``--replay DIR`` recomputes
-the matrix from such a directory in seconds -- how a rule change is measured against the same runs.
+It prints the confusion matrix (rows: expected class, columns: verdict), per-class precision/recall,
+top-1 accuracy, the incidents claimed on healthy views, and every case where the verdict was ``healthy``
+while a finding had confidence >= 0.3 (the invariant; must be 0). It asserts nothing.
 
-    .venv/bin/python bench/accuracy.py                      # everything: 12 scenarios x 3 variants, seed 0 (~40 min)
-    .venv/bin/python bench/accuracy.py --scenarios leak,thrash --seeds 0,1 --save /tmp/acc
-    .venv/bin/python bench/accuracy.py --replay /tmp/acc    # the rules only, on the saved runs
+Runs are cached: with ``--save DIR`` each run's records go to ``DIR/<scenario>__<variant>__s<seed>.jsonl.gz``
+and a later invocation with the same ``--save`` reuses them instead of re-running (resumable: stop it any
+time). ``--replay DIR`` judges only what is saved; ``--fixtures`` judges the repository's recorded fixtures
+(seed 0, defaults) in seconds.
+
+    .venv/bin/python bench/accuracy.py --save /tmp/acc                    # all scenarios x 3 variants, seed 0
+    .venv/bin/python bench/accuracy.py --scenarios leak,thrash --seeds 0,1,2 --variants defaults --save /tmp/acc
+    .venv/bin/python bench/accuracy.py --replay /tmp/acc                   # the rules only, on the saved runs
+    .venv/bin/python bench/accuracy.py --fixtures                          # the committed fixtures only
+    .venv/bin/python bench/accuracy.py --fixtures --replay /tmp/acc        # both, in one matrix
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ import sys
 import time
 import traceback
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,62 +59,133 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
     "noisy-neighbour": [{"neighbour_limit_mib": 200, "neighbour_file_mib": 256}, {"rate": 8.0}],
     "host-oom": [{"margin_mib": 24}, {"burst_requests": 24, "weights_mb": 64}],
 }
+TRACKER_KINDS = {"request", "batch", "routing", "loader", "config", "torch_memory", "cuda_oom"}
+# Scenarios whose class the agent's own signals can show without the tracker.
+AGENT_VISIBLE = {"healthy", "leak", "pressure", "thrash", "duplicate-models", "noisy-neighbour", "host-oom"}
+SUSPECT = 0.3
+SHORT_S = 10.0
 
 
 def _label(params: dict[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in params.items()) or "defaults"
 
 
-def run_live(
-    names: list[str], seeds: list[int], variants: str, save: Path | None, weights_dir: Path | None
-) -> list[dict[str, Any]]:
-    from diag.demo.scenarios.runner import run_scenario
-
-    runs: list[dict[str, Any]] = []
-    plan = []
-    for name in names:
-        sets = [{}] + (VARIANTS.get(name, []) if variants == "all" else [])
-        plan += [(name, params, seed) for params in sets for seed in seeds]
-    for i, (name, params, seed) in enumerate(plan, 1):
-        label = _label(params)
-        print(f"[{i}/{len(plan)}] {name} seed {seed} ({label})", file=sys.stderr, flush=True)
-        fixture = None
-        if save is not None:
-            save.mkdir(parents=True, exist_ok=True)
-            fixture = save / f"{name}__{i:03d}.jsonl.gz"
-        t0 = time.monotonic()
-        try:
-            res = run_scenario(name, seed=seed, params=params, weights_dir=weights_dir, fixture=fixture, progress=lambda m: None)
-        except Exception as exc:  # a run that breaks is a data point, not the end of the bench
-            traceback.print_exc()
-            runs.append({"name": name, "params": label, "seed": seed, "primary": f"error: {type(exc).__name__}", "wall_s": 0.0})
-            continue
-        run = {
-            "name": name,
-            "params": label,
-            "seed": seed,
-            "expected": res.expected,
-            "primary": res.primary,
-            "findings": [(f.cls, round(f.confidence, 2), f.summary[:160]) for f in res.analysis.findings[:4]],
-            "signal_problems": res.signal_problems,
-            "signal_summary": res.signal_summary,
-            "wall_s": time.monotonic() - t0,
-        }
-        if fixture is not None:
-            fixture.with_suffix("").with_suffix(".json").write_text(json.dumps({k: run[k] for k in ("name", "params", "seed")}))
-        print(f"    -> {res.primary} ({run['wall_s']:.0f} s); signals: {res.signal_summary}", file=sys.stderr, flush=True)
-        runs.append(run)
-    return runs
+# --------------------------------------------------------------------------- views of one run
 
 
-def run_replay(folder: Path) -> list[dict[str, Any]]:
+def _uninstrumented(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The agent's records only, plus the watch scope an operator would give: the service's pids and their groups."""
+    pids = sorted({int(r["pid"]) for r in records if r["kind"] in TRACKER_KINDS and r.get("pid")})
+    groups = sorted(
+        {r["memory_cgroup"] for r in records if r["kind"] == "process" and r.get("pid") in pids and r.get("memory_cgroup")}
+    )
+    ts = min(float(r["ts"]) for r in records)
+    scope = {"kind": "watch_scope", "schema": 1, "ts": ts, "pids": pids, "cgroups": groups, "resolved_pids": pids,
+             "resolved_cgroups": groups, "missing": []}  # fmt: skip
+    return [r for r in records if r["kind"] not in TRACKER_KINDS] + [scope]
+
+
+def _overload_start(records: list[dict[str, Any]]) -> float | None:
+    """The first arrival from which most requests wait >= 3x their inference time (the queue scenario's overload)."""
+    rows = sorted((r for r in records if r["kind"] == "request" and r.get("start") is not None), key=lambda r: r["arrival"])
+    for i, r in enumerate(rows):
+        nxt = rows[i : i + 10]
+        if len(nxt) == 10 and sum((x["start"] - x["arrival"]) >= 3 * (x["finish"] - x["start"]) for x in nxt) >= 9:
+            return float(r["arrival"])
+    return None
+
+
+def _window(records: list[dict[str, Any]], t0: float, t1: float) -> list[dict[str, Any]]:
+    """What a bundle covering [t0, t1] holds: samples in it, requests that arrived and finished in it."""
+    out = []
+    for r in records:
+        if r["kind"] == "request":
+            if t0 <= r["arrival"] and r["finish"] <= t1:
+                out.append(r)
+        elif r["kind"] in ("config", "watch_scope") or t0 <= float(r["ts"]) <= t1:
+            out.append(r)
+    return out
+
+
+def views(name: str, expected: str, records: list[dict[str, Any]]) -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
+    yield "recorded", expected, records
+    if name in AGENT_VISIBLE:
+        bare = _uninstrumented(records)
+        yield "uninstrumented", expected, bare
+        if name == "duplicate-models":
+            yield "no-open-files", expected, [{**r, "model_files": []} if r["kind"] == "process" else r for r in bare]
+    if name == "queue":
+        t0 = _overload_start(records)
+        if t0 is not None:
+            end = max(float(r["ts"]) for r in records)
+            yield "short-no-calm", expected, _window(records, t0, t0 + SHORT_S)
+            yield "long-no-calm", expected, _window(records, t0, end)
+
+
+def judge(meta: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from diag.demo.scenarios.library import SCENARIOS
-    from diag.demo.scenarios.recording import read_jsonl_gz
     from diag.demo.scenarios.signals import check_signals
     from diag.rules.engine import analyze
     from diag.timeline import timeline_from_records
 
-    runs = []
+    out = []
+    name = meta["name"]
+    for view, expected, recs in views(name, SCENARIOS[name].expected, records):
+        tl = timeline_from_records(recs, source=f"{name}:{view}")
+        problems = check_signals(name, tl)[0] if view == "recorded" else []
+        t0 = time.monotonic()
+        analysis = analyze(tl)
+        out.append({
+            **meta, "view": view, "expected": expected, "primary": analysis.primary,
+            "findings": [(f.cls, round(f.confidence, 2), f.summary[:160]) for f in analysis.findings[:4]],
+            "max_confidence": max((f.confidence for f in analysis.findings), default=0.0),
+            "signal_problems": problems, "rules_s": time.monotonic() - t0, "window_s": round(tl.duration_s, 1),
+        })  # fmt: skip
+    return out
+
+
+# --------------------------------------------------------------------------- runs (cached)
+
+
+def _cache_name(name: str, variant: int, seed: int) -> str:
+    return f"{name}__v{variant}__s{seed}.jsonl.gz"
+
+
+def run_live(names: list[str], seeds: list[int], variants: str, save: Path, weights_dir: Path | None) -> list[dict[str, Any]]:
+    from diag.demo.scenarios.recording import read_jsonl_gz
+    from diag.demo.scenarios.runner import run_scenario
+
+    save.mkdir(parents=True, exist_ok=True)
+    plan = []
+    for name in names:
+        sets = [{}] + (VARIANTS.get(name, []) if variants == "all" else [])
+        plan += [(name, vi, params, seed) for vi, params in enumerate(sets) for seed in seeds]
+    results: list[dict[str, Any]] = []
+    for i, (name, vi, params, seed) in enumerate(plan, 1):
+        path = save / _cache_name(name, vi, seed)
+        meta = {"name": name, "params": _label(params), "seed": seed}
+        if not path.exists():
+            print(f"[{i}/{len(plan)}] {name} seed {seed} ({meta['params']}): running", file=sys.stderr, flush=True)
+            t0 = time.monotonic()
+            try:
+                run_scenario(name, seed=seed, params=params, weights_dir=weights_dir, fixture=path, progress=lambda m: None)
+            except Exception as exc:  # a run that breaks is a data point, not the end of the bench
+                traceback.print_exc()
+                path.unlink(missing_ok=True)
+                results.append({**meta, "view": "recorded", "expected": "?", "primary": f"error: {type(exc).__name__}"})
+                continue
+            meta["wall_s"] = round(time.monotonic() - t0)
+            path.with_suffix("").with_suffix(".json").write_text(json.dumps(meta))
+        else:
+            print(f"[{i}/{len(plan)}] {name} seed {seed} ({meta['params']}): cached", file=sys.stderr, flush=True)
+        results += judge(meta, read_jsonl_gz(path))
+    return results
+
+
+def run_replay(folder: Path) -> list[dict[str, Any]]:
+    from diag.demo.scenarios.recording import read_jsonl_gz
+
+    results = []
     for path in sorted(folder.glob("*.jsonl.gz")):
         meta_path = path.with_suffix("").with_suffix(".json")
         meta = (
@@ -110,67 +193,60 @@ def run_replay(folder: Path) -> list[dict[str, Any]]:
             if meta_path.exists()
             else {"name": path.name.split("__")[0], "params": "?", "seed": "?"}
         )
-        t0 = time.monotonic()
-        tl = timeline_from_records(read_jsonl_gz(path), source=str(path))
-        problems, summary = check_signals(meta["name"], tl)
-        analysis = analyze(tl)
-        runs.append(
-            {
-                **meta,
-                "expected": SCENARIOS[meta["name"]].expected,
-                "primary": analysis.primary,
-                "findings": [(f.cls, round(f.confidence, 2), f.summary[:160]) for f in analysis.findings[:4]],
-                "signal_problems": problems,
-                "signal_summary": summary,
-                "wall_s": time.monotonic() - t0,
-            }
-        )
-    return runs
+        results += judge(meta, read_jsonl_gz(path))
+    return results
+
+
+def run_fixtures() -> list[dict[str, Any]]:
+    from diag.demo.scenarios.recording import read_jsonl_gz
+
+    results = []
+    for path in sorted((REPO / "tests" / "fixtures" / "scenarios").glob("*.jsonl.gz")):
+        results += judge({"name": path.name.split(".")[0], "params": "defaults", "seed": 0}, read_jsonl_gz(path))
+    return results
+
+
+# --------------------------------------------------------------------------- report
 
 
 def report(runs: list[dict[str, Any]]) -> None:
-    from diag.demo.scenarios.library import SCENARIOS
-
-    for run in runs:
-        run.setdefault("expected", SCENARIOS[run["name"]].expected)
     classes = sorted({r["expected"] for r in runs} | {r["primary"] for r in runs})
     matrix: dict[str, Counter[str]] = defaultdict(Counter)
     for r in runs:
         matrix[r["expected"]][r["primary"]] += 1
-    short = {c: c[:10] for c in classes}
     width = max(len(c) for c in classes) + 2
-    print("\nConfusion matrix (rows: scenario class, columns: analysis primary)\n")
-    print(" " * width + " ".join(f"{short[c]:>10}" for c in classes))
+    print("\nConfusion matrix (rows: expected class, columns: verdict)\n")
+    print(" " * width + " ".join(f"{c[:10]:>10}" for c in classes))
     for row in classes:
-        if row not in matrix:
-            continue
-        print(f"{row:<{width}}" + " ".join(f"{matrix[row][c] or '.':>10}" for c in classes))
-    print("\nPer class")
-    print(f"{'class':<{width}}{'precision':>10}{'recall':>10}{'support':>10}")
+        if row in matrix:
+            print(f"{row:<{width}}" + " ".join(f"{matrix[row][c] or '.':>10}" for c in classes))
+    print(f"\n{'class':<{width}}{'precision':>10}{'recall':>10}{'support':>10}")
     for c in classes:
-        tp = matrix[c][c]
-        predicted = sum(matrix[r][c] for r in matrix)
-        support = sum(matrix[c].values())
+        tp, predicted, support = matrix[c][c], sum(matrix[r][c] for r in matrix), sum(matrix[c].values())
         prec = f"{tp / predicted:.2f}" if predicted else "-"
         rec = f"{tp / support:.2f}" if support else "-"
         print(f"{c:<{width}}{prec:>10}{rec:>10}{support:>10}")
-    correct = sum(matrix[c][c] for c in classes)
-    print(f"\naccuracy {correct}/{len(runs)} = {correct / max(1, len(runs)):.2f}")
+    correct = sum(1 for r in runs if r["primary"] == r["expected"])
+    print(f"\ntop-1 accuracy {correct}/{len(runs)} = {correct / max(1, len(runs)):.3f}")
+    by_view: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for r in runs:
+        by_view[r["view"]][0] += r["primary"] == r["expected"]
+        by_view[r["view"]][1] += 1
+    print("by view: " + ", ".join(f"{v} {ok}/{n}" for v, (ok, n) in sorted(by_view.items())))
+    healthy = [r for r in runs if r["expected"] == "healthy"]
+    incidents = [r for r in healthy if r["primary"] not in ("healthy", "inconclusive")]
+    print(f"incidents claimed on healthy views: {len(incidents)} of {len(healthy)}")
+    hidden = [r for r in runs if r["primary"] == "healthy" and r.get("max_confidence", 0.0) >= SUSPECT]
+    print(f"verdict healthy while a finding had confidence >= {SUSPECT}: {len(hidden)}")
     misses = [r for r in runs if r["primary"] != r["expected"] or r.get("signal_problems")]
     if misses:
-        print("\nMisclassified runs or missing signatures")
+        print("\nMisclassified views or missing signatures")
         for r in misses:
-            print(f"- {r['name']} seed {r['seed']} ({r['params']}): expected {r['expected']}, got {r['primary']}")
+            print(f"- {r['name']} seed {r['seed']} ({r['params']}) [{r['view']}]: expected {r['expected']}, got {r['primary']}")
             if r.get("signal_problems"):
                 print(f"    SIGNATURE MISSING: {'; '.join(r['signal_problems'])}")
-            print(f"    signals: {r.get('signal_summary', '')}")
             for cls, conf, summary in r.get("findings", []):
                 print(f"    {cls} {conf}: {summary}")
-    walls = [r["wall_s"] for r in runs if r["wall_s"]]
-    if walls:
-        print(
-            f"\nwall time per run: min {min(walls):.0f} s, median {sorted(walls)[len(walls) // 2]:.0f} s, max {max(walls):.0f} s"
-        )
 
 
 def main() -> None:
@@ -178,15 +254,16 @@ def main() -> None:
     ap.add_argument("--scenarios", default="", help="comma-separated names (default: all)")
     ap.add_argument("--seeds", default="0", help="comma-separated load seeds")
     ap.add_argument("--variants", choices=("all", "defaults"), default="all")
-    ap.add_argument("--save", type=Path, help="keep each run's records here (replay them with --replay)")
-    ap.add_argument("--replay", type=Path, help="analyse saved runs instead of running scenarios")
+    ap.add_argument("--save", type=Path, help="cache of runs: reused when present, written when run (resumable)")
+    ap.add_argument("--replay", type=Path, help="judge the runs saved in this folder, run nothing")
+    ap.add_argument("--fixtures", action="store_true", help="judge the repository's recorded fixtures, run nothing")
     ap.add_argument("--weights-dir", type=Path, help="checkpoint cache (default: the user cache dir)")
-    ap.add_argument("--json", type=Path, help="also write the runs as JSON here")
+    ap.add_argument("--json", type=Path, help="also write the judged views as JSON here")
     args = ap.parse_args()
     from diag.demo.scenarios import SCENARIO_NAMES
 
-    if args.replay:
-        runs = run_replay(args.replay)
+    if args.fixtures or args.replay:  # both: the committed fixtures (seed 0) and the saved runs, in one matrix
+        runs = (run_fixtures() if args.fixtures else []) + (run_replay(args.replay) if args.replay else [])
     else:
         from diag.demo.scenarios.cgroups import unavailable_reason
 
@@ -196,7 +273,8 @@ def main() -> None:
             raise SystemExit(3)
         names = [n for n in args.scenarios.split(",") if n] or list(SCENARIO_NAMES)
         seeds = [int(s) for s in args.seeds.split(",") if s]
-        runs = run_live(names, seeds, args.variants, args.save, args.weights_dir)
+        save = args.save or Path(".accuracy-runs")
+        runs = run_live(names, seeds, args.variants, save, args.weights_dir)
     if args.json:
         args.json.write_text(json.dumps(runs, indent=2, default=str))
     report(runs)

@@ -636,7 +636,7 @@ EXTERNAL: tuple[ExternalFamily, ...] = (
     ExternalFamily("DCGM_FI_DEV_FB_FREE", "gauge", "dcgm-exporter", "3.x/4.x", "Framebuffer free, MiB."),
 )
 
-# External families the Prometheus loader (diag/prometheus_loader.py) falls back to where ours are
+# External families the Prometheus loader (diag/sources/prometheus.py) falls back to where ours are
 # absent, as named constants so the loader never spells a name. ``_external`` returns the entry
 # above when the name is already declared, else declares it (appended to EXTERNAL below).
 _EXTERNAL_ADDED: list[ExternalFamily] = []
@@ -731,3 +731,12 @@ def validate_catalog(catalog: dict[str, MetricSpec] | None = None) -> list[str]:
         if not spec.help.strip():
             problems.append(f"{name}: help text is required")
     return problems
+
+# Request-phase histograms the Prometheus loader reads for the queue-vs-thrash test where no per-request rows exist.
+VLLM_PREFILL_TIME = _external("vllm:request_prefill_time_seconds", "histogram", "vLLM", "v1 engine", "Prefill phase time.")
+VLLM_DECODE_TIME = _external("vllm:request_decode_time_seconds", "histogram", "vLLM", "v1 engine", "Decode phase time.")
+TGI_QUEUE_TIME = _external("tgi_request_queue_duration", "histogram", "TGI", "2.x/3.x", "Queue time (seconds, no unit suffix).")
+TGI_INFERENCE_TIME = _external(
+    "tgi_request_inference_duration", "histogram", "TGI", "2.x/3.x", "Inference time (seconds, no unit suffix)."
+)
+TGI_QUEUE_SIZE = _external("tgi_queue_size", "gauge", "TGI", "2.x/3.x", "Requests waiting.")

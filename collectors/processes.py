@@ -206,6 +206,9 @@ class _Known:
     start_ticks: int | None
     model_files: tuple[str, ...] = ()
     model_error: str | None = None
+    # Whether this process was ever seen holding a model file: it stays sampled after it closes the file, since
+    # workers that read a checkpoint into private memory and close it (torch.load) are still model copies.
+    held_model: bool = False
     scanned: bool = False
     scanned_at: float = 0.0
     next_scan: float = 0.0
@@ -304,7 +307,7 @@ class ProcessSampler:
         for c in user[: self.top_n]:
             chosen[c.pid] = c
         for c in candidates:
-            if c.known.model_files or c.pid in self.watch_pids:
+            if c.known.model_files or c.known.held_model or c.pid in self.watch_pids:
                 chosen[c.pid] = c
         samples: list[ProcessSample] = []
         for c in sorted(chosen.values(), key=lambda c: c.rss or 0, reverse=True):
@@ -359,6 +362,7 @@ class ProcessSampler:
         if not due:
             return
         known.model_files, known.model_error = self._scan_models(c.pid)
+        known.held_model = known.held_model or bool(known.model_files)
         known.scanned, known.scanned_at = True, clock
         known.rss_at_scan = c.rss or 0
         known.vsize_at_scan = c.stat.vsize or 0

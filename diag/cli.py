@@ -351,8 +351,22 @@ def analyze(
 ) -> None:
     """Classify what the records show: the verdict first, findings with evidence, and what could not be evaluated.
 
-    JSON shape: {"verdict": {"primary", "contributing"}, "findings": [{"class", "rule", "confidence", "summary",
-    "evidence", "rules_out", "remediation", "start", "end"}], "not_evaluated": [{"rule", "class", "missing"}]}
+    Verdict: an incident class when a finding reaches confidence 0.5
+    (other findings at 0.5 or more are "contributing").
+    "inconclusive" when findings reach only 0.3 (the "suspects", with their
+    confidence) or a rule had too little data to judge ("too_little_data":
+    what it had and what it needs). "healthy" only when no rule found anything
+    at 0.3 or more and none lacked data. Rules whose signals are absent are
+    listed as not evaluated, with where the signal would come from.
+
+    The service is what `diag collect --pid/--cgroup` named, else the
+    processes writing service records, else model-file holders inside the
+    watched groups; a neighbour is never taken for the service.
+
+    JSON: {"verdict": {"primary", "contributing", "suspects", "too_little_data",
+    "meaning"}, "findings": [{"class", "rule", "confidence", "summary",
+    "evidence", "rules_out", "remediation", "start", "end"}],
+    "not_evaluated": [{"rule", "class", "missing", "why"}]}
 
     Exit status: 0 analysed; 2 an option is invalid or cannot apply, or the source cannot be read (no
     recorder, a recorder file that is not a database, a folder that is not a bundle, Prometheus unreachable).
@@ -379,7 +393,7 @@ def analyze(
 def _load_timeline(kind: str, recorder: Path | None, bundle: Path | None, prometheus: str | None, selector: str,
                    since_s: float):  # type: ignore[no-untyped-def]  # fmt: skip
     from collectors.recorder import RecorderCorrupt
-    from diag.loaders import load_bundle, load_recorder
+    from diag.sources import load_bundle, load_prometheus, load_recorder
 
     path = recorder or default_recorder_path()
     try:
@@ -387,8 +401,6 @@ def _load_timeline(kind: str, recorder: Path | None, bundle: Path | None, promet
             assert bundle is not None
             return load_bundle(bundle)
         if kind == "prometheus":
-            from diag.prometheus_loader import load_prometheus
-
             assert prometheus is not None
             return load_prometheus(prometheus, selector=selector, since_s=since_s)
         if not path.exists():

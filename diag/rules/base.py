@@ -12,24 +12,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from diag.timeline import Timeline
+from diag import signals
+from diag.rules.classes import INCIDENT_CLASSES
 
-INCIDENT_CLASSES: tuple[str, ...] = (
-    "memory_leak",
-    "memory_pressure",
-    "queue_backlog",
-    "thrashing",
-    "duplicate_model_processes",
-    "blocking_loader_refresh",
-    "gpu_oom",
-    "host_oom",
-    "allocator_fragmentation",
-    "moe_expert_skew",
-    "request_count_batching",
-    "oversized_context",
-    "noisy_neighbour",
-    "unsafe_config",
-)
+__all__ = ["INCIDENT_CLASSES", "RULES", "Evidence", "Finding", "Rule", "TooLittleData", "rule"]
 
 
 @dataclass
@@ -50,8 +36,8 @@ class Evidence:
 
 @dataclass
 class Finding:
-    cls: str
-    rule: str
+    cls: str  # the engine stamps the registered rule's class when a rule leaves it empty
+    rule: str  # the engine stamps the rule id when empty
     confidence: float  # 0..1: how sure the rule is that this class applies
     summary: str  # one sentence in the operator's words, with the key number
     evidence: list[Evidence] = field(default_factory=list)
@@ -61,7 +47,7 @@ class Finding:
     end: float | None = None
 
     def __post_init__(self) -> None:
-        if self.cls not in INCIDENT_CLASSES:
+        if self.cls and self.cls not in INCIDENT_CLASSES:
             raise ValueError(f"unknown incident class {self.cls!r}")
         self.confidence = max(0.0, min(1.0, float(self.confidence)))
 
@@ -71,7 +57,23 @@ class Finding:
         return body
 
 
-RuleFn = Callable[[Timeline], "Finding | None"]
+@dataclass
+class TooLittleData:
+    """A rule's answer when the window is too short for it to judge: what it had and what it needs.
+
+    Why not ``None``: ``None`` means "looked and found nothing"; a 7-second bundle cannot show a leak,
+    and saying ``healthy`` about it would be a lie. The engine turns this into an ``inconclusive``
+    verdict (unless another rule found the cause) with the amount needed.
+    """
+
+    have: str  # e.g. "12 s of memory samples"
+    needed: str  # e.g. "30 s and 20 samples"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"have": self.have, "needed": self.needed}
+
+
+RuleFn = Callable[..., "Finding | TooLittleData | None"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,10 @@ class Rule:
     needs_any: tuple[str, ...]  # at least one of these must be present (empty: no such requirement)
     fn: RuleFn
     doc: str
+
+    def explain(self, lacking: list[str]) -> list[str]:
+        """Each lacking signal (or ``a or b`` group) with where it would come from."""
+        return [" or ".join(signals.where_from(s) for s in item.split(" or ")) for item in lacking]
 
     def missing(self, signals: set[str]) -> list[str]:
         """What this rule lacks to be evaluated on a timeline with these signals."""
@@ -106,6 +112,9 @@ def rule(rule_id: str, cls: str, *, needs: tuple[str, ...] = (), needs_any: tupl
     """Register a rule. ``needs``/``needs_any`` name signals as ``Timeline.signals()`` does."""
     if cls not in INCIDENT_CLASSES:
         raise ValueError(f"rule {rule_id}: unknown class {cls!r}")
+    unknown = [s for s in (*needs, *needs_any) if not signals.known(s)]
+    if unknown:
+        raise ValueError(f"rule {rule_id}: signals not in diag.signals: {unknown}")
 
     def register(fn: RuleFn) -> RuleFn:
         if rule_id in RULES:

@@ -21,8 +21,10 @@ from typing import Any
 import numpy as np
 
 from diag.rules import numstats
-from diag.rules.base import Evidence, Finding, rule
+from diag.rules.base import Evidence, Finding, TooLittleData, rule
+from diag.rules.context import AnalysisContext
 from diag.rules.requests import ServiceContext, excerpt, memory_series, service_context
+from diag.rules.stats import spearman_test
 from diag.rules.usl import covered_time
 from diag.timeline import Series, Timeline
 
@@ -57,15 +59,6 @@ def _latest_settings(tl: Timeline) -> dict[str, Any]:
     return dict(tl.configs[-1].settings) if tl.configs else {}
 
 
-def _spearman(x: np.ndarray, y: np.ndarray) -> tuple[float, float, int]:
-    keep = np.isfinite(x) & np.isfinite(y)
-    n = int(keep.sum())
-    if n < 10 or np.ptp(x[keep]) == 0 or np.ptp(y[keep]) == 0:
-        return math.nan, math.nan, n
-    res = numstats.spearmanr(x[keep], y[keep])
-    return res.statistic, res.pvalue, n
-
-
 def _follows(mem: Series, ts: np.ndarray, amount: np.ndarray) -> tuple[float, float, int]:
     """Rank correlation between the largest ``amount`` started in each memory-sample interval and the
     memory peak at that sample or the next (a batch's peak can land one sample late)."""
@@ -79,7 +72,7 @@ def _follows(mem: Series, ts: np.ndarray, amount: np.ndarray) -> tuple[float, fl
     np.maximum.at(top, k, amt)
     peak = np.maximum(mval, np.concatenate((mval[1:], mval[-1:])))
     has = np.isfinite(top) & (top > -np.inf)
-    return _spearman(top[has], peak[has])
+    return spearman_test(top[has], peak[has], min_points=10)
 
 
 def _oom_times(tl: Timeline) -> np.ndarray:
@@ -90,7 +83,7 @@ def _oom_times(tl: Timeline) -> np.ndarray:
 
 
 @rule("batching.moe_expert_skew", "moe_expert_skew", needs=("routing",))
-def moe_expert_skew(tl: Timeline) -> Finding | None:
+def moe_expert_skew(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """One expert persistently takes most tokens (skew = top/median, balancedness = mean/max), with overflow or memory peaks."""
     rt = tl.routing
     if not len(rt):
@@ -115,7 +108,7 @@ def moe_expert_skew(tl: Timeline) -> Finding | None:
     skewed_layers = np.unique(layers[skewed])
     overflow = np.nan_to_num(rt["overflow_tokens"][eligible], nan=0.0)
     overflow_share = float((overflow > 0).mean())
-    ctx = service_context(tl)
+    ctx = service_context(tl, ac)
     mem = _moe_memory(tl, ctx)
     rho = p = math.nan
     points = 0
@@ -192,7 +185,7 @@ def _moe_memory(tl: Timeline, ctx: ServiceContext) -> tuple[str, Series] | None:
 
 
 @rule("batching.request_count", "request_count_batching", needs=("batches",))
-def request_count_batching(tl: Timeline) -> Finding | None:
+def request_count_batching(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """Batches capped by request count whose input tokens vary >= 10x, with memory following the batch tokens."""
     bt = tl.batches
     if len(bt) < MIN_BATCHES:
@@ -220,7 +213,7 @@ def request_count_batching(tl: Timeline) -> Finding | None:
     budget_holds = mode == "tokens" or (
         isinstance(budget, (int, float)) and mode != "requests" and float(tokens.max()) <= float(budget)
     )
-    ctx = service_context(tl)
+    ctx = service_context(tl, ac)
     mem = memory_series(tl, ctx)
     rho = p = math.nan
     points = 0
@@ -322,7 +315,7 @@ _EARLY = ("error", "rejected")  # outcomes that, without an inference start, are
 
 
 @rule("batching.oversized_context", "oversized_context", needs=("requests", "requests:prompt_tokens"))
-def oversized_context(tl: Timeline) -> Finding | None:
+def oversized_context(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """Failures (errors, timeouts) concentrate in the longest prompts, and memory peaks coincide with them."""
     req = tl.requests
     if not len(req) or "prompt_tokens" not in req:
@@ -356,7 +349,7 @@ def oversized_context(tl: Timeline) -> Finding | None:
     # Memory peaks vs long prompts in flight.
     begin = np.where(started, req["start"][has], req["arrival"][has])
     finish = req["finish"][has]
-    ctx = service_context(tl)
+    ctx = service_context(tl, ac)
     mem = memory_series(tl, ctx)
     coincide, peak_share, time_share, n_peaks = _peaks_in(mem[1] if mem else None, begin[long_], finish[long_])
     ooms = _oom_times(tl)
@@ -376,7 +369,9 @@ def oversized_context(tl: Timeline) -> Finding | None:
     conf += 0.2 if coincide and concentrated else 0.0
     conf += 0.1 if ooms_long else 0.0
     conf += 0.1 if unbounded else 0.0
-    if ratio_len < LONG_VS_REST:
+    if ratio_len < LONG_VS_REST and not concentrated:
+        conf = min(conf, 0.2)  # peaks during the longer of similar prompts, nothing failing: a note, not a suspect
+    elif ratio_len < LONG_VS_REST:
         conf = min(conf, 0.35)
     if not concentrated:
         conf = min(conf, 0.45)

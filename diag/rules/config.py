@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from diag.rules import numstats
-from diag.rules.base import Evidence, Finding, rule
+from diag.rules.base import Evidence, Finding, TooLittleData, rule
+from diag.rules.context import AnalysisContext
 from diag.rules.requests import analyse_requests, memory_series, service_context
 from diag.rules.stats import limit_for
 from diag.timeline import Timeline
@@ -54,15 +55,15 @@ def _num(settings: dict[str, Any], key: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _limit(tl: Timeline) -> tuple[float | None, str]:
+def _limit(tl: Timeline, ac: AnalysisContext | None = None) -> tuple[float | None, str]:
     """The service cgroup's limit (or its tightest watched ancestor's), else host MemTotal -- as the memory family reads it."""
-    return limit_for(tl, service_context(tl).cgroup)
+    return limit_for(tl, service_context(tl, ac).cgroup)
 
 
-def _footprint(tl: Timeline) -> Footprint | None:
+def _footprint(tl: Timeline, ac: AnalysisContext | None = None) -> Footprint | None:
     """Theil-Sen slope of service memory vs time-averaged requests in service, per load bucket."""
-    load = analyse_requests(tl) if len(tl.requests) else None
-    mem = memory_series(tl)
+    load = analyse_requests(tl, ac) if len(tl.requests) else None
+    mem = memory_series(tl, service_context(tl, ac))
     if load is None or load.curve is None or mem is None:
         return None
     c = load.curve
@@ -81,7 +82,7 @@ def _footprint(tl: Timeline) -> Footprint | None:
 
 
 @rule("config.unsafe", "unsafe_config", needs=("config",))
-def unsafe_config(tl: Timeline) -> Finding | None:
+def unsafe_config(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """workers x concurrency x per-request memory vs the limit; unbounded queue/concurrency/prompts; no timeouts or guard."""
     if not tl.configs:
         return None
@@ -116,8 +117,8 @@ def unsafe_config(tl: Timeline) -> Finding | None:
     if str(s.get("batching") or "") == "requests":
         issues.append(Issue("batching by request count, not by a token budget", False))
 
-    limit, limit_src = _limit(tl)
-    fp = _footprint(tl)
+    limit, limit_src = _limit(tl, ac)
+    fp = _footprint(tl, ac)
     copies = workers if preload == "per-worker" else 1
     weights_total = weights * copies if weights else None
     projected = None
@@ -141,7 +142,7 @@ def unsafe_config(tl: Timeline) -> Finding | None:
     if not issues and not exceeds:
         return None
 
-    mem = memory_series(tl)
+    mem = memory_series(tl, service_context(tl, ac))
     peak = float(np.nanmax(mem[1].values)) if mem is not None and len(mem[1]) else math.nan
     near = bool(limit and np.isfinite(peak) and peak >= NEAR_LIMIT * limit)
     majors = sum(i.major for i in issues)

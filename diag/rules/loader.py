@@ -24,7 +24,8 @@ import math
 
 import numpy as np
 
-from diag.rules.base import Evidence, Finding, rule
+from diag.rules.base import Evidence, Finding, TooLittleData, rule
+from diag.rules.context import AnalysisContext
 from diag.rules.requests import excerpt, ms
 from diag.rules.usl import covered_time
 from diag.timeline import Timeline
@@ -36,7 +37,7 @@ RATE_PER_REQUEST = 0.5  # >= one load per two requests: a refresh in (nearly) ev
 
 
 @rule("loader.blocking_refresh", "blocking_loader_refresh", needs=("loader", "requests"))
-def blocking_loader_refresh(tl: Timeline) -> Finding | None:
+def blocking_loader_refresh(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """Model/registry loads run inside requests' arrival -> start windows, often enough to explain the waiting."""
     ld, req = tl.loader, tl.requests
     if not len(ld) or not len(req):

@@ -28,13 +28,13 @@ the minimum, and every finding says how much data it rests on.
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from diag.rules import stats
-from diag.rules.base import Evidence, Finding, rule
+from diag.rules.base import Evidence, Finding, TooLittleData, rule
+from diag.rules.context import AnalysisContext, shared
 from diag.rules.stats import LoadIndex, Scope, Trend
 from diag.timeline import Series, Timeline
 from diag.units import format_bytes
@@ -220,25 +220,32 @@ class ServiceMemory:
     processes: list[Assessment]  # per-process assessments (for attribution when the cgroups decide)
 
 
-_LAST: tuple[weakref.ref[Timeline], ServiceMemory] | None = None
+def assess_service(timeline: Timeline, ac: AnalysisContext | None = None) -> ServiceMemory:
+    """Assess every candidate once per analysis (both rules of this module ask; the answer is the same)."""
+    return shared(ac, timeline, "memory.assess_service", lambda: _assess_service(timeline, ac))
 
 
-def assess_service(timeline: Timeline) -> ServiceMemory:
-    """Assess every candidate once per timeline (both rules of this module ask; the answer is the same)."""
-    global _LAST
-    if _LAST is not None and _LAST[0]() is timeline:
-        return _LAST[1]
-    scope = stats.service_scope(timeline)
+def _assess_service(timeline: Timeline, ac: AnalysisContext | None) -> ServiceMemory:
+    scope = stats.service_scope(timeline, ac)
     groups, procs = candidates(timeline, scope)
     load = LoadIndex(timeline.requests) if len(timeline.requests) else None
     if groups:
         decisive = [assess(c, len(groups), load) for c in groups]
-        result = ServiceMemory(scope, decisive, [assess(c, 1, None) for c in procs])  # attribution: no load check needed
-    else:
-        decisive = [assess(c, len(procs), load) for c in procs]
-        result = ServiceMemory(scope, decisive, decisive)
-    _LAST = (weakref.ref(timeline), result)
-    return result
+        return ServiceMemory(scope, decisive, [assess(c, 1, None) for c in procs])  # attribution: no load check needed
+    decisive = [assess(c, len(procs), load) for c in procs]
+    return ServiceMemory(scope, decisive, decisive)
+
+
+def _longest_memory_series(timeline: Timeline, scope: Scope) -> str:
+    """What the service's longest memory series holds, in the terms the leak test needs (samples, span)."""
+    found = [timeline.cgroups[g].get(k) for g in scope.cgroups for k in CGROUP_SERIES]
+    tracks = scope.tracks if scope.known else list(timeline.processes.values())
+    found += [t.series.get(k) for t in tracks for k in PROCESS_SERIES]
+    spans = [(len(v), float(v.ts[-1] - v.ts[0])) for s in found if s is not None and len(v := s.valid()) >= 1]
+    if not spans:
+        return "no memory series of the service"
+    n, span = max(spans, key=lambda x: (x[1], x[0]))
+    return f"{n} memory samples over {span:.0f} s"
 
 
 def _rate(slope_per_s: float) -> str:
@@ -267,10 +274,15 @@ def _leak_confidence(a: Assessment) -> float:
     "memory_leak",
     needs_any=("cgroup:working_set", "cgroup:usage", "cgroup:stat.anon", "process:rss", "process:uss"),
 )
-def memory_leak(timeline: Timeline) -> Finding | None:
+def memory_leak(timeline: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """Rising troughs of the service's memory, significant under autocorrelation, material, not load, not warm-up."""
-    mem = assess_service(timeline)
+    mem = assess_service(timeline, ac)
     scope = mem.scope
+    if not mem.decisive:  # memory was sampled, but no series is long enough for a trend to mean anything
+        return TooLittleData(
+            _longest_memory_series(timeline, scope),
+            f"one memory series with {stats.MIN_SAMPLES} samples over {stats.MIN_SPAN_S:.0f} s",
+        )
     leaks = [a for a in mem.decisive if a.leak]
     if not leaks:
         return None
@@ -493,9 +505,9 @@ def _thrashing(full: Series, majflt: Series | None) -> bool:
         "host:psi.memory.some.avg10",
     ),
 )
-def memory_pressure(timeline: Timeline) -> Finding | None:
+def memory_pressure(timeline: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """Memory high or stalling, following load and returning to baseline: capacity, not a leak."""
-    mem = assess_service(timeline)
+    mem = assess_service(timeline, ac)
     scope, assessments = mem.scope, mem.decisive
     if any(a.leak for a in assessments):
         return None  # rising troughs regardless of load: the leak rule's finding, not ordinary pressure

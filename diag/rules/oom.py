@@ -16,13 +16,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
 from collectors.records import CudaOomError, OomEvent
 from diag.rules import stats
-from diag.rules.base import Evidence, Finding, rule
+from diag.rules.base import Evidence, Finding, TooLittleData, rule
+from diag.rules.context import AnalysisContext
 from diag.rules.stats import Scope
 from diag.timeline import Series, Timeline
 from diag.units import format_bytes
@@ -99,6 +101,28 @@ def _kill_evidence(timeline: Timeline, ev: OomEvent, kind: str) -> tuple[list[Ev
     return out, rules_out
 
 
+ATTRIBUTE_S = 30.0  # a counted kill is owned by a group whose oom_kill counter rose within this of it
+
+
+def _attributed(timeline: Timeline, ev: OomEvent) -> OomEvent:
+    """A kill without an owner (one counted from a host-wide counter, as on the Prometheus path) given the group
+    whose own ``memory.events`` oom_kill counter rose at that time -- the deepest such group."""
+    if ev.oom_memcg or ev.task_memcg or ev.pid is not None:
+        return ev
+    owners = []
+    for group, series in timeline.cgroups.items():
+        s = series.get("events.oom_kill")
+        if s is None or group == "/":
+            continue
+        near = s.window(ev.ts - ATTRIBUTE_S, ev.ts + ATTRIBUTE_S)
+        if near.increase() > 0:
+            owners.append(group)
+    if not owners:
+        return ev
+    group = max(owners, key=lambda g: g.count("/"))
+    return dataclasses.replace(ev, oom_memcg=group, task_memcg=group, constraint=ev.constraint or "CONSTRAINT_MEMCG")
+
+
 def _counter_increases(timeline: Timeline) -> tuple[dict[str, float], float]:
     per_group = {}
     for group, series in timeline.cgroups.items():
@@ -110,9 +134,9 @@ def _counter_increases(timeline: Timeline) -> tuple[dict[str, float], float]:
 
 
 @rule("oom.host", "host_oom", needs=("ooms",))
-def host_oom(timeline: Timeline) -> Finding | None:
+def host_oom(timeline: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """Kernel OOM kills: which memory ran out (a cgroup limit or the host), who died, corroborated by counters."""
-    scope = stats.service_scope(timeline)
+    scope = stats.service_scope(timeline, ac)
     per_group, host_kills = _counter_increases(timeline)
     kills = list(timeline.ooms)
     if not kills and not per_group and host_kills <= 0:
@@ -128,6 +152,7 @@ def host_oom(timeline: Timeline) -> Finding | None:
         "Bound concurrency and turn on the memory guard so the service itself does not push the host over.",
     ]
     if kills:
+        kills = [_attributed(timeline, e) for e in kills]
         ranked = sorted(kills, key=lambda e: (_service_kill(e, scope), e.ts))
         ev = ranked[-1]
         kind = _kind(ev)
@@ -154,7 +179,10 @@ def host_oom(timeline: Timeline) -> Finding | None:
             "policy": f"a NUMA/cpuset constraint ({ev.constraint}) ran out",
             "unknown": "the kernel did not say which memory ran out",
         }[kind]
-        victim = f"{ev.task or '?'} (pid {ev.pid}, anon RSS {format_bytes(ev.anon_rss_bytes)})"
+        if ev.pid is None and not ev.task:
+            victim = "a process of it (the kernel log naming the victim was not available)"
+        else:
+            victim = f"{ev.task or '?'} (pid {ev.pid}, anon RSS {format_bytes(ev.anon_rss_bytes)})"
         summary = f"Kernel OOM kill: {what}; it killed {victim}"
         if not ours:
             summary += " -- not one of the service's processes"
@@ -190,11 +218,17 @@ def host_oom(timeline: Timeline) -> Finding | None:
             timeline.start,
             timeline.end,
         )
+    # The service's own groups count their kills too: when those counters were watched and stayed flat, the host's
+    # kill happened in someone else's group -- a note, not a suspect. Without them it may still have been ours.
+    own_counted = [
+        g for g in scope.cgroups if (c := timeline.cgroups.get(g, {}).get("events.oom_kill")) is not None and len(c.valid()) >= 2
+    ]
     return Finding(
         "host_oom",
         "oom.host",
-        0.45,
-        f"{host_kills:.0f} OOM kill(s) on the host (vmstat oom_kill), victim unknown and not in the service's watched groups",
+        0.25 if own_counted else 0.45,
+        f"{host_kills:.0f} OOM kill(s) on the host (vmstat oom_kill), victim unknown and not in the service's watched groups"
+        + (f" (their own oom_kill counters stayed flat: {', '.join(own_counted)})" if own_counted else ""),
         evidence,
         [],
         remediation_host,
@@ -284,7 +318,7 @@ def _gpu_used(timeline: Timeline, err: CudaOomError) -> Evidence | None:
 
 
 @rule("oom.gpu", "gpu_oom", needs_any=("cuda_ooms", "torch"))
-def gpu_oom(timeline: Timeline) -> Finding | None:
+def gpu_oom(timeline: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """A CUDA allocation failed because the GPU was really full (not fragmented); who else held it."""
     errs = list(timeline.cuda_ooms)
     torch_ooms, _retries, slack = _torch_ooms(timeline)
@@ -375,7 +409,7 @@ def gpu_oom(timeline: Timeline) -> Finding | None:
 
 
 @rule("oom.allocator_fragmentation", "allocator_fragmentation", needs_any=("cuda_ooms", "torch"))
-def allocator_fragmentation(timeline: Timeline) -> Finding | None:
+def allocator_fragmentation(timeline: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """The failed request fit in memory torch had reserved but not allocated: fragmented, not full."""
     errs = list(timeline.cuda_ooms)
     torch_ooms, retries, slack = _torch_ooms(timeline)

@@ -16,12 +16,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from diag.rules import stats
-from diag.rules.base import Evidence, Finding, rule
+from diag.rules.base import Evidence, Finding, TooLittleData, rule
+from diag.rules.context import AnalysisContext
 from diag.timeline import ProcessTrack, Series, Timeline
 from diag.units import format_bytes
 
@@ -134,13 +135,13 @@ def _gpu_copies(timeline: Timeline, pids: set[int], size: float | None) -> tuple
     needs=("process:model_files",),
     needs_any=("process:uss", "process:pss", "gpu_processes"),
 )
-def duplicate_model_processes(timeline: Timeline) -> Finding | None:
+def duplicate_model_processes(timeline: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """Several live processes hold the same model file, each with its own private copy (not a shared mmap)."""
     by_file: dict[str, list[ProcessTrack]] = {}
     for track in timeline.processes.values():
         for path in track.model_files:
             by_file.setdefault(path, []).append(track)
-    scope = stats.service_scope(timeline)
+    scope = stats.service_scope(timeline, ac)
     results = []
     for path, tracks in by_file.items():
         holders, when = _holders(tracks)
@@ -274,103 +275,102 @@ def _nearest(series: Series, ts: np.ndarray) -> np.ndarray:
     return out
 
 
+@dataclass
+class _Case:
+    """What the noisy-neighbour checks found so far: evidence, reasons for the summary, exclusions, confidence."""
+
+    ev: list[Evidence] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    rules_out: list[str] = field(default_factory=list)
+    conf: float = 0.0
+    psi_split: bool = False
+
+
+def _psi_split(timeline: Timeline, groups: list[str], case: _Case) -> None:
+    """Host memory stalls that the service does not share."""
+    host_mem = stats.stall_percent(timeline.host, "psi.memory.some")
+    if not len(host_mem):
+        return
+    hot = host_mem.values >= HOST_PSI_ELEVATED
+    if int(hot.sum()) < 3:
+        return
+    hot_ts = host_mem.ts[hot]
+    svc = np.nanmax(
+        np.vstack([_nearest(stats.stall_percent(timeline.cgroups[g], "psi.memory.some"), hot_ts) for g in groups]), axis=0
+    )
+    host_level = float(np.median(host_mem.values[hot]))
+    svc_level = float(np.nanmedian(svc)) if np.isfinite(svc).any() else math.nan
+    t0, t1 = float(hot_ts[0]), float(hot_ts[-1])
+    case.ev.append(
+        Evidence("host memory PSI some while elevated, median", round(host_level, 2), "%", t0, t1, stats.excerpt(host_mem))
+    )
+    case.ev.append(
+        Evidence(
+            f"service cgroup memory PSI some at the same times, median ({', '.join(groups)})",
+            round(svc_level, 2) if math.isfinite(svc_level) else None,
+            "%",
+            t0,
+            t1,
+        )
+    )
+    if math.isfinite(svc_level) and svc_level <= max(SERVICE_PSI_CALM, 0.25 * host_level):
+        case.psi_split = True
+        case.conf = 0.65
+        case.reasons.append(
+            f"host memory PSI some {host_level:.1f} % in {int(hot.sum())} samples while the service's stays at {svc_level:.1f} %"
+        )
+    else:
+        case.rules_out.append(
+            f"noisy_neighbour: the service's own memory PSI ({svc_level:.1f} %) rose with the host's"
+            " -- the pressure is (also) ours"
+        )
+
+
+def _host_drained(timeline: Timeline, groups: list[str], case: _Case) -> None:
+    """Host memory drained by someone else: MemAvailable fell while the service's own memory did not grow."""
+    total = stats.host_total(timeline)
+    avail = timeline.host.get("memory.available")
+    if not total or avail is None or len(avail.valid()) < stats.MIN_SAMPLES:
+        return
+    a0, a1 = stats.edge_level(avail, "first"), stats.edge_level(avail, "last")
+    drop = a0 - a1
+    svc_change = 0.0
+    for g in groups:
+        cg = timeline.cgroups[g]
+        mem = cg.get("working_set") or cg.get("usage")
+        if mem is not None and len(mem.valid()):
+            svc_change += stats.edge_level(mem, "last") - stats.edge_level(mem, "first")
+    if not (drop >= AVAILABLE_DROP * total and a1 <= AVAILABLE_LOW * total and svc_change <= 0.25 * drop):
+        return
+    case.conf = 0.8 if case.psi_split else 0.55
+    t0, t1 = float(avail.ts[0]), float(avail.ts[-1])
+    case.ev.append(
+        Evidence("host MemAvailable start -> end", f"{format_bytes(a0)} -> {format_bytes(a1)}", "", t0, t1, stats.excerpt(avail))
+    )
+    case.ev.append(Evidence("service cgroup memory change over the same time", round(svc_change), "bytes", t0, t1))
+    case.reasons.append(
+        f"host MemAvailable fell {format_bytes(drop)} to {format_bytes(a1)} while the service's memory changed "
+        f"{format_bytes(svc_change)}"
+    )
+
+
 @rule(
     "placement.noisy_neighbour",
     "noisy_neighbour",
     needs=("cgroup:psi.memory.some.avg10",),
     needs_any=("host:psi.memory.some.avg10", "host:psi.io.some.avg10"),
 )
-def noisy_neighbour(timeline: Timeline) -> Finding | None:
+def noisy_neighbour(timeline: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """Host pressure up while the service cgroup's own PSI and memory stay flat: someone else's pressure."""
-    scope = stats.service_scope(timeline)
+    scope = stats.service_scope(timeline, ac)
     groups = [g for g in scope.cgroups if len(stats.stall_percent(timeline.cgroups[g], "psi.memory.some"))]
     if not groups:
         return None
-    host_mem = stats.stall_percent(timeline.host, "psi.memory.some")
     host_io = stats.stall_percent(timeline.host, "psi.io.some")
-    ev: list[Evidence] = []
-    reasons: list[str] = []
-    rules_out: list[str] = []
-    conf = 0.0
-    # A: host memory stalls that the service does not share
-    psi_split = False
-    if len(host_mem):
-        hot = host_mem.values >= HOST_PSI_ELEVATED
-        if int(hot.sum()) >= 3:
-            hot_ts = host_mem.ts[hot]
-            svc = np.nanmax(
-                np.vstack([_nearest(stats.stall_percent(timeline.cgroups[g], "psi.memory.some"), hot_ts) for g in groups]), axis=0
-            )
-            host_level = float(np.median(host_mem.values[hot]))
-            svc_level = float(np.nanmedian(svc)) if np.isfinite(svc).any() else math.nan
-            ev.append(
-                Evidence(
-                    "host memory PSI some while elevated, median",
-                    round(host_level, 2),
-                    "%",
-                    float(hot_ts[0]),
-                    float(hot_ts[-1]),
-                    stats.excerpt(host_mem),
-                )
-            )
-            ev.append(
-                Evidence(
-                    f"service cgroup memory PSI some at the same times, median ({', '.join(groups)})",
-                    round(svc_level, 2) if math.isfinite(svc_level) else None,
-                    "%",
-                    float(hot_ts[0]),
-                    float(hot_ts[-1]),
-                )
-            )
-            if math.isfinite(svc_level) and svc_level <= max(SERVICE_PSI_CALM, 0.25 * host_level):
-                psi_split = True
-                conf = 0.65
-                reasons.append(
-                    f"host memory PSI some {host_level:.1f} % in {int(hot.sum())} samples"
-                    f" while the service's stays at {svc_level:.1f} %"
-                )
-            else:
-                rules_out.append(
-                    f"noisy_neighbour: the service's own memory PSI ({svc_level:.1f} %) rose with the host's"
-                    " -- the pressure is (also) ours"
-                )
-    # B: host memory drained by someone else
-    total = stats.host_total(timeline)
-    avail = timeline.host.get("memory.available")
-    if total and avail is not None and len(avail.valid()) >= stats.MIN_SAMPLES:
-        a0, a1 = stats.edge_level(avail, "first"), stats.edge_level(avail, "last")
-        drop = a0 - a1
-        svc_change = 0.0
-        for g in groups:
-            cg = timeline.cgroups[g]
-            mem = cg.get("working_set") or cg.get("usage")
-            if mem is not None and len(mem.valid()):
-                svc_change += stats.edge_level(mem, "last") - stats.edge_level(mem, "first")
-        if drop >= AVAILABLE_DROP * total and a1 <= AVAILABLE_LOW * total and svc_change <= 0.25 * drop:
-            conf = 0.8 if psi_split else 0.55
-            ev.append(
-                Evidence(
-                    "host MemAvailable start -> end",
-                    f"{format_bytes(a0)} -> {format_bytes(a1)}",
-                    "",
-                    float(avail.ts[0]),
-                    float(avail.ts[-1]),
-                    stats.excerpt(avail),
-                )
-            )
-            ev.append(
-                Evidence(
-                    "service cgroup memory change over the same time",
-                    round(svc_change),
-                    "bytes",
-                    float(avail.ts[0]),
-                    float(avail.ts[-1]),
-                )
-            )
-            reasons.append(
-                f"host MemAvailable fell {format_bytes(drop)} to {format_bytes(a1)}"
-                f" while the service's memory changed {format_bytes(svc_change)}"
-            )
+    case = _Case()
+    _psi_split(timeline, groups, case)
+    _host_drained(timeline, groups, case)
+    ev, reasons, rules_out, conf = case.ev, case.reasons, case.rules_out, case.conf
     if conf <= 0:
         return None
     own = [(g, stats.stall_percent(timeline.cgroups[g], "psi.memory.some")) for g in groups]

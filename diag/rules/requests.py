@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from diag.rules import numstats
-from diag.rules.base import Evidence, Finding, rule
+from diag.rules.base import Evidence, Finding, TooLittleData, rule
+from diag.rules.context import AnalysisContext, shared
 from diag.rules.stats import edge_level, service_scope, stall_percent
 from diag.rules.stats import excerpt as stats_excerpt
 from diag.rules.usl import LoadCurve, UslFit, concurrency_levels, count_at, covered_time, fit_usl, load_curve
-from diag.timeline import Series, Table, Timeline
+from diag.timeline import Series, Timeline
 
 MIN_REQUESTS = 30  # started requests; below this a quartile is a handful of requests and medians are noise
 
@@ -45,6 +46,14 @@ W_MIN_S = 0.05
 W_MIN_VS_S = 0.5
 W_RISE = 4.0
 
+# Short windows: the backlog is decided on per-request evidence when it is overwhelming -- at least
+# MIN_REQUESTS started requests, OVERWHELM_SHARE of them waiting OVERWHELM_FACTOR x their own inference time,
+# and someone waiting at every moment (gaps up to OVERWHELM_GAP_S).
+OVERWHELM_FACTOR = 3.0
+OVERWHELM_SHARE = 0.8
+OVERWHELM_GAP_S = 0.01
+OVERWHELM_COVER = 0.9  # the unbroken waiting stretch must cover 90 % of first arrival .. last start
+
 # Memory-stall thresholds for *diagnosis* (not killing), a lower tier than the killers use (systemd-oomd
 # acts at full avg10 > 60 % for 30 s): memory some avg10 > 10 % = pressure and full avg10 > 5 % =
 # thrashing candidate. Counter rates must be both
@@ -55,6 +64,7 @@ FAULTS_UP = 50.0  # major faults per second
 REFAULTS_UP = 200.0  # pages refaulted per second
 SWAP_UP = 100.0  # pages swapped in+out per second
 RATE_FACTOR = 3.0
+NO_STALL_CAP = 0.2  # thrashing without a memory stall stays below the suspect level (0.3): it is not thrashing
 RATE_ALWAYS = 10.0  # a rate at 10x its floor is a stall even when the whole recording was already stalling
 
 # What ``thrashing`` can stand on: any one memory-stall signal, host-wide or per cgroup or per process.
@@ -87,10 +97,10 @@ class ServiceContext:
     how: str = ""  # how the cgroup was identified (for evidence)
 
 
-def service_context(tl: Timeline) -> ServiceContext:
+def service_context(tl: Timeline, ac: AnalysisContext | None = None) -> ServiceContext:
     """The service as every rule family scopes it (``stats.service_scope``: the pids named by the service's
     records, their watched cgroups); the deepest such cgroup is the one whose stall and memory are ours."""
-    scope = service_scope(tl)
+    scope = service_scope(tl, ac)
     cgroup = scope.cgroups[0] if scope.cgroups else None
     return ServiceContext(set(scope.pids), cgroup, scope.identified_by if cgroup else "not identified")
 
@@ -186,19 +196,20 @@ class RequestLoad:
         return abs(self.little_l - self.little_lw) / self.little_l if self.little_l > 0 else math.nan
 
 
-_CACHE: list[tuple[Table, float, float, RequestLoad | None]] = []
+def analyse_requests(tl: Timeline, ac: AnalysisContext | None = None) -> RequestLoad | None:
+    """The shared pass over the request table, once per analysis: several rules ask on one timeline."""
+    return shared(ac, tl, "requests.analyse", lambda: _analyse(tl))
 
 
-def analyse_requests(tl: Timeline) -> RequestLoad | None:
-    """The shared pass, cached for the last (request table, window) seen: several rules ask on one timeline.
-
-    The cache holds a reference to the table, so its identity cannot be recycled while cached.
-    """
-    if _CACHE and _CACHE[0][0] is tl.requests and _CACHE[0][1:3] == (tl.start, tl.end):
-        return _CACHE[0][3]
-    result = _analyse(tl)
-    _CACHE[:] = [(tl.requests, tl.start, tl.end, result)]
-    return result
+def too_few_requests(tl: Timeline) -> TooLittleData | None:
+    """What the request rules say when the table has rows but fewer than ``MIN_REQUESTS`` started ones."""
+    req = tl.requests
+    if not len(req) or "start" not in req:
+        return None
+    n = int(np.isfinite(req["start"]).sum())
+    if n >= MIN_REQUESTS:
+        return None
+    return TooLittleData(f"{n} started requests", f"{MIN_REQUESTS} started requests")
 
 
 def _median(x: np.ndarray) -> float:
@@ -333,7 +344,7 @@ def _rate_sum(series: list[Series]) -> Series | None:
     return Series(grid, total)
 
 
-def _stall_candidates(tl: Timeline, ctx: ServiceContext) -> list[tuple[str, str, str, str, Series, bool]]:
+def stall_candidates(tl: Timeline, ctx: ServiceContext) -> list[tuple[str, str, str, str, Series, bool]]:
     """(scope, name, unit, kind, series, is_service) for every stall signal present."""
     out: list[tuple[str, str, str, str, Series, bool]] = []
 
@@ -393,7 +404,7 @@ def memory_stall(tl: Timeline, ctx: ServiceContext, load: RequestLoad | None) ->
             if fin.sum() >= 8 and np.ptp(key[fin]) > 0:
                 q25, q75 = np.quantile(key[fin], [0.25, 0.75])
                 masks.append((fin & (key >= q75), fin & (key <= q25)))
-    for scope, name, unit, kind, series, service in _stall_candidates(tl, ctx):
+    for scope, name, unit, kind, series, service in stall_candidates(tl, ctx):
         his, los = [], []
         if masks and curve is not None:
             at = np.interp(curve.centers, series.ts, series.values, left=np.nan, right=np.nan)
@@ -461,17 +472,108 @@ def _wait_series(load: RequestLoad) -> Evidence | None:
     )
 
 
-@rule("requests.queue_backlog", "queue_backlog", needs=("requests",))
-def queue_backlog(tl: Timeline) -> Finding | None:
-    """Queue wait rises with load while inference time stays flat and memory does not stall."""
-    load = analyse_requests(tl)
-    if load is None:
+@dataclass
+class Overwhelming:
+    """The per-request evidence that decides a backlog without any calm period to compare against."""
+
+    n: int
+    share: float  # of started requests whose queue wait >= OVERWHELM_FACTOR x their inference time
+    wait_median: float
+    inference_median: float
+    t0: float
+    t1: float
+    stalled: list[StallSignal]
+
+
+def _never_empty(arrival: np.ndarray, start: np.ndarray) -> tuple[bool, float, float]:
+    """Whether someone was waiting (arrival <= t < start) without a break over ``OVERWHELM_COVER`` of the time from
+    the first arrival to the last start -- the ramp-up (the first clients find the slot free) aside."""
+    waited = start - arrival > 0
+    a, b = arrival[waited], start[waited]
+    if a.size < 2:
+        return False, math.nan, math.nan
+    order = np.argsort(a, kind="stable")
+    a, b = a[order], b[order]
+    reach = np.maximum.accumulate(b)
+    breaks = np.flatnonzero(a[1:] - reach[:-1] > OVERWHELM_GAP_S)  # a new stretch starts after each break
+    firsts = np.concatenate([[0], breaks + 1])
+    lasts = np.concatenate([breaks, [a.size - 1]])
+    lengths = reach[lasts] - a[firsts]
+    i = int(np.argmax(lengths))
+    span = float(np.max(start) - np.min(arrival))
+    ok = span > 0 and float(lengths[i]) >= OVERWHELM_COVER * span
+    return bool(ok), float(a[firsts[i]]), float(reach[lasts[i]])
+
+
+def overwhelming_check(tl: Timeline, ac: AnalysisContext | None = None) -> Overwhelming | None:
+    """>= ``MIN_REQUESTS`` started requests, >= 80 % of them waiting >= 3x their own inference time, and the queue
+    never empty over the window: a backlog whatever the window's length (seconds are enough)."""
+    req = tl.requests
+    if not len(req) or "start" not in req:
         return None
+    started = np.isfinite(req["start"]) & np.isfinite(req["arrival"]) & np.isfinite(req["finish"])
+    n = int(started.sum())
+    if n < MIN_REQUESTS:
+        return None
+    w, s = req["queue_wait_s"][started], req["inference_s"][started]
+    share = float(np.mean(w >= OVERWHELM_FACTOR * np.maximum(s, 1e-3)))
+    if share < OVERWHELM_SHARE:
+        return None
+    never_empty, t0, t1 = _never_empty(req["arrival"][started], req["start"][started])
+    if not never_empty:
+        return None
+    stall = [x for x in memory_stall(tl, service_context(tl, ac), None) if x.up and x.service]
+    return Overwhelming(n, share, float(np.median(w)), float(np.median(s)), t0, t1, stall)
+
+
+def overwhelming_backlog(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | None:
+    ov = overwhelming_check(tl, ac)
+    if ov is None:
+        return None
+    conf = 0.7 if not ov.stalled else 0.45  # memory stalls too: the wait may be a thrashing service's
+    evidence = [
+        Evidence(f"requests waiting >= {OVERWHELM_FACTOR:g}x their inference time", round(ov.share, 3), f"ratio of {ov.n}",
+                 ov.t0, ov.t1),
+        Evidence("median queue wait", round(ov.wait_median, 4), "s", ov.t0, ov.t1),
+        Evidence("median inference time", round(ov.inference_median, 4), "s", ov.t0, ov.t1),
+        Evidence("queue empty at any moment between the first wait and the last start", "never", "", ov.t0, ov.t1),
+    ]  # fmt: skip
+    for x in ov.stalled[:2]:
+        evidence.append(Evidence(f"{x.label()} (loaded vs calm)", f"{x.hi:.3g} vs {x.lo:.3g}", x.unit))
+    return Finding(
+        cls="queue_backlog",
+        rule="requests.queue_backlog",
+        confidence=conf,
+        summary=(
+            f"{ov.share:.0%} of {ov.n} requests waited >= {OVERWHELM_FACTOR:g}x their inference time "
+            f"(median wait {ms(ov.wait_median)} vs {ms(ov.inference_median)} inference) and the queue never emptied "
+            f"in {ov.t1 - ov.t0:.0f} s: more work arrives than the slots serve"
+        ),
+        evidence=evidence,
+        rules_out=[
+            "judged on per-request evidence alone: the window holds no calm period to compare with",
+            *([f"memory stalls too ({_stall_summary(ov.stalled)}): check thrashing"] if ov.stalled else []),
+        ],
+        remediation=[
+            "bound concurrency and keep the queue small; reject the excess early with 429 + Retry-After (backpressure)",
+            "scale out (more replicas/workers within the memory budget) or rate-limit the heaviest clients",
+        ],
+        start=ov.t0,
+        end=ov.t1,
+    )
+
+
+@rule("requests.queue_backlog", "queue_backlog", needs=("requests",))
+def queue_backlog(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
+    """Queue wait rises with load while inference time stays flat and memory does not stall."""
+    load = analyse_requests(tl, ac)
+    if load is None:
+        return too_few_requests(tl)
     w_rose = load.w_high >= max(W_MIN_S, W_MIN_VS_S * load.s_base) and load.w_high >= W_RISE * load.w_low + 0.02
     if not w_rose:
-        return None
+        return overwhelming_backlog(tl, ac)  # a short, uniformly overloaded window has no calm quartile to compare
     infl = load.s_inflation
-    ctx = service_context(tl)
+    ctx = service_context(tl, ac)
     stall = memory_stall(tl, ctx, load)
     # Judge the service's own stall signals when it has them: host-wide stalls while the service's cgroup
     # stays calm are a neighbour's (placement.noisy_neighbour), not evidence against a backlog here.
@@ -562,38 +664,9 @@ def queue_backlog(tl: Timeline) -> Finding | None:
     )
 
 
-@rule("requests.thrashing", "thrashing", needs=("requests",), needs_any=STALL_SIGNALS)
-def thrashing(tl: Timeline) -> Finding | None:
-    """Inference time inflates with concurrency, throughput falls, and memory stalls (PSI, major faults, refaults)."""
-    load = analyse_requests(tl)
-    if load is None:
-        return None
+def _thrash_evidence(load: RequestLoad, stall: list[StallSignal], tail: float) -> list[Evidence]:
+    """The numbers behind a thrashing finding: inference inflation, goodput vs concurrency, the USL fit, the stalls."""
     infl = load.s_inflation
-    if infl < S_INFLATED and not load.retrograde:
-        return None
-    ctx = service_context(tl)
-    stall = memory_stall(tl, ctx, load)
-    service_up = [s for s in stall if s.up and s.service]
-    host_up = [s for s in stall if s.up and not s.service]
-    service_seen = any(s.service for s in stall)
-    neighbour = bool(host_up) and service_seen and not service_up
-    stall_ok = bool(service_up) or (bool(host_up) and not service_seen)
-    conf = 0.0
-    if infl >= S_INFLATED:
-        conf += 0.3 + (0.1 if infl >= 3 else 0.0)
-    if load.tau_s >= 0.2:
-        conf += 0.05
-    if stall_ok:
-        conf += 0.3
-    if load.retrograde:
-        conf += 0.15
-    tail = load.s_high_p99 / load.s_high if load.s_high > 0 else math.nan
-    if np.isfinite(tail) and tail >= 3:
-        conf += 0.05
-    if not stall_ok:
-        conf = min(conf, 0.35)
-    if infl < S_INFLATED:
-        conf = min(conf, 0.4)
     evidence = [
         Evidence("median inference time, low-load quartile (baseline)", round(load.s_base, 4), "s"),
         Evidence("median inference time, high-load quartile", round(load.s_high, 4), "s", load.high_start, load.high_end),
@@ -639,6 +712,42 @@ def thrashing(tl: Timeline) -> Finding | None:
                 excerpt(s.series.ts, s.series.values),
             )
         )
+    return evidence
+
+
+@rule("requests.thrashing", "thrashing", needs=("requests",), needs_any=STALL_SIGNALS)
+def thrashing(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
+    """Inference time inflates with concurrency, throughput falls, and memory stalls (PSI, major faults, refaults)."""
+    load = analyse_requests(tl, ac)
+    if load is None:
+        return None
+    infl = load.s_inflation
+    if infl < S_INFLATED and not load.retrograde:
+        return None
+    ctx = service_context(tl, ac)
+    stall = memory_stall(tl, ctx, load)
+    service_up = [s for s in stall if s.up and s.service]
+    host_up = [s for s in stall if s.up and not s.service]
+    service_seen = any(s.service for s in stall)
+    neighbour = bool(host_up) and service_seen and not service_up
+    stall_ok = bool(service_up) or (bool(host_up) and not service_seen)
+    conf = 0.0
+    if infl >= S_INFLATED:
+        conf += 0.3 + (0.1 if infl >= 3 else 0.0)
+    if load.tau_s >= 0.2:
+        conf += 0.05
+    if stall_ok:
+        conf += 0.3
+    if load.retrograde:
+        conf += 0.15
+    tail = load.s_high_p99 / load.s_high if load.s_high > 0 else math.nan
+    if np.isfinite(tail) and tail >= 3:
+        conf += 0.05
+    if not stall_ok:  # a slowdown without any memory stall is CPU or batch contention: a note, not a suspect
+        conf = min(conf, NO_STALL_CAP)
+    if infl < S_INFLATED:
+        conf = min(conf, 0.4)
+    evidence = _thrash_evidence(load, stall, tail)
     rules_out = []
     if infl >= S_INFLATED:
         rules_out.append(

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from diag.rules import numstats
+from diag.rules.context import AnalysisContext, shared
 from diag.timeline import ProcessTrack, Series, Table, Timeline
 
 MIN_SAMPLES = 20  # below this a trend verdict rests on too little data (1 Hz: 20 s)
@@ -315,14 +316,21 @@ def largest_step_share(y: np.ndarray) -> float:
     return float(min(1.0, np.max(np.diff(y)) / rise))
 
 
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Rank correlation, NaN when either side is constant or fewer than 5 paired points."""
+def spearman_test(a: np.ndarray, b: np.ndarray, min_points: int = 5) -> tuple[float, float, int]:
+    """(rho, p, paired points) over the finite pairs; NaNs when either side is constant or under ``min_points``."""
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     keep = np.isfinite(a) & np.isfinite(b)
-    if keep.sum() < 5 or np.ptp(a[keep]) == 0 or np.ptp(b[keep]) == 0:
-        return float("nan")
-    return numstats.spearmanr(a[keep], b[keep]).statistic
+    n = int(keep.sum())
+    if n < min_points or np.ptp(a[keep]) == 0 or np.ptp(b[keep]) == 0:
+        return float("nan"), float("nan"), n
+    res = numstats.spearmanr(a[keep], b[keep])
+    return float(res.statistic), float(res.pvalue), n
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Rank correlation, NaN when either side is constant or fewer than 5 paired points."""
+    return spearman_test(a, b)[0]
 
 
 def excerpt(series: Series, max_points: int = 50) -> list[list[float]]:
@@ -450,7 +458,7 @@ class Scope:
     pids: set[int] = field(default_factory=set)
     tracks: list[ProcessTrack] = field(default_factory=list)
     cgroups: list[str] = field(default_factory=list)  # keys of timeline.cgroups, deepest first
-    identified_by: str = "none"  # what named the service: "service records", "model holders", "watched cgroups", "none"
+    identified_by: str = "none"  # "watch scope (--pid/--cgroup)", "service records", "model holders", "watched cgroups", "none"
 
     @property
     def known(self) -> bool:
@@ -475,23 +483,65 @@ def in_cgroup(path: str | None, group: str) -> bool:
     return group == "/" or path == group or path.startswith(group.rstrip("/") + "/")
 
 
-def service_scope(timeline: Timeline) -> Scope:
-    """Which processes and cgroups are the service (see the module docstring for the order of evidence)."""
+def service_scope(timeline: Timeline, ac: AnalysisContext | None = None) -> Scope:
+    """Which processes and cgroups are the service, once per analysis (see ``_service_scope`` for the order)."""
+    return shared(ac, timeline, "stats.service_scope", lambda: _service_scope(timeline))
+
+
+def watched(timeline: Timeline) -> tuple[set[int], list[str]]:
+    """(pids, cgroup keys of the timeline) the operator asked the agent to watch, over every watch scope recorded.
+
+    A group is matched by its path as the samplers print it; one given by its mount path
+    (``/sys/fs/cgroup/memory/x``) or its v2 path matches the watched key it ends with.
+    """
+    pids: set[int] = set()
+    asked: set[str] = set()
+    for ws in timeline.watch_scopes:
+        pids.update(int(p) for p in (*ws.pids, *ws.resolved_pids))
+        asked.update(str(g) for g in (*ws.cgroups, *ws.resolved_cgroups) if g)
+    groups = [
+        g
+        for g in timeline.cgroups
+        if g != "/" and any(a == g or a.rstrip("/").endswith(g.rstrip("/")) or g.endswith(a.rstrip("/")) for a in asked)
+    ]
+    return pids, groups
+
+
+def _service_scope(timeline: Timeline) -> Scope:
+    """Which processes and cgroups are the service, by the strongest evidence present:
+
+    1. the operator's own ``--pid``/``--cgroup`` (``WatchScope`` records): nothing outranks being named;
+    2. the pids that wrote service records (requests, batches, loader, configs...);
+    3. the processes holding model files -- but when the operator watched cgroups, only holders inside
+       them: a neighbour that happens to map a ``.bin`` is never promoted to the service;
+    4. the watched cgroups themselves.
+    """
     scope = Scope()
     tracks = list(timeline.processes.values())
     pids = _record_pids(timeline)
-    chosen = [t for t in tracks if t.pid in pids]
-    if chosen:
-        scope.identified_by = "service records"
-    else:
-        chosen = [t for t in tracks if t.model_files]
-        if chosen:
-            scope.identified_by = "model holders"
     groups = [g for g in timeline.cgroups if g != "/"]
-    matched = [g for g in groups if any(in_cgroup(t.memory_cgroup, g) for t in chosen)]
-    if not matched and groups and not chosen:
-        matched = groups  # the agent watched these because the operator named them (or their holders)
-        scope.identified_by = "watched cgroups"
+    named_pids, named_groups = watched(timeline)
+    if named_pids or named_groups:
+        chosen = [t for t in tracks if t.pid in named_pids or any(in_cgroup(t.memory_cgroup, g) for g in named_groups)]
+        scope.identified_by = "watch scope (--pid/--cgroup)"
+        pids = {p for p in pids if any(t.pid == p for t in chosen)} | named_pids
+        matched = list(named_groups)
+        named_tracks = [t for t in chosen if t.pid in named_pids]
+        matched += [g for g in groups if g not in matched and any(in_cgroup(t.memory_cgroup, g) for t in named_tracks)]
+    else:
+        chosen = [t for t in tracks if t.pid in pids]
+        if chosen:
+            scope.identified_by = "service records"
+        else:
+            chosen = [t for t in tracks if t.model_files]
+            if chosen and groups:  # the operator watched groups: holders outside all of them are neighbours
+                chosen = [t for t in chosen if any(in_cgroup(t.memory_cgroup, g) for g in groups)]
+            if chosen:
+                scope.identified_by = "model holders"
+        matched = [g for g in groups if any(in_cgroup(t.memory_cgroup, g) for t in chosen)]
+        if not matched and groups and not chosen:
+            matched = groups  # the agent watched these because the operator named them (or their holders)
+            scope.identified_by = "watched cgroups"
     scope.cgroups = sorted(matched, key=lambda g: g.count("/"), reverse=True)
     if scope.cgroups:  # everyone living in the service's groups belongs to it too (a supervisor, a sidecar)
         known = {id(t) for t in chosen}

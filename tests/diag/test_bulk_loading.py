@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import diag.loaders as loaders
+import diag.sources.recorder as loaders
 from collectors.recorder import FlightRecorder
 from collectors.records import (
     CgroupSnapshot,
@@ -29,8 +29,7 @@ from collectors.records import (
     RequestTiming,
     ServiceConfig,
 )
-from diag import fastdecode
-from diag.timeline import Timeline, TimelineBuilder
+from diag.timeline import Timeline, TimelineBuilder, fastdecode
 
 T0 = 1_790_000_000.0
 
@@ -162,7 +161,7 @@ def test_since_window_is_respected(recorder: Path, monkeypatch: pytest.MonkeyPat
     assert tl.host["memory.total"].ts.size == 101  # [200, 300] inclusive, each second once
 
 
-# --------------------------------------------------------------------------- typed decoding (diag/fastdecode.py)
+# --------------------------------------------------------------------------- typed decoding (diag/timeline/fastdecode.py)
 
 
 def _bodies_by_kind(rows: list[tuple[float, str, int, str]]) -> dict[str, list[str]]:

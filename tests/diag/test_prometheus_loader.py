@@ -30,7 +30,8 @@ import pytest
 from collectors import catalog as cat
 from collectors.recorder import FlightRecorder
 from collectors.records import CgroupSnapshot, HostSnapshot
-from diag.prometheus_loader import _ooms_from, _Result, default_step, load_prometheus
+from diag.rules.engine import analyze
+from diag.sources.prometheus import _ooms_from, _Result, default_step, load_prometheus
 from tests.livecg import LiveGroup, live_selected, memory_cgroup, skip_reason
 from tests.promserver import PromServer, ScrapeJob, free_port, prometheus, require_prometheus
 
@@ -297,6 +298,11 @@ def test_live_cgroup_and_oom_kill(stack: Stack) -> None:
     assert len(memcg) >= stack.oom_victims  # other OOMs on this machine may add to it, never remove
     assert all(o.source == "prometheus" and tl.start <= o.ts <= tl.end for o in tl.ooms)
     assert "ooms" in tl.signals()
+    # The fleet path names the kill's owner from the group's own memory.events oom_kill counter, as the recorder does.
+    analysis = analyze(tl)
+    oom = next(f for f in analysis.findings if f.rule == "oom.host")
+    assert analysis.primary == "host_oom" and oom.confidence >= 0.8, (oom.summary, oom.confidence)
+    assert stack.group.path in oom.summary and "None" not in oom.summary
 
 
 def test_counter_increases_become_events_counting_through_a_reset() -> None:

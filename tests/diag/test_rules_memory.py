@@ -17,6 +17,7 @@ from scipy import stats as sps
 
 from collectors.records import ServiceConfig
 from diag.rules import stats
+from diag.rules.base import TooLittleData
 from diag.rules.engine import analyze
 from diag.rules.memory import memory_leak, memory_pressure
 from diag.timeline import Series, Table
@@ -111,9 +112,16 @@ def test_slow_drift_is_not_material() -> None:
     assert memory_leak(service(rng, mem, ts)) is None
 
 
-def test_short_recording_is_not_judged() -> None:
+def test_short_recording_is_not_judged_and_says_how_much_is_needed() -> None:
+    """15 s cannot show a leak: the rule says so with the amount it needs, and the verdict is not healthy."""
     tl = leak_timeline(n=15)
-    assert memory_leak(tl) is None
+    result = memory_leak(tl)
+    assert isinstance(result, TooLittleData)
+    assert "20 samples over 30 s" in result.needed and result.have.startswith("15 memory samples over 1")
+    analysis = analyze(tl)
+    assert analysis.primary == "inconclusive"
+    assert "memory.leak" in [t["rule"] for t in analysis.too_little_data]
+    assert analysis.to_dict()["verdict"]["too_little_data"][0]["needed"] == result.needed
 
 
 # --------------------------------------------------------------------------- memory_pressure

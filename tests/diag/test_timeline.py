@@ -21,7 +21,7 @@ from collectors.records import (
     RequestTiming,
     ServiceConfig,
 )
-from diag.loaders import load_bundle, load_recorder
+from diag.sources import load_bundle, load_recorder
 from diag.timeline import Series, timeline_from_records
 
 
@@ -114,3 +114,18 @@ def test_recorder_and_bundle_loaders_agree(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="not an llm-diag bundle"):
         load_bundle(tmp_path)
 
+
+
+def test_the_watch_scope_in_force_before_the_window_is_kept(tmp_path: Path) -> None:
+    """The agent writes a watch scope at start-up and on change only: a later window must still know it."""
+    from collectors.records import HostSnapshot, WatchScope
+
+    now = time.time()
+    path = tmp_path / "r.db"
+    with FlightRecorder(path) as fr:
+        fr.write([WatchScope(ts=now - 3600, cgroups=["/svc"], resolved_cgroups=["/svc"])])
+        fr.write([HostSnapshot(ts=now - 30 + i) for i in range(10)])
+    tl = load_recorder(path, since_s=60)
+    assert [w.cgroups for w in tl.watch_scopes] == [["/svc"]]
+    assert tl.start >= now - 31  # the scope states a configuration: it does not stretch the window
+    assert load_recorder(path, since_s=60 * 60 * 2).watch_scopes[0].resolved_cgroups == ["/svc"]

@@ -1,26 +1,8 @@
-"""The Timeline: every recorded signal as columns (numpy arrays), aligned on Unix time.
+"""Build a Timeline from record dicts or stored JSON bodies (the model is in ``diag.timeline.model``).
 
-Rules see only a Timeline (ARCHITECTURE.md). It is built by loaders from the flight recorder, a
-bundle directory or a Prometheus server, so the rules do not care where the data came from -- and
-it is columnar because the rules are statistics over long series (24 h at 1 Hz, a million
-requests), which is what numpy is for.
-
-Naming of series (the *signals* rules ask for, and what ``not_evaluated`` names when absent):
-
-- host: ``memory.<snake name>`` (bytes), ``psi.<cpu|memory|io>.<some|full>.<avg10|avg60|avg300>``
-  (percent), ``psi.<res>.<kind>.total_s`` (cumulative seconds), ``vmstat.<field>`` (cumulative).
-- per cgroup path: ``usage``, ``working_set``, ``peak``, ``limit``, ``high``, ``swap``,
-  ``events.<key>``, ``events_local.<key>``, ``stat.<key>``, ``under_oom``, and the group's memory
-  PSI as ``psi.memory.<kind>.<field>``.
-- per process track (pid + start time): ``rss``, ``pss``, ``uss``, ``swap``, ``major_faults``,
-  ``minor_faults``; static facts (comm, cmdline, model files, cgroup) beside them.
-- per GPU index: ``total``, ``used``, ``free``, ``reserved``, ``util_gpu``, ``util_memory``.
-- ``service``: aggregated request-side series (quantiles, rates) for sources that have no per-request
-  rows, such as a Prometheus server.
-- tables (one row per event): requests, batches, routing, loader, torch, and lists of OOM events,
-  CUDA OOM errors and service configurations.
-
-Missing values are NaN in float columns; an absent signal is an absent key, never a column of zeros.
+Loaders (``diag.sources``) hand records to a ``TimelineBuilder`` one by one (``add``) or in batches of
+one kind (``add_bodies``: typed msgspec decoding, ``diag/timeline/fastdecode.py``); ``build()`` sorts
+everything by time into the columnar ``Timeline`` the rules read.
 """
 
 from __future__ import annotations
@@ -29,158 +11,16 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from itertools import chain, compress
 from operator import attrgetter, itemgetter, methodcaller
 from typing import Any
 
 import numpy as np
 
-from collectors.records import CudaOomError, OomEvent, ServiceConfig, record_from_dict
-from diag import fastdecode
-from diag.fastdecode import TYPED_KINDS, paused_gc
-
-NAN = float("nan")
-
-
-@dataclass
-class Series:
-    """One numeric signal over time; ``ts`` ascending seconds, ``values`` float64 with NaN for missing."""
-
-    ts: np.ndarray
-    values: np.ndarray
-
-    def __len__(self) -> int:
-        return int(self.ts.size)
-
-    def window(self, start: float | None = None, end: float | None = None) -> Series:
-        lo = 0 if start is None else int(np.searchsorted(self.ts, start, "left"))
-        hi = self.ts.size if end is None else int(np.searchsorted(self.ts, end, "right"))
-        return Series(self.ts[lo:hi], self.values[lo:hi])
-
-    def valid(self) -> Series:
-        """Only the samples that have a value."""
-        keep = ~np.isnan(self.values)
-        return Series(self.ts[keep], self.values[keep])
-
-    def rate(self) -> Series:
-        """Per-second rate of a cumulative counter; a reset (decrease) yields NaN for that step, not a negative rate."""
-        s = self.valid()
-        if len(s) < 2:
-            return Series(np.empty(0), np.empty(0))
-        dt = np.diff(s.ts)
-        dv = np.diff(s.values)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            r = np.where((dt > 0) & (dv >= 0), dv / np.where(dt > 0, dt, 1.0), np.nan)
-        return Series(s.ts[1:], r)
-
-    def increase(self) -> float:
-        """Total increase of a counter over the series, counting through resets like PromQL's increase()."""
-        s = self.valid()
-        if len(s) < 2:
-            return 0.0
-        dv = np.diff(s.values)
-        return float(np.where(dv >= 0, dv, s.values[1:]).sum())
-
-    def last(self) -> float:
-        s = self.valid()
-        return float(s.values[-1]) if len(s) else NAN
-
-
-@dataclass
-class Table:
-    """Rows of one event kind as columns. Float columns use NaN for missing; string columns are object arrays."""
-
-    columns: dict[str, np.ndarray] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return int(next(iter(self.columns.values())).size) if self.columns else 0
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self.columns[name]
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.columns
-
-    def select(self, mask: np.ndarray) -> Table:
-        return Table({k: v[mask] for k, v in self.columns.items()})
-
-
-@dataclass
-class ProcessTrack:
-    """One process over its lifetime (a pid reused by another program is another track)."""
-
-    pid: int
-    start_time_s: float | None
-    comm: str = ""
-    cmdline: str = ""
-    memory_cgroup: str | None = None
-    model_files: set[str] = field(default_factory=set)
-    series: dict[str, Series] = field(default_factory=dict)
-
-    @property
-    def key(self) -> str:
-        return f"{self.pid}@{self.start_time_s}"
-
-
-@dataclass
-class Timeline:
-    start: float
-    end: float
-    source: str = ""
-    host: dict[str, Series] = field(default_factory=dict)
-    cgroups: dict[str, dict[str, Series]] = field(default_factory=dict)
-    processes: dict[str, ProcessTrack] = field(default_factory=dict)
-    gpus: dict[int, dict[str, Series]] = field(default_factory=dict)
-    gpu_unavailable_reason: str | None = None
-    gpu_processes: Table = field(default_factory=Table)  # ts, gpu, pid, used_bytes
-    # Aggregated request-side series when per-request rows are not available (the Prometheus path):
-    # queue_wait_p50_s/p95_s, inference_p50_s/p95_s, e2e_p95_s, throughput_rps, active_inferences, queue_depth,
-    # rejected_rps, error_rps, prompt_tokens_rps ... (see diag/prometheus_loader.py for the exact set).
-    service: dict[str, Series] = field(default_factory=dict)
-    requests: Table = field(default_factory=Table)
-    batches: Table = field(default_factory=Table)
-    routing: Table = field(default_factory=Table)
-    loader: Table = field(default_factory=Table)
-    torch: Table = field(default_factory=Table)
-    ooms: list[OomEvent] = field(default_factory=list)
-    cuda_ooms: list[CudaOomError] = field(default_factory=list)
-    configs: list[ServiceConfig] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=dict)  # records read per kind
-    skipped: dict[str, int] = field(default_factory=dict)  # undecodable rows per kind
-
-    @property
-    def duration_s(self) -> float:
-        return max(0.0, self.end - self.start)
-
-    def signals(self) -> set[str]:
-        """Names of the signals present, as rules declare them (``host:memory.available``, ``requests``...)."""
-        names = {f"host:{k}" for k, s in self.host.items() if len(s.valid())}
-        for series in self.cgroups.values():
-            names.update(f"cgroup:{k}" for k, s in series.items() if len(s.valid()))
-        if self.processes:
-            names.add("processes")
-            names.update(f"process:{k}" for t in self.processes.values() for k in t.series)
-        if any(t.model_files for t in self.processes.values()):
-            names.add("process:model_files")
-        names.update(f"service:{k}" for k, s in self.service.items() if len(s.valid()))
-        for dev in self.gpus.values():
-            names.update(f"gpu:{k}" for k in dev)
-        for name in ("requests", "batches", "routing", "loader", "torch", "gpu_processes"):
-            if len(getattr(self, name)):
-                names.add(name)
-        if len(self.requests):
-            for col in ("prompt_tokens", "output_tokens", "ttft_s"):
-                if col in self.requests and not np.isnan(self.requests[col]).all():
-                    names.add(f"requests:{col}")
-        if self.ooms or self.counts.get("host"):  # kmsg watched while the agent ran: absence of OOMs is evidence
-            names.add("ooms")
-        if self.cuda_ooms:
-            names.add("cuda_ooms")
-        if self.configs:
-            names.add("config")
-        return names
-
+from collectors.records import CudaOomError, OomEvent, ServiceConfig, WatchScope, record_from_dict
+from diag.timeline import fastdecode
+from diag.timeline.fastdecode import TYPED_KINDS, paused_gc
+from diag.timeline.model import NAN, ProcessTrack, Series, Table, Timeline
 
 # --------------------------------------------------------------------------- building
 
@@ -318,6 +158,7 @@ class TimelineBuilder:
         self.ooms: list[OomEvent] = []
         self.cuda_ooms: list[CudaOomError] = []
         self.configs: list[ServiceConfig] = []
+        self.watch_scopes: list[WatchScope] = []
         self.counts: dict[str, int] = defaultdict(int)
         self.skipped: dict[str, int] = defaultdict(int)
         self.decode_paths: dict[str, int] = defaultdict(int)  # rows per add_bodies path: typed, json, per_row
@@ -349,6 +190,8 @@ class TimelineBuilder:
             self.skipped[kind] += 1
             return
         self.counts[kind] += 1
+        if kind in _NOT_OBSERVATIONS:
+            return
         self.start = min(self.start, ts)
         self.end = max(self.end, ts)
 
@@ -357,7 +200,7 @@ class TimelineBuilder:
 
         Why: 24 h at 1 Hz plus a million requests is ~2 M rows, and per-row decoding with per-field
         appends costs ~10 us a row. Here the batch is decoded at once -- typed (msgspec Structs, see
-        ``diag/fastdecode.py``) for the hot kinds, else one ``json.loads`` -- and every field becomes
+        ``diag/timeline/fastdecode.py``) for the hot kinds, else one ``json.loads`` -- and every field becomes
         a numpy column in one pass. Anything unexpected (a bad row, a value numpy will not take, a
         nested shape) sends the batch from the typed to the json path, and there the batch -- or
         just the odd rows -- through the per-row path, so the counts of skipped rows and the values
@@ -493,6 +336,7 @@ class TimelineBuilder:
                 mine.cmdline = track.cmdline or mine.cmdline
                 mine.memory_cgroup = track.memory_cgroup or mine.memory_cgroup
                 mine.model_files.update(track.model_files)
+                mine.ppid = track.ppid if track.ppid is not None else mine.ppid
             self.proc_series[key].merge(other.proc_series[key])
         for index, b in other.gpus.items():
             self.gpus[index].merge(b)
@@ -505,6 +349,7 @@ class TimelineBuilder:
         self.ooms.extend(other.ooms)
         self.cuda_ooms.extend(other.cuda_ooms)
         self.configs.extend(other.configs)
+        self.watch_scopes.extend(other.watch_scopes)
         for kind, n in other.counts.items():
             self.counts[kind] += n
         for kind, n in other.skipped.items():
@@ -548,6 +393,8 @@ class TimelineBuilder:
         track.cmdline = obj.get("cmdline") or track.cmdline
         track.memory_cgroup = obj.get("memory_cgroup") or track.memory_cgroup
         track.model_files.update(obj.get("model_files") or ())
+        if obj.get("ppid") is not None:
+            track.ppid = int(obj["ppid"])
         b = self.proc_series[key]
         for name in ("rss", "pss", "uss", "swap"):
             b.add(name, ts, obj.get(f"{name}_bytes"))
@@ -579,6 +426,9 @@ class TimelineBuilder:
 
     def _config(self, ts: float, obj: Mapping[str, Any]) -> None:
         self.configs.append(record_from_dict(dict(obj)))  # type: ignore[arg-type]
+
+    def _watch_scope(self, ts: float, obj: Mapping[str, Any]) -> None:
+        self.watch_scopes.append(record_from_dict(dict(obj)))  # type: ignore[arg-type]
 
     def build(self) -> Timeline:
         start = self.start if self.start != math.inf else 0.0
@@ -612,6 +462,7 @@ class TimelineBuilder:
             ooms=sorted(self.ooms, key=lambda o: o.ts),
             cuda_ooms=sorted(self.cuda_ooms, key=lambda o: o.ts),
             configs=sorted(self.configs, key=lambda c: c.ts),
+            watch_scopes=sorted(self.watch_scopes, key=lambda w: w.ts),
             counts=dict(self.counts),
             skipped=dict(self.skipped),
         )
@@ -661,6 +512,9 @@ def _derive_request_columns(t: Table) -> Table:
     return Table(cols)
 
 
+# Kinds that state a configuration rather than observe a moment: they do not stretch the window.
+_NOT_OBSERVATIONS = frozenset({"watch_scope"})
+
 _HANDLERS: dict[str, Any] = {
     "host": TimelineBuilder._host,
     "cgroup": TimelineBuilder._cgroup,
@@ -669,6 +523,7 @@ _HANDLERS: dict[str, Any] = {
     "oom": TimelineBuilder._oom,
     "cuda_oom": TimelineBuilder._cuda_oom,
     "config": TimelineBuilder._config,
+    "watch_scope": TimelineBuilder._watch_scope,
     "request": _table_handler("requests", _REQUEST_COLUMNS, _REQUEST_STR_COLUMNS),
     "batch": _table_handler("batches", _BATCH_COLUMNS),
     "routing": _table_handler("routing", _ROUTING_COLUMNS),
@@ -854,7 +709,7 @@ def _bulk_cgroup(self: TimelineBuilder, ts: np.ndarray, objs: list[Any], rows: _
 
 _PROCESS_FIELDS = ("rss_bytes", "pss_bytes", "uss_bytes", "swap_bytes", "major_faults", "minor_faults")
 _PROCESS_SERIES = ("rss", "pss", "uss", "swap", "major_faults", "minor_faults")
-_PROCESS_FACTS = ("comm", "cmdline", "memory_cgroup")
+_PROCESS_FACTS = ("comm", "cmdline", "memory_cgroup", "ppid")
 
 
 def _last_truthy(objs: list[Any], idx: np.ndarray | None, get: Any) -> Any:
@@ -899,7 +754,7 @@ def _bulk_process(self: TimelineBuilder, ts: np.ndarray, objs: list[Any], rows: 
         staged.append((key, pid, start_time, last, files.get(number, set()), t, cols))
 
     def commit() -> None:
-        for key, pid, start_time, (comm, cmdline, cgroup), model_files, t, cols in staged:
+        for key, pid, start_time, (comm, cmdline, cgroup, ppid), model_files, t, cols in staged:
             track = self.procs.get(key)
             if track is None:
                 track = self.procs[key] = ProcessTrack(pid, start_time)
@@ -907,6 +762,8 @@ def _bulk_process(self: TimelineBuilder, ts: np.ndarray, objs: list[Any], rows: 
             track.cmdline = cmdline or track.cmdline
             track.memory_cgroup = cgroup or track.memory_cgroup
             track.model_files.update(model_files)
+            if ppid:
+                track.ppid = int(ppid)
             b = self.proc_series[key]
             for name, values in cols:
                 b.add_chunk(name, t, values)

@@ -78,6 +78,7 @@ if msgspec is not None:
         ts: float
         pid: int
         start_time_s: int | float | None = None  # int stays int: it is part of the track key ("42@5" vs "42@5.0")
+        ppid: int | None = None
         comm: str | None = None
         cmdline: str | None = None
         memory_cgroup: str | None = None

@@ -1,0 +1,132 @@
+"""Queue backlog vs thrashing from aggregated request metrics, where no per-request rows exist.
+
+On the fleet path (Prometheus) a service exposes histograms, not rows: ours
+(``llmdiag_request_{queue_wait,inference}_seconds``), vLLM's (``vllm:request_queue_time_seconds``,
+``vllm:request_inference_time_seconds``) or TGI's (``tgi_request_{queue,inference}_duration``). The
+loader turns each into per-step means (rate of sum / rate of count) and quantiles, and this rule runs
+the same test as ``requests.queue_backlog`` / ``requests.thrashing`` on those steps:
+
+- a backlog: the queue wait rises (its busy level >= 4x its calm level and >= max(50 ms, half an
+  inference)) -- or waits >= 3x the inference time in >= 80 % of the steps -- while inference time stays
+  within 1.5x its calm level and the service's memory does not stall;
+- thrashing: inference time itself inflates >= 1.5x while the service's memory stalls.
+
+With enough request rows this rule stands aside: the per-request test is finer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from diag.rules.base import Evidence, Finding, TooLittleData, rule
+from diag.rules.context import AnalysisContext
+from diag.rules.requests import (
+    MIN_REQUESTS,
+    OVERWHELM_FACTOR,
+    OVERWHELM_SHARE,
+    S_INFLATED,
+    W_MIN_S,
+    W_MIN_VS_S,
+    W_RISE,
+    excerpt,
+    memory_stall,
+    ms,
+    service_context,
+)
+from diag.timeline import Series, Timeline
+
+MIN_STEPS = 5  # steps with requests: fewer cannot tell a calm level from a busy one
+
+
+def _pick(svc: dict[str, Series], key: str) -> tuple[str, Series] | None:
+    for name in (f"{key}_mean_s", f"{key}_p50_s"):
+        s = svc.get(name)
+        if s is not None and len(s.valid()):
+            return name, s.valid()
+    return None
+
+
+@rule(
+    "service.queue_vs_thrash",
+    "queue_backlog",
+    needs=("service:inference_p50_s",),
+    needs_any=("service:queue_wait_mean_s", "service:queue_wait_p50_s"),
+)
+def queue_vs_thrash(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
+    """Per step: queue wait vs inference time from histograms; a backlog keeps inference flat, thrashing inflates it."""
+    if len(tl.requests) and "start" in tl.requests and int(np.isfinite(tl.requests["start"]).sum()) >= MIN_REQUESTS:
+        return None  # per-request rows decide (requests.queue_backlog / requests.thrashing)
+    wait, infer = _pick(tl.service, "queue_wait"), _pick(tl.service, "inference")
+    if wait is None or infer is None:
+        return None
+    (w_name, w), (s_name, s) = wait, infer
+    s_at = np.interp(w.ts, s.ts, s.values, left=np.nan, right=np.nan)
+    keep = np.isfinite(s_at) & np.isfinite(w.values)
+    ts, wv, sv = w.ts[keep], w.values[keep], s_at[keep]
+    if ts.size < MIN_STEPS:
+        return TooLittleData(f"{ts.size} steps with requests", f"{MIN_STEPS} steps with requests")
+    # Busy steps: the top quarter by queue wait; calm: the bottom quarter. Inference is compared between them, as the
+    # per-request rule compares it between load quartiles (medians: a step or two of noise must not decide).
+    w_lo, w_hi = np.quantile(wv, [0.25, 0.75])
+    calm, busy = wv <= w_lo, wv >= w_hi
+    w_calm, w_busy = float(np.median(wv[calm])), float(np.median(wv[busy]))
+    s_calm, s_busy = float(np.median(sv[calm])), float(np.median(sv[busy]))
+    thirds = [float(np.median(part)) for part in np.array_split(sv, 3)]  # a service can slow at constant load
+    by_time = max(thirds) / thirds[0] if thirds[0] > 0 else 1.0
+    inflation = max(s_busy / s_calm if s_calm > 0 else 1.0, by_time)
+    overwhelming = float(np.mean(wv >= OVERWHELM_FACTOR * np.maximum(sv, 1e-3))) >= OVERWHELM_SHARE
+    rose = (w_busy >= max(W_MIN_S, W_MIN_VS_S * s_calm) and w_busy >= W_RISE * w_calm + 0.02) or overwhelming
+    stall = [x for x in memory_stall(tl, service_context(tl, ac), None) if x.up and x.service]
+    depth = tl.service.get("queue_depth")
+    never_empty = depth is not None and len(depth.valid()) >= MIN_STEPS and float(np.min(depth.valid().values)) > 0
+    t0, t1 = float(ts[0]), float(ts[-1])
+    evidence = [
+        Evidence(f"queue wait per step ({w_name}), busy vs calm quarter (median)", f"{w_busy:.3g} vs {w_calm:.3g}", "s", t0, t1,
+                 excerpt(ts, wv)),
+        Evidence(f"inference time per step ({s_name}), busy vs calm quarter (median)", f"{s_busy:.3g} vs {s_calm:.3g}", "s",
+                 t0, t1, excerpt(ts, sv)),
+        Evidence("inference time inflation (worst of busy/calm and later/first third)", round(inflation, 2), "x", t0, t1),
+        Evidence(f"steps with queue wait >= {OVERWHELM_FACTOR:g}x inference", round(float(np.mean(wv >= OVERWHELM_FACTOR * sv)),
+                 3), f"ratio of {ts.size} steps", t0, t1),
+    ]  # fmt: skip
+    if depth is not None and len(depth.valid()):
+        evidence.append(Evidence("queue depth, min over the window", float(np.min(depth.valid().values)), "requests", t0, t1))
+    for x in stall[:3]:
+        evidence.append(Evidence(f"{x.label()} (loaded vs calm)", f"{x.hi:.3g} vs {x.lo:.3g}", x.unit))
+    basis = "judged from aggregated histograms (no per-request rows)"
+    if inflation >= S_INFLATED and stall:
+        return Finding(
+            cls="thrashing",
+            rule="service.queue_vs_thrash",
+            confidence=0.6 + (0.1 if inflation >= 3 else 0.0),
+            summary=(
+                f"Inference time itself inflates {inflation:.1f}x ({ms(thirds[0])} -> {ms(max(thirds))}) "
+                f"while the service's memory stalls: thrashing, not only a queue"
+            ),
+            evidence=evidence,
+            rules_out=[basis, f"not a plain queue backlog: inference time rose {inflation:.1f}x"],
+            remediation=["lower max concurrency", "shrink the working set or give the group more memory"],
+            start=t0,
+            end=t1,
+        )
+    if not rose:
+        return None
+    # The wait rose, but inference slowed or memory stalls too: the queue may be a symptom (a suspect only).
+    conf = 0.65 + (0.05 if never_empty else 0.0) if inflation < S_INFLATED and not stall else 0.4
+    return Finding(
+        cls="queue_backlog",
+        rule="service.queue_vs_thrash",
+        confidence=conf,
+        summary=(
+            f"Requests wait {ms(w_busy)} for a slot at busy times (vs {ms(w_calm)} calm) while inference stays at "
+            f"{ms(s_busy)} ({inflation:.2f}x its calm level): too little capacity, not a slower service"
+        ),
+        evidence=evidence,
+        rules_out=[basis, *(["no memory stall of the service at the busy times"] if not stall else [])],
+        remediation=[
+            "bound concurrency and keep the queue small; reject the excess early with 429 + Retry-After (backpressure)",
+            "scale out (more replicas/workers within the memory budget) or rate-limit the heaviest clients",
+        ],
+        start=t0,
+        end=t1,
+    )

@@ -1,0 +1,724 @@
+"""Build a Timeline from a Prometheus server (``/api/v1/query_range``): the fleet-scale path.
+
+Why: at fleet scale nobody copies flight recorders around -- the agent's and the tracker's
+``/metrics`` are already scraped into Prometheus, so ``diag analyze --prometheus URL --selector
+'job="llm"'`` rebuilds the same Timeline from there and the same rules run on it. Metric names come
+only from ``collectors.catalog`` (ours, and the external families declared there); below they are
+named by their catalog entries (``cat.X``).
+
+What is filled, and from what (ours first; the external family only where ours is absent):
+
+- ``host``: ``memory.<snake>`` (bytes) from ``cat.HOST_MEMORY`` or node_exporter's ``cat.NODE_MEMORY``;
+  ``psi.<res>.some.total_s`` / ``psi.<res>.full.total_s`` (cumulative seconds) from
+  ``cat.HOST_PSI_WAITING``/``_STALLED`` or ``cat.NODE_PSI_*``; ``psi.<res>.<kind>.avg10`` (percent)
+  from ``cat.HOST_PSI_AVG10`` x 100, or -- node_exporter exports no averages -- derived as
+  ``rate(total[W]) x 100`` (an average over the rate window W, not the kernel's 10 s EWMA);
+  ``vmstat.<field>`` (cumulative) from ``cat.HOST_VMSTAT`` or ``cat.NODE_VMSTAT``.
+- ``cgroups[path]``: ``usage``, ``working_set``, ``limit``, ``high``, ``peak``, ``swap``, ``stat.<key>``,
+  ``events.<key>`` / ``events_local.<key>``, ``under_oom``, ``psi.memory.<kind>.total_s`` from the
+  ``cat.CGROUP_*`` families (label ``cgroup``); else cAdvisor (``cat.CADVISOR_*``, label ``id``):
+  usage, working_set, swap, limit (0 = unlimited there, so zeros are dropped), memory PSI totals.
+  Exporters give cgroup PSI as totals only, so ``psi.memory.<kind>.avg10`` is derived as
+  ``rate(total[W]) x 100`` (percent; an average over W, not the kernel's 10 s EWMA).
+- ``processes``: one track per (pid, comm) from ``cat.PROCESS_*`` (rss, pss, uss, swap,
+  major_faults), keyed ``"<pid>@<comm>"``. Prometheus has no process start time, so a pid reused by
+  a program with the same comm continues the same track, and ``cmdline``/``memory_cgroup``/
+  ``model_files`` are unknown (empty). Limitation: ``cat.MODEL_PROCESSES{model}`` says how many
+  processes hold each model file but not *which* pids, so it goes to
+  ``service["model_processes:<model path>"]`` instead of ``ProcessTrack.model_files``.
+- ``gpus[index]``: ``total``/``used``/``free``/``reserved`` (bytes), ``util_gpu``/``util_memory``
+  (0-1) from ``cat.GPU_MEMORY``/``cat.GPU_UTILIZATION``; else DCGM ``cat.DCGM_FB_USED``/``_FREE``
+  (MiB x 2^20). ``gpu_processes`` from ``cat.GPU_PROCESS_MEMORY``. ``cat.GPU_AVAILABLE`` = 0
+  throughout sets ``gpu_unavailable_reason``.
+- ``ooms``: kills cannot be rebuilt as kernel events. Each increase of ``cat.OOM_KILLS{constraint}``
+  becomes that many synthetic ``OomEvent(ts, constraint=..., source="prometheus")`` at the step
+  where the increase was seen (no pid, task or memcg); else the same from node_exporter's
+  ``cat.NODE_VMSTAT["oom_kill"]`` (constraint unknown). ``counts["host"]`` is set (to the number of
+  steps) only when such a counter was observed: that is what makes ``ooms`` an evaluated signal,
+  where "no event" then means "no kill".
+- ``service`` (request side, summed over every target the selector matches -- the service, not one
+  process), with W = the rate window (4 x step, at least 4 scrape intervals):
+
+  ===================== ================================================================ =====
+  name                  source (vLLM fallback)                                            unit
+  ===================== ================================================================ =====
+  queue_wait_p50_s      histogram_quantile(0.5, sum by (le) (rate(<bucket>[W]))) of       s
+                        cat.REQUEST_QUEUE_WAIT (cat.VLLM_QUEUE_TIME)
+  queue_wait_p95_s      the same, 0.95                                                    s
+  inference_p50_s/p95_s cat.REQUEST_INFERENCE (cat.VLLM_INFERENCE_TIME, cat.TGI_INFERENCE_TIME) s
+  <key>_mean_s          sum(rate(<sum>[W])) / sum(rate(<count>[W])) beside each quantile   s
+  prefill_/decode_*     cat.VLLM_PREFILL_TIME / cat.VLLM_DECODE_TIME                      s
+  e2e_p50_s/p95_s       cat.REQUEST_E2E (cat.VLLM_E2E)                                    s
+  requests_rps          sum(rate(cat.REQUESTS[W])), every outcome                         1/s
+  throughput_rps        outcome="ok" (rate of cat.VLLM_SUCCESS)                           1/s
+  error_rps             outcome="error"                                                   1/s
+  timeout_rps           outcomes queue_timeout + inference_timeout                        1/s
+  rejected_rps          outcome="rejected"                                                1/s
+  active_inferences     sum(cat.ACTIVE_INFERENCES) (cat.VLLM_RUNNING)                     count
+  queue_depth           sum(cat.QUEUE_DEPTH) (cat.VLLM_WAITING)                           count
+  model_processes:<m>   cat.MODEL_PROCESSES{model=m}, this host                           count
+  ===================== ================================================================ =====
+
+  Quantiles are NaN (so absent) in windows without requests. An outcome series exists once the
+  exporter created it (our tracker creates every outcome at 0 with the first request).
+  vLLM names are queried both as declared and with ``:`` escaped to ``_`` (see ``_variants``).
+
+Host-level series (host, cgroups, processes, GPUs, OOMs) describe *one* machine. Targets are grouped
+by host (the ``instance`` label without its port, so the agent and a cAdvisor on the same machine
+combine); when the selector matches several hosts, the one with the most samples is used and
+``timeline.source`` says so -- narrow ``--selector`` (``instance=~"10.0.0.5:.*"``) to choose.
+
+A series absent from Prometheus is absent from the Timeline (never zeros). An unreachable server,
+an HTTP error or a Prometheus ``status: error`` raises ``ValueError`` with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+
+from collectors import catalog as cat
+from collectors.records import OomEvent
+from diag.timeline import ProcessTrack, Series, Table, Timeline
+
+log = logging.getLogger(__name__)
+
+MAX_POINTS = 11_000  # Prometheus refuses a range query with more points per series
+TARGET_POINTS = 10_000  # what the default step aims for (a margin under MAX_POINTS)
+DEFAULT_SCRAPE_S = 15.0  # assumed when no sample is found to measure the scrape interval
+PROBE_WINDOW_S = 600.0  # how far back the scrape-interval probe looks
+MIB = float(1 << 20)
+_NAME_OK = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*$")
+
+
+def default_step(since_s: float, scrape_s: float = 1.0) -> float:
+    """Resolution of the range queries: one point per scrape, but never more than TARGET_POINTS per series.
+
+    A step below the scrape interval only repeats samples (inflating sample counts the rules rely on).
+    """
+    return max(1.0, scrape_s, since_s / TARGET_POINTS)
+
+
+@dataclass
+class _Result:
+    """One series of a range query: its labels and its samples (NaN-free, ascending time)."""
+
+    labels: dict[str, str]
+    ts: np.ndarray
+    values: np.ndarray
+
+    @property
+    def name(self) -> str:
+        return self.labels.get("__name__", "")
+
+    @property
+    def host(self) -> str:
+        return _host_of(self.labels.get("instance", ""))
+
+
+def _host_of(instance: str) -> str:
+    """``10.0.0.5:9464`` -> ``10.0.0.5``; ``[::1]:9100`` -> ``[::1]``; no port -> as is."""
+    m = re.match(r"^(.*?):\d+$", instance)
+    return m.group(1) if m else instance
+
+
+def _normalise_selector(selector: str) -> str:
+    sel = selector.strip()
+    if sel.startswith("{") and sel.endswith("}"):
+        sel = sel[1:-1].strip()
+    return sel.rstrip(",").strip()
+
+
+def _fmt_duration(seconds: float) -> str:
+    return f"{max(1, math.ceil(seconds * 1000))}ms"
+
+
+class _Prometheus:
+    """A thin query client: every failure becomes a ValueError with a one-line reason."""
+
+    def __init__(self, url: str, selector: str, timeout_s: float) -> None:
+        base = url.strip().rstrip("/")
+        if not re.match(r"^https?://[^/]+", base):
+            raise ValueError(f"--prometheus {url!r}: expected a base URL such as http://127.0.0.1:9090")
+        self.base = base
+        self.selector = _normalise_selector(selector)
+        self.timeout_s = timeout_s
+        self.http = httpx.Client(timeout=timeout_s, follow_redirects=True, trust_env=False)
+        self.queries = 0
+
+    def close(self) -> None:
+        self.http.close()
+
+    # ---- PromQL helpers (names always come from the catalog)
+
+    def sel(self, name: str, extra: str = "") -> str:
+        """``name{selector,extra}`` (a ``{__name__=~...}`` form for names that can appear escaped, see ``_variants``)."""
+        names = _variants(name)
+        matchers = ",".join(m for m in (self.selector, extra) if m)
+        if len(names) == 1:
+            return f"{name}{{{matchers}}}"
+        return self.sel_names(names, extra)
+
+    def sel_names(self, names: Iterable[str], extra: str = "") -> str:
+        """``{__name__=~"a|b|c",selector}``: one query for many families (results keep ``__name__``)."""
+        every = sorted({v for n in names for v in _variants(n)})
+        regex = "|".join(every)
+        matchers = ",".join(m for m in (f'__name__=~"{regex}"', self.selector, extra) if m)
+        return f"{{{matchers}}}"
+
+    # ---- HTTP
+
+    def _call(self, path: str, params: dict[str, Any]) -> Any:
+        self.queries += 1
+        where = f"{self.base}{path}"
+        try:
+            resp = self.http.post(where, data=params)
+        except httpx.TimeoutException:
+            raise ValueError(f"Prometheus at {self.base} did not answer within {self.timeout_s:g} s") from None
+        except httpx.HTTPError as exc:
+            raise ValueError(f"cannot reach Prometheus at {self.base}: {exc}") from None
+        try:
+            body = resp.json()
+        except (ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
+            body = None
+        if isinstance(body, dict) and body.get("status") == "error":
+            query = str(params.get("query", ""))
+            short = query if len(query) <= 160 else query[:157] + "..."
+            raise ValueError(f"Prometheus at {self.base} rejected {short!r}: {body.get('errorType')}: {body.get('error')}")
+        if resp.status_code != 200:
+            hint = " (is this a Prometheus server?)" if resp.status_code in (404, 405) else ""
+            raise ValueError(f"Prometheus at {self.base} answered HTTP {resp.status_code} for {path}{hint}")
+        if not isinstance(body, dict) or body.get("status") != "success" or not isinstance(body.get("data"), dict):
+            raise ValueError(f"Prometheus at {self.base} sent an unexpected answer for {path} (not a Prometheus API reply)")
+        for warning in body.get("warnings") or ():
+            log.warning("Prometheus: %s", warning)
+        return body["data"]
+
+    def range(self, query: str, start: float, end: float, step: float) -> list[_Result]:
+        params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        data = self._call("/api/v1/query_range", params)
+        return _parse_matrix(data)
+
+    def raw(self, query: str, at: float) -> list[_Result]:
+        """An instant query of a range vector (``x[10m]``): the raw samples as scraped."""
+        data = self._call("/api/v1/query", {"query": query, "time": f"{at:.3f}"})
+        return _parse_matrix(data)
+
+
+def _parse_matrix(data: dict[str, Any]) -> list[_Result]:
+    if data.get("resultType") != "matrix":
+        return []
+    out = []
+    result = data.get("result")
+    for item in result if isinstance(result, list) else ():
+        try:
+            values = item.get("values") or ()
+            if not values:
+                continue
+            ts = np.fromiter((v[0] for v in values), dtype=np.float64, count=len(values))
+            vals = np.array([v[1] for v in values], dtype=np.float64)  # "NaN", "+Inf" parse as floats
+            metric = {str(k): str(v) for k, v in (item.get("metric") or {}).items()}
+        except (AttributeError, TypeError, ValueError, IndexError, KeyError, OverflowError):
+            # Not the documented [[unix_seconds, "value"], ...] shape: that series is left out, the rest loads.
+            log.warning("Prometheus: a series in an unexpected shape was left out")
+            continue
+        keep = ~np.isnan(vals) & np.isfinite(ts)
+        if not keep.any():
+            continue
+        out.append(_Result(metric, ts[keep], vals[keep]))
+    return out
+
+
+# --------------------------------------------------------------------------- assembling
+
+
+@dataclass
+class _Loaded:
+    """What the queries found, before the host filter and the Timeline."""
+
+    host: list[tuple[_Result, str, float]] = field(default_factory=list)  # (result, series name, scale)
+    cgroups: list[tuple[_Result, str, str, float]] = field(default_factory=list)  # (result, path, series, scale)
+    processes: list[tuple[_Result, str]] = field(default_factory=list)
+    gpus: list[tuple[_Result, int, str, float]] = field(default_factory=list)
+    gpu_available: list[_Result] = field(default_factory=list)
+    gpu_processes: list[_Result] = field(default_factory=list)
+    ooms: list[tuple[_Result, str | None]] = field(default_factory=list)
+    model_processes: list[_Result] = field(default_factory=list)
+    service: dict[str, Series] = field(default_factory=dict)
+
+
+def load_prometheus(
+    url: str,
+    *,
+    selector: str = "",
+    since_s: float = 3600,
+    step_s: float | None = None,
+    timeout_s: float = 30.0,
+    until: float | None = None,
+) -> Timeline:
+    """The last ``since_s`` seconds (up to ``until``, default now) of what ``selector`` matches, as a Timeline.
+
+    ``selector`` is PromQL label matchers without braces, e.g. ``job="llm",instance=~"10.0.0.5:.*"``
+    (braces are accepted too). ``step_s`` defaults to one point per scrape interval (measured from the
+    raw samples), coarsened so no series exceeds ~10 000 points. Raises ValueError when Prometheus
+    cannot be reached or refuses a query; a selector that matches nothing gives an empty Timeline.
+    """
+    if since_s <= 0:
+        raise ValueError("since must be positive")
+    if step_s is not None and step_s <= 0:
+        raise ValueError("step must be positive")
+    end = float(until) if until is not None else time.time()
+    start = end - float(since_s)
+    prom = _Prometheus(url, selector, timeout_s)
+    try:
+        scrape_s = _scrape_interval(prom, end, min(since_s, PROBE_WINDOW_S))
+        step = step_s if step_s is not None else default_step(since_s, scrape_s)
+        step = max(step, since_s / (MAX_POINTS - 1))
+        window = max(4 * step, 4 * scrape_s)
+        q = _Queries(prom, start, end, step, window)
+        loaded = _Loaded()
+        q.host(loaded)
+        q.cgroups(loaded)
+        q.processes(loaded)
+        q.gpus(loaded)
+        q.ooms(loaded)
+        q.service(loaded)
+        queries = prom.queries
+    finally:
+        prom.close()
+    timeline = _assemble(loaded, url, prom.selector, start, end)
+    log.info("prometheus: %d queries, step %gs, window %s -> %s", queries, step, _fmt_duration(window), timeline.source)
+    return timeline
+
+
+def _scrape_interval(prom: _Prometheus, end: float, window_s: float) -> float:
+    """Median spacing of raw samples of a few always-present series (``up``, host memory, request counter)."""
+    names = [cat.PROMETHEUS_UP.name, cat.HOST_MEMORY["total"].name, cat.NODE_MEMORY["total"].name, cat.REQUESTS.name,
+             cat.VLLM_RUNNING.name]  # fmt: skip
+    results = prom.raw(f"{prom.sel_names(names)}[{_fmt_duration(window_s)}]", end)
+    spacings = [float(np.median(np.diff(r.ts))) for r in results if len(r.ts) >= 3]
+    return min(spacings) if spacings else DEFAULT_SCRAPE_S
+
+
+class _Queries:
+    def __init__(self, prom: _Prometheus, start: float, end: float, step: float, window: float) -> None:
+        self.prom, self.start, self.end, self.step = prom, start, end, step
+        self.w = _fmt_duration(window)
+
+    def range(self, query: str) -> list[_Result]:
+        return self.prom.range(query, self.start, self.end, self.step)
+
+    def names(self, names: Iterable[str]) -> list[_Result]:
+        return self.range(self.prom.sel_names(names))
+
+    # ---- host
+
+    def host(self, out: _Loaded) -> None:
+        ours: dict[str, tuple[str, float]] = {}
+        for snake, spec in cat.HOST_MEMORY.items():
+            ours[spec.name] = (f"memory.{snake}", 1.0)
+        for r, spec in cat.HOST_PSI_WAITING.items():
+            ours[spec.name] = (f"psi.{r}.some.total_s", 1.0)
+        for r, spec in cat.HOST_PSI_STALLED.items():
+            ours[spec.name] = (f"psi.{r}.full.total_s", 1.0)
+        for f, spec in cat.HOST_VMSTAT.items():
+            ours[spec.name] = (f"vmstat.{f}", 1.0)
+        found: set[str] = set()
+        for res in self.names([*ours, cat.HOST_PSI_AVG10.name]):
+            if res.name == cat.HOST_PSI_AVG10.name:
+                resource, kind = res.labels.get("resource"), res.labels.get("kind")
+                if resource and kind:
+                    key = f"psi.{resource}.{kind}.avg10"
+                    out.host.append((res, key, 100.0))
+                    found.add(key)
+            elif res.name in ours:
+                key, scale = ours[res.name]
+                out.host.append((res, key, scale))
+                found.add(key)
+        # node_exporter for whatever ours lacks
+        node: dict[str, str] = {}
+        for snake, fam in cat.NODE_MEMORY.items():
+            node[fam.name] = f"memory.{snake}"
+        for r, fam in cat.NODE_PSI_WAITING.items():
+            node[fam.name] = f"psi.{r}.some.total_s"
+        for r, fam in cat.NODE_PSI_STALLED.items():
+            node[fam.name] = f"psi.{r}.full.total_s"
+        for f, fam in cat.NODE_VMSTAT.items():
+            node[fam.name] = f"vmstat.{f}"
+        wanted = {name: key for name, key in node.items() if key not in found}
+        if wanted:
+            for res in self.names(wanted):
+                if res.name in wanted:
+                    out.host.append((res, wanted[res.name], 1.0))
+                    found.add(wanted[res.name])
+        # avg10 from rate(total) where no average was exported (node_exporter has none)
+        for kind, families in (("some", cat.NODE_PSI_WAITING), ("full", cat.NODE_PSI_STALLED)):
+            for r, fam in families.items():
+                ours_total = cat.HOST_PSI_WAITING.get(r) if kind == "some" else cat.HOST_PSI_STALLED.get(r)
+                key = f"psi.{r}.{kind}.avg10"
+                if key in found or f"psi.{r}.{kind}.total_s" not in found:
+                    continue
+                for name in (ours_total.name if ours_total else None, fam.name):
+                    if name is None:
+                        continue
+                    got = self.range(f"rate({self.prom.sel(name)}[{self.w}]) * 100")
+                    if got:
+                        out.host.extend((res, key, 1.0) for res in got)
+                        found.add(key)
+                        break
+
+    # ---- cgroups
+
+    def cgroups(self, out: _Loaded) -> None:
+        simple = {
+            cat.CGROUP_USAGE.name: "usage", cat.CGROUP_WORKING_SET.name: "working_set", cat.CGROUP_LIMIT.name: "limit",
+            cat.CGROUP_HIGH.name: "high", cat.CGROUP_PEAK.name: "peak", cat.CGROUP_SWAP.name: "swap",
+            cat.CGROUP_UNDER_OOM.name: "under_oom", cat.CGROUP_PSI_WAITING.name: "psi.memory.some.total_s",
+            cat.CGROUP_PSI_STALLED.name: "psi.memory.full.total_s",
+            **{spec.name: f"stat.{key}" for key, spec in cat.CGROUP_STAT_BYTES.items()},
+            **{spec.name: f"stat.{key}" for key, spec in cat.CGROUP_STAT_COUNTERS.items()},
+        }  # fmt: skip
+        for res in self.names([*simple, cat.CGROUP_EVENTS.name]):
+            path = res.labels.get("cgroup")
+            if not path:
+                continue
+            if res.name == cat.CGROUP_EVENTS.name:
+                event, scope = res.labels.get("event"), res.labels.get("scope", "hierarchical")
+                if event:
+                    out.cgroups.append((res, path, f"{'events_local' if scope == 'local' else 'events'}.{event}", 1.0))
+            elif res.name in simple:
+                out.cgroups.append((res, path, simple[res.name], 1.0))
+        if out.cgroups:
+            self._cgroup_psi_avg(out, "cgroup", cat.CGROUP_PSI_WAITING.name, cat.CGROUP_PSI_STALLED.name)
+            return
+        cadvisor = {fam.name: key for key, fam in cat.CADVISOR_MEMORY.items()}
+        cadvisor[cat.CADVISOR_PSI_WAITING.name] = "psi.memory.some.total_s"
+        cadvisor[cat.CADVISOR_PSI_STALLED.name] = "psi.memory.full.total_s"
+        for res in self.names(cadvisor):
+            path = res.labels.get("id")
+            key = cadvisor.get(res.name)
+            if not path or key is None:
+                continue
+            if key == "limit":  # 0 means unlimited in cAdvisor: absent, as in our convention
+                keep = res.values > 0
+                if not keep.any():
+                    continue
+                res = _Result(res.labels, res.ts[keep], res.values[keep])
+            out.cgroups.append((res, path, key, 1.0))
+        self._cgroup_psi_avg(out, "id", cat.CADVISOR_PSI_WAITING.name, cat.CADVISOR_PSI_STALLED.name)
+
+    def _cgroup_psi_avg(self, out: _Loaded, label: str, some: str, full: str) -> None:
+        """``psi.memory.<kind>.avg10`` per group as rate(total[W]) x 100: exporters give cgroup PSI totals only.
+
+        Like the host's node_exporter fallback, an average over the rate window, not the kernel's 10 s EWMA.
+        """
+        have = {key for _, _, key, _ in out.cgroups}
+        for kind, name in (("some", some), ("full", full)):
+            if f"psi.memory.{kind}.total_s" not in have:
+                continue
+            for res in self.range(f"rate({self.prom.sel(name)}[{self.w}]) * 100"):
+                path = res.labels.get(label)
+                if path:
+                    out.cgroups.append((res, path, f"psi.memory.{kind}.avg10", 1.0))
+
+    # ---- processes and model holders
+
+    def processes(self, out: _Loaded) -> None:
+        names = {
+            cat.PROCESS_RSS.name: "rss", cat.PROCESS_PSS.name: "pss", cat.PROCESS_USS.name: "uss",
+            cat.PROCESS_SWAP.name: "swap", cat.PROCESS_MAJOR_FAULTS.name: "major_faults",
+        }  # fmt: skip
+        for res in self.names([*names, cat.MODEL_PROCESSES.name]):
+            if res.name == cat.MODEL_PROCESSES.name:
+                if res.labels.get("model"):
+                    out.model_processes.append(res)
+            elif res.name in names and res.labels.get("pid"):
+                out.processes.append((res, names[res.name]))
+
+    # ---- GPUs
+
+    def gpus(self, out: _Loaded) -> None:
+        parts = {spec.name: part for part, spec in cat.GPU_MEMORY.items()}
+        extra = [cat.GPU_UTILIZATION.name, cat.GPU_AVAILABLE.name, cat.GPU_PROCESS_MEMORY.name]
+        for res in self.names([*parts, *extra]):
+            if res.name == cat.GPU_AVAILABLE.name:
+                out.gpu_available.append(res)
+                continue
+            if res.name == cat.GPU_PROCESS_MEMORY.name:
+                out.gpu_processes.append(res)
+                continue
+            index = _int(res.labels.get("gpu"))
+            if index is None:
+                continue
+            if res.name == cat.GPU_UTILIZATION.name:
+                resource = res.labels.get("resource")
+                if resource in ("gpu", "memory"):
+                    out.gpus.append((res, index, f"util_{resource}", 1.0))
+            elif res.name in parts:
+                out.gpus.append((res, index, parts[res.name], 1.0))
+        if out.gpus:
+            return
+        dcgm = {cat.DCGM_FB_USED.name: "used", cat.DCGM_FB_FREE.name: "free"}
+        for res in self.names(dcgm):
+            index = _int(res.labels.get("gpu"))
+            if index is not None and res.name in dcgm:
+                out.gpus.append((res, index, dcgm[res.name], MIB))
+
+    # ---- OOM kills
+
+    def ooms(self, out: _Loaded) -> None:
+        for res in self.range(self.prom.sel(cat.OOM_KILLS.name)):
+            out.ooms.append((res, res.labels.get("constraint") or None))
+        if out.ooms:
+            return
+        for res in self.range(self.prom.sel(cat.NODE_VMSTAT["oom_kill"].name)):
+            out.ooms.append((res, None))
+
+    # ---- request side (summed over every target the selector matches)
+
+    def service(self, out: _Loaded) -> None:
+        svc = out.service
+        for key, families in (
+            ("queue_wait", (cat.REQUEST_QUEUE_WAIT.name, cat.VLLM_QUEUE_TIME.name, cat.TGI_QUEUE_TIME.name)),
+            ("inference", (cat.REQUEST_INFERENCE.name, cat.VLLM_INFERENCE_TIME.name, cat.TGI_INFERENCE_TIME.name)),
+            ("e2e", (cat.REQUEST_E2E.name, cat.VLLM_E2E.name)),
+            ("prefill", (cat.VLLM_PREFILL_TIME.name,)),
+            ("decode", (cat.VLLM_DECODE_TIME.name,)),
+        ):
+            for family in families:
+                got = {}
+                for q, label in ((0.5, "p50"), (0.95, "p95")):
+                    expr = f"histogram_quantile({q}, sum by (le) (rate({self.prom.sel(family + '_bucket')}[{self.w}])))"
+                    series = _single(self.range(expr))
+                    if series is not None:
+                        got[f"{key}_{label}_s"] = series
+                if got:
+                    # The mean per step (rate of the sum over rate of the count) is exact where buckets are coarse.
+                    sel_sum, sel_count = self.prom.sel(family + "_sum"), self.prom.sel(family + "_count")
+                    mean = _single(self.range(f"sum(rate({sel_sum}[{self.w}])) / sum(rate({sel_count}[{self.w}]))"))
+                    if mean is not None:
+                        got[f"{key}_mean_s"] = mean
+                    svc.update(got)
+                    break
+        by_outcome = {res.labels.get("outcome", ""): res for res in
+                      self.range(f"sum by (outcome) (rate({self.prom.sel(cat.REQUESTS.name)}[{self.w}]))")}  # fmt: skip
+        if by_outcome:
+            total = _single(self.range(f"sum(rate({self.prom.sel(cat.REQUESTS.name)}[{self.w}]))"))
+            if total is not None:
+                svc["requests_rps"] = total
+            for outcome, key in (("ok", "throughput_rps"), ("error", "error_rps"), ("rejected", "rejected_rps")):
+                if outcome in by_outcome:
+                    svc[key] = _series(by_outcome[outcome])
+            timeouts = [by_outcome[o] for o in ("queue_timeout", "inference_timeout") if o in by_outcome]
+            if timeouts:
+                svc["timeout_rps"] = _sum_aligned(timeouts)
+        else:
+            ok = _single(self.range(f"sum(rate({self.prom.sel(cat.VLLM_SUCCESS.name)}[{self.w}]))"))
+            if ok is not None:
+                svc["throughput_rps"] = ok
+        for key, ours, vllm in (
+            ("active_inferences", cat.ACTIVE_INFERENCES.name, cat.VLLM_RUNNING.name),
+            ("queue_depth", cat.QUEUE_DEPTH.name, cat.VLLM_WAITING.name),
+        ):
+            for family in (ours, vllm, *((cat.TGI_QUEUE_SIZE.name,) if key == "queue_depth" else ())):
+                series = _single(self.range(f"sum({self.prom.sel(family)})"))
+                if series is not None:
+                    svc[key] = series
+                    break
+
+
+def _variants(name: str) -> tuple[str, ...]:
+    """A name, plus its OpenMetrics-escaped form when it has a colon (``vllm:x`` -> ``vllm_x``).
+
+    Why: prometheus_client >= 0.22 answers a Prometheus that asks for OpenMetrics with
+    ``escaping=underscores`` and rewrites ``:`` to ``_`` in sample names (UTF-8 name escaping), so a
+    vLLM scraped that way is stored as ``vllm_num_requests_running``. Both spellings are queried.
+    """
+    if not _NAME_OK.match(name):
+        raise ValueError(f"not a metric name: {name!r}")
+    return (name, name.replace(":", "_")) if ":" in name else (name,)
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _series(res: _Result, scale: float = 1.0) -> Series:
+    return Series(res.ts.copy(), res.values * scale if scale != 1.0 else res.values.copy())
+
+
+def _single(results: Sequence[_Result]) -> Series | None:
+    return _series(results[0]) if results else None
+
+
+def _sum_aligned(results: Sequence[_Result]) -> Series:
+    """Sum series evaluated on the same step grid (a step missing in one counts as 0 there)."""
+    ts = np.unique(np.concatenate([r.ts for r in results]))
+    total = np.zeros(ts.size)
+    for r in results:
+        total[np.searchsorted(ts, r.ts)] += r.values
+    return Series(ts, total)
+
+
+def _merge(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> Series:
+    """Join pieces of one signal (the same name from several series): time-sorted; a duplicate time keeps the first."""
+    if len(parts) == 1:
+        ts, vals = parts[0]
+        return Series(ts.copy(), vals.copy())
+    ts = np.concatenate([p[0] for p in parts])
+    vals = np.concatenate([p[1] for p in parts])
+    order = np.argsort(ts, kind="stable")
+    ts, vals = ts[order], vals[order]
+    first = np.ones(ts.size, dtype=bool)
+    first[1:] = ts[1:] != ts[:-1]
+    return Series(ts[first], vals[first])
+
+
+def _pick_host(loaded: _Loaded) -> tuple[str | None, list[str]]:
+    """The host whose host-level series hold the most samples, and every host seen."""
+    samples: dict[str, int] = defaultdict(int)
+    groups: list[Iterable[_Result]] = [
+        (r for r, *_ in loaded.host), (r for r, *_ in loaded.cgroups), (r for r, _ in loaded.processes),
+        (r for r, *_ in loaded.gpus), (r for r, _ in loaded.ooms), loaded.model_processes, loaded.gpu_available,
+        loaded.gpu_processes,
+    ]  # fmt: skip
+    for group in groups:
+        for r in group:
+            samples[r.host] += len(r.ts)
+    if not samples:
+        return None, []
+    hosts = sorted(samples, key=lambda h: (-samples[h], h))
+    return hosts[0], hosts
+
+
+def _ooms_from(res: _Result, constraint: str | None) -> list[OomEvent]:
+    """One synthetic event per counted kill, at the step where the counter rose (a reset counts from 0)."""
+    events = []
+    if len(res.ts) < 2:
+        return events
+    dv = np.diff(res.values)
+    inc = np.where(dv >= 0, dv, res.values[1:])  # after a reset the new value is all new kills
+    for i in np.nonzero(inc > 0)[0]:
+        n = round(float(inc[i]))
+        ts = float(res.ts[i + 1])
+        events.extend(OomEvent(ts=ts, constraint=constraint, source="prometheus") for _ in range(n))
+    return events
+
+
+def _assemble(loaded: _Loaded, url: str, selector: str, start: float, end: float) -> Timeline:
+    host, hosts = _pick_host(loaded)
+
+    def mine(r: _Result) -> bool:
+        return r.host == host
+
+    timeline = Timeline(start=start, end=end)
+    # host
+    pieces: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
+    for res, key, scale in loaded.host:
+        if mine(res):
+            pieces[key].append((res.ts, res.values * scale))
+    timeline.host = {k: _merge(v) for k, v in pieces.items()}
+    # cgroups
+    cg: dict[str, dict[str, list[tuple[np.ndarray, np.ndarray]]]] = defaultdict(lambda: defaultdict(list))
+    for res, path, key, scale in loaded.cgroups:
+        if mine(res):
+            cg[path][key].append((res.ts, res.values * scale))
+    timeline.cgroups = {path: {k: _merge(v) for k, v in series.items()} for path, series in cg.items()}
+    # processes
+    procs: dict[str, ProcessTrack] = {}
+    proc_pieces: dict[str, dict[str, list[tuple[np.ndarray, np.ndarray]]]] = defaultdict(lambda: defaultdict(list))
+    for res, key in loaded.processes:
+        if not mine(res):
+            continue
+        pid = _int(res.labels.get("pid"))
+        if pid is None:
+            continue
+        comm = res.labels.get("comm", "")
+        track_key = f"{pid}@{comm}"
+        if track_key not in procs:
+            procs[track_key] = ProcessTrack(pid=pid, start_time_s=None, comm=comm)
+        proc_pieces[track_key][key].append((res.ts, res.values))
+    for track_key, track in procs.items():
+        track.series = {k: _merge(v) for k, v in proc_pieces[track_key].items()}
+    timeline.processes = procs
+    # GPUs
+    gp: dict[int, dict[str, list[tuple[np.ndarray, np.ndarray]]]] = defaultdict(lambda: defaultdict(list))
+    for res, index, key, scale in loaded.gpus:
+        if mine(res):
+            gp[index][key].append((res.ts, res.values * scale))
+    timeline.gpus = {i: {k: _merge(v) for k, v in series.items()} for i, series in sorted(gp.items())}
+    available = [r for r in loaded.gpu_available if mine(r)]
+    if not timeline.gpus and available and all(float(np.max(r.values)) == 0.0 for r in available):
+        timeline.gpu_unavailable_reason = f"NVML unavailable on the agent ({cat.GPU_AVAILABLE.name} = 0 throughout)"
+    rows: dict[str, list[np.ndarray]] = defaultdict(list)
+    for res in loaded.gpu_processes:
+        gpu, pid = _int(res.labels.get("gpu")), _int(res.labels.get("pid"))
+        if mine(res) and gpu is not None and pid is not None:
+            rows["ts"].append(res.ts)
+            rows["gpu"].append(np.full(res.ts.size, float(gpu)))
+            rows["pid"].append(np.full(res.ts.size, float(pid)))
+            rows["used_bytes"].append(res.values)
+    if rows:
+        table = Table({k: np.concatenate(v) for k, v in rows.items()})
+        timeline.gpu_processes = table.select(np.argsort(table["ts"], kind="stable"))
+    # OOM kills
+    counts: dict[str, int] = {}
+    oom_series = [(r, c) for r, c in loaded.ooms if mine(r)]
+    ooms = [e for r, c in oom_series for e in _ooms_from(r, c)]
+    timeline.ooms = sorted(ooms, key=lambda e: e.ts)
+    if oom_series:
+        counts["host"] = max(len(r.ts) for r, _ in oom_series)
+    # service: fleet-wide request side, plus this host's model holders
+    timeline.service = dict(loaded.service)
+    for res in loaded.model_processes:
+        if mine(res):
+            timeline.service[f"model_processes:{res.labels['model']}"] = _series(res)
+    counts["prometheus_series"] = (
+        len(timeline.host) + sum(len(s) for s in timeline.cgroups.values())
+        + sum(len(t.series) for t in procs.values()) + sum(len(s) for s in timeline.gpus.values()) + len(timeline.service)
+    )  # fmt: skip
+    if timeline.cgroups:
+        counts["cgroup"] = sum(len(s) for series in timeline.cgroups.values() for s in series.values())
+    if procs:
+        counts["process"] = sum(len(s) for t in procs.values() for s in t.series.values())
+    timeline.counts = counts
+    # window: where there is data (the query window when there is none)
+    firsts, lasts = [], []
+    for s in _all_series(timeline):
+        if len(s):
+            firsts.append(float(s.ts[0]))
+            lasts.append(float(s.ts[-1]))
+    if firsts:
+        timeline.start, timeline.end = min(firsts), max(lasts)
+    where = f"prometheus:{url}"
+    if selector:
+        where += f" {{{selector}}}"
+    if host is not None and len(hosts) > 1:
+        shown = ", ".join(hosts[:5]) + ("..." if len(hosts) > 5 else "")
+        where += f" host {host} ({len(hosts)} hosts matched: {shown}; narrow --selector to choose)"
+        log.warning("selector matches %d hosts; host-level series are from %s", len(hosts), host)
+    timeline.source = where
+    return timeline
+
+
+def _all_series(t: Timeline) -> Iterable[Series]:
+    yield from t.host.values()
+    for series in t.cgroups.values():
+        yield from series.values()
+    for track in t.processes.values():
+        yield from track.series.values()
+    for series in t.gpus.values():
+        yield from series.values()
+    yield from t.service.values()
