@@ -41,7 +41,8 @@ def expressions() -> list[tuple[str, str]]:
 def rules_file(items: list[tuple[str, str]], folder: Path) -> Path:
     lines = ["groups:", "  - name: dashboards", "    rules:"]
     for i, (where, expr) in enumerate(items):
-        lines += [f"      # {where}", f"      - record: llmdiag_dashboard_check:{i}", f"        expr: {_yaml_str(substitute(expr))}"]
+        lines += [f"      # {where}", f"      - record: llmdiag_dashboard_check:{i}"]
+        lines.append(f"        expr: {_yaml_str(substitute(expr))}")
     path = folder / "dashboards.rules.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path
