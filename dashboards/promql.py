@@ -9,6 +9,7 @@ into a raw string cannot slip through either.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ class UnknownMetric(ValueError):
         )
 
 
+@functools.cache
 def known_metrics() -> dict[str, str]:
     """Every name a query may use -> where it comes from (ours, an upstream exporter and version, a rule)."""
     names = {name: "llm-diag" for name in cat.CATALOG}
@@ -61,6 +63,7 @@ def _series_names(name: str) -> set[str]:
     return {name}
 
 
+@functools.cache
 def series_known() -> dict[str, str]:
     """Series names (histogram parts expanded) -> family name."""
     out: dict[str, str] = {}

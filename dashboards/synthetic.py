@@ -72,6 +72,9 @@ class Family:
 
 def family(name: str) -> Family:
     """The shape of one catalog family (ours or upstream)."""
+    if name.startswith("llmdiag:slo_"):  # the alert generator's SLO recording rules (ratios per slo and model)
+        labels = (("slo", ("availability", "latency")), ("model", ("demo-model",)))
+        return Family(name, "gauge", labels, "ratio")
     spec = cat.CATALOG.get(name)
     if spec is not None:
         labels = tuple((label, LABEL_VALUES.get(label, ("x",))) for label in spec.labels)

@@ -120,6 +120,21 @@ def backfill(data_dir: Path, families: set[str], start: float, end: float, work:
     path.unlink()
 
 
+def fast_rules(rules: list[Path], work: Path) -> list[Path]:
+    """The alert generator's rule files, evaluated every second instead of every few minutes.
+
+    Long-window groups (the SLO period) run at ``interval: 5m`` in production; their first evaluation
+    could then fall after this test's one-minute window. Only the cadence changes -- the expressions,
+    names and labels are the generator's.
+    """
+    out = []
+    for i, path in enumerate(rules):
+        copy = work / f"rules-{i}-{path.name}"
+        copy.write_text(re.sub(r"(?m)^(\s*)interval:\s*\S+\s*$", r"\1interval: 1s", path.read_text()))
+        out.append(copy)
+    return out
+
+
 @contextlib.contextmanager
 def prometheus_with(data_dir: Path, jobs: dict[str, str], rules: list[Path], folder: Path) -> Iterator[PromServer]:
     """Prometheus over a pre-filled data directory, with rule files (tests/promserver.py has neither)."""
@@ -208,7 +223,7 @@ def live_stack(load_s: float = 40.0) -> Iterator[Live]:
                 )  # fmt: skip
                 stack.callback(_stop, node_proc)
                 jobs["node"] = f"127.0.0.1:{node_port}"
-            prom = stack.enter_context(prometheus_with(data, jobs, rules, work))
+            prom = stack.enter_context(prometheus_with(data, jobs, fast_rules(rules, work), work))
             assert prom.wait_for('up{job="llmdiag-agent"} == 1', bool, 60), prom.log_tail()
             live_start = time.time()
             stop = threading.Event()

@@ -4,7 +4,9 @@ Each ``ours or theirs`` alternative is evaluated on its own, so a broken upstrea
 hide behind a working llm-diag series: ours over the live window, sources this host cannot produce
 over the backfilled window. The combined expression Grafana sends is evaluated over both. SLO panels
 read the alert generator's recording rules (alerts/generated/*.rules.yaml); without that file on
-this branch they are skipped with the reason, after their other queries were checked.
+this branch they are skipped with the reason, after their other queries were checked. With them,
+the SLO-period panel waits (up to ~5 min) for the period rules' first value: they sum 5-minute
+increases on 5-minute boundaries, so the first one exists only after such a boundary.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,13 +26,16 @@ import pytest
 
 from dashboards.build import OOM_ANNOTATION, render
 from dashboards.definitions import all_dashboards
-from dashboards.promql import SLO_RULES, metric_names
+from dashboards.promql import SLO_PERIOD, SLO_RULES, metric_names
 from tests.dashboards.livestack import FAMILY, Live, live_producible, live_stack
 from tests.livecg import skip_reason
 
 pytestmark = pytest.mark.live
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CONSOLE_RE = re.compile(r":CONSOLE[:(]\d*\)?\]? ?(?P<message>.*)")
+# The SLO period's rules sum 5-minute increases in a subquery aligned to 5-minute boundaries: they
+# have a value only once such a boundary passed after the first recorded increase (up to 5 min).
+PERIOD_RULES = frozenset(r for r in SLO_RULES if r.endswith(SLO_PERIOD))
 PANELS = [(d.uid, p.title) for d in all_dashboards() for p in d.panels]
 
 
@@ -59,8 +65,8 @@ def finite_points(result: list[dict[str, Any]]) -> list[float]:
     return [float(v) for s in result for _, v in s["values"] if math.isfinite(float(v))]
 
 
-def live_window(live: Live, expr: str) -> list[dict[str, Any]]:
-    return query_range(live, expr, live.live_start, live.live_end, 2.0, 10.0)
+def live_window(live: Live, expr: str, end: float | None = None) -> list[dict[str, Any]]:
+    return query_range(live, expr, live.live_start, end or live.live_end, 2.0, 10.0)
 
 
 def backfill_window(live: Live, expr: str) -> list[dict[str, Any]]:
@@ -72,14 +78,18 @@ def test_every_panel_query_returns_data(live: Live, uid: str, title: str) -> Non
     (dash,) = [d for d in all_dashboards() if d.uid == uid]
     (panel,) = [p for p in dash.panels if p.title == title]
     needs_rules = False
+    end = live.live_end
     for query in panel.queries:
         for alt in query.alternatives:
             families = {FAMILY[n] for n in metric_names(alt)}
             if families & SLO_RULES and not live.rules:
                 needs_rules = True
                 continue
+            for rule in sorted(families & PERIOD_RULES):
+                assert live.prom.wait_for(rule, bool, 330), f"{rule}: never recorded"
+                end = time.time()
             if all(live_producible(f, live.node_exporter) for f in families):
-                points = finite_points(live_window(live, alt))
+                points = finite_points(live_window(live, alt, end))
                 where = "live window"
             else:
                 assert families - {"up"} <= live.backfilled, families - live.backfilled
@@ -87,7 +97,7 @@ def test_every_panel_query_returns_data(live: Live, uid: str, title: str) -> Non
                 where = "backfilled window"
             assert points, f"{uid} / {title}: no data over the {where} for {alt}"
         if not (needs_rules and any(FAMILY[n] in SLO_RULES for a in query.alternatives for n in metric_names(a))):
-            whole = query_range(live, query.expr, live.backfill_start, live.live_end, 5.0, 20.0)
+            whole = query_range(live, query.expr, live.backfill_start, end, 5.0, 20.0)
             assert finite_points(whole), f"{uid} / {title}: the combined query returns nothing: {query.expr}"
     if needs_rules:
         pytest.skip(f"{uid} / {title}: the SLO recording rules (alerts/generated/*.rules.yaml) are not on this branch; "
@@ -133,8 +143,6 @@ def _chromium(page: Path, profile: Path) -> tuple[str, list[str]]:
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian chromium")
 def test_preview_page_has_one_chart_per_panel_and_no_console_errors(live: Live, tmp_path: Path) -> None:
-    import time
-
     out = tmp_path / "preview.html"
     since = int(time.time() - live.backfill_start) + 30
     proc = subprocess.run([sys.executable, "-m", "diag.cli", "dashboards", "preview", "--prometheus", live.prom.url,
