@@ -114,6 +114,8 @@ def _fmt(labels: dict[str, str]) -> str:
 
 
 def _gauge_value(f: Family, i: int, rng: random.Random) -> float:
+    if f.name == "up":  # a scrape target: up, with a failed scrape now and then
+        return 0.0 if i % 97 == 96 else 1.0
     wave = 0.5 + 0.4 * math.sin(i / 37.0) + 0.05 * rng.random()
     if f.unit == "bytes":
         return float(int((4 << 30) * wave))

@@ -13,6 +13,7 @@ import html
 import math
 import re
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,7 +143,11 @@ def chart_svg(res: PanelResult, key: str) -> str:
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
     _time_axis(ax, maxticks=6)
     ax.set_title(res.title, loc="left")
-    return _svg(fig, key)
+    with warnings.catch_warnings():
+        # matplotlib's date locator falls back to a 30-unit tick interval for some ranges and says so
+        # once per chart; the chart is right, and forty copies of the note would bury real errors
+        warnings.filterwarnings("ignore", message="AutoDateLocator was unable", category=UserWarning)
+        return _svg(fig, key)
 
 
 def _heatmap(ax: Any, series: list[tuple[str, np.ndarray, np.ndarray]], label: str) -> None:
