@@ -100,7 +100,7 @@ def _panel(p: Panel) -> Any:
     return b
 
 
-def to_sdk(d: Dashboard, all_uids: dict[str, str]) -> sdk.Dashboard:
+def to_sdk(d: Dashboard) -> sdk.Dashboard:
     board = (sdk.Dashboard(d.title).uid(d.uid).description(d.description).tags([TAG, *d.extra_tags]).readonly()
              .tooltip(DashboardCursorSync.CROSSHAIR).refresh("30s").time("now-1h", "now").timezone("browser"))  # fmt: skip
     board = _variables(board)
@@ -181,9 +181,9 @@ def check_dashboard(raw: dict[str, Any]) -> None:
         check_expr(ann.get("expr", ""), f"{raw['uid']} / annotation {ann.get('name')}")
 
 
-def render(d: Dashboard, all_uids: dict[str, str] | None = None) -> dict[str, Any]:
+def render(d: Dashboard) -> dict[str, Any]:
     """Build, post-process and check one dashboard; returns the JSON document."""
-    built = to_sdk(d, all_uids or {}).build()
+    built = to_sdk(d).build()
     raw = json.loads(JSONEncoder().encode(built))  # compact: the C encoder; files are indented once, in generate
     raw = finish(raw, d)
     check_dashboard(raw)

@@ -285,41 +285,39 @@ def memory() -> Dashboard:
 
 
 def gpu() -> Dashboard:
-    needs = ("gpu",)
     dcgm_total = f"({sel('DCGM_FI_DEV_FB_USED')} + {sel('DCGM_FI_DEV_FB_FREE')} + {sel('DCGM_FI_DEV_FB_RESERVED')})"
     dev = Row("Devices", (
         ts("Device memory used / reserved / free", "llmdiag_gpu_memory_{used,reserved,free}_bytes from NVML (or "
            "DCGM_FI_DEV_FB_* in MiB, scaled to bytes). Free near 0 precedes CUDA OOM errors: lower "
            "gpu_memory_utilization or batch size.", "bytes",
            *(q(sel(f"llmdiag_gpu_memory_{part}_bytes"), f"{sel(f'DCGM_FI_DEV_FB_{part.upper()}')} * {MiB}",
-               legend=f"{part} gpu {{{{gpu}}}}", on="instance, gpu") for part in ("used", "reserved", "free")),
-           needs=needs),
+               legend=f"{part} gpu {{{{gpu}}}}", on="instance, gpu") for part in ("used", "reserved", "free"))),
         ts("Device memory used share", "llmdiag_gpu_memory_used_bytes / llmdiag_gpu_memory_total_bytes (or DCGM used "
            "/ (used + free + reserved)). Pinned near 100 % is normal for vLLM's pre-allocation; a rise from a lower "
            "plateau is a leak or a second process.", "percentunit",
            q(ratio(sel("llmdiag_gpu_memory_used_bytes"), sel("llmdiag_gpu_memory_total_bytes")),
-             ratio(sel("DCGM_FI_DEV_FB_USED"), dcgm_total), legend="gpu {{gpu}}", on="instance, gpu"), needs=needs),
+             ratio(sel("DCGM_FI_DEV_FB_USED"), dcgm_total), legend="gpu {{gpu}}", on="instance, gpu")),
         ts("Utilisation", "llmdiag_gpu_utilization_ratio (resource=gpu: kernels running; resource=memory: memory "
            "read/write) or DCGM_FI_DEV_GPU_UTIL / DCGM_FI_DEV_MEM_COPY_UTIL (percent, scaled to 0-1). Low utilisation "
            "with a long queue means the batch is starved: check Batching & MoE.", "percentunit",
            q(sel("llmdiag_gpu_utilization_ratio", 'resource="gpu"'), f"{sel('DCGM_FI_DEV_GPU_UTIL')} / 100",
              legend="kernels gpu {{gpu}}", on="instance, gpu"),
            q(sel("llmdiag_gpu_utilization_ratio", 'resource="memory"'), f"{sel('DCGM_FI_DEV_MEM_COPY_UTIL')} / 100",
-             legend="memory gpu {{gpu}}", on="instance, gpu"), needs=needs),
+             legend="memory gpu {{gpu}}", on="instance, gpu")),
     ))  # fmt: skip
     procs = Row("Processes and allocator", (
         ts("Per-process GPU memory", "llmdiag_gpu_process_memory_bytes by gpu and pid (NVML compute processes). "
            "Two serving processes on one device = two copies of the weights: pin workers to devices.", "bytes",
-           q(sel("llmdiag_gpu_process_memory_bytes"), legend="gpu {{gpu}} pid {{pid}}"), needs=needs),
+           q(sel("llmdiag_gpu_process_memory_bytes"), legend="gpu {{gpu}} pid {{pid}}")),
         ts("torch allocator: allocated vs reserved", "llmdiag_torch_memory_allocated_bytes and _reserved_bytes from "
            "inside the server. Reserved far above allocated is the caching allocator's slack (fragmentation): set "
            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.", "bytes",
            q(sel("llmdiag_torch_memory_allocated_bytes"), legend="allocated {{device}}"),
-           q(sel("llmdiag_torch_memory_reserved_bytes"), legend="reserved {{device}}"), needs=needs),
+           q(sel("llmdiag_torch_memory_reserved_bytes"), legend="reserved {{device}}")),
         ts("CUDA OOM errors", "increase of llmdiag_cuda_oom_errors_total by model and device. Any is an incident: "
            "compare free memory and the allocator slack at that time.", "short",
            q(_sum(f"increase({sel('llmdiag_cuda_oom_errors_total', MODEL)}[{RATE}])", "model, device"),
-             legend="{{model}} {{device}}"), needs=needs),
+             legend="{{model}} {{device}}")),
     ))  # fmt: skip
     return Dashboard(
         UIDS["gpu"], "llm-diag / GPU", "Is a GPU full, idle, or shared by more processes than it should be?", (dev, procs)

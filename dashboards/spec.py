@@ -26,8 +26,6 @@ class Panel:
     w: int = 12
     h: int = 8
     stacked: bool = False
-    # Sources this panel needs that a host without the hardware cannot produce (checked on backfilled data).
-    needs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -49,16 +47,13 @@ class Dashboard:
         return [p for r in self.rows for p in r.panels]
 
 
-def ts(title: str, description: str, unit: str, *queries: Query, w: int = 12, h: int = 8, stacked: bool = False,
-       needs: tuple[str, ...] = ()) -> Panel:  # fmt: skip
-    return Panel("timeseries", title, description, unit, queries, w, h, stacked, needs)
+def ts(title: str, description: str, unit: str, *queries: Query, w: int = 12, h: int = 8, stacked: bool = False) -> Panel:
+    return Panel("timeseries", title, description, unit, queries, w, h, stacked)
 
 
-def stat(title: str, description: str, unit: str, *queries: Query, w: int = 4, h: int = 4,
-         needs: tuple[str, ...] = ()) -> Panel:  # fmt: skip
-    return Panel("stat", title, description, unit, queries, w, h, False, needs)
+def stat(title: str, description: str, unit: str, *queries: Query, w: int = 4, h: int = 4) -> Panel:
+    return Panel("stat", title, description, unit, queries, w, h, False)
 
 
-def heatmap(title: str, description: str, unit: str, *queries: Query, w: int = 12, h: int = 8,
-            needs: tuple[str, ...] = ()) -> Panel:  # fmt: skip
-    return Panel("heatmap", title, description, unit, queries, w, h, False, needs)
+def heatmap(title: str, description: str, unit: str, *queries: Query, w: int = 12, h: int = 8) -> Panel:
+    return Panel("heatmap", title, description, unit, queries, w, h, False)
