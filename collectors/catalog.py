@@ -740,3 +740,53 @@ TGI_INFERENCE_TIME = _external(
     "tgi_request_inference_duration", "histogram", "TGI", "2.x/3.x", "Inference time (seconds, no unit suffix)."
 )
 TGI_QUEUE_SIZE = _external("tgi_queue_size", "gauge", "TGI", "2.x/3.x", "Requests waiting.")
+
+# --------------------------------------------------------------------------- upstream names the dashboards query
+# Each panel with an upstream equivalent queries ``ours or theirs``; these are the names it may use, with the
+# exporter version (and source commit) they were read from. Dashboard generation refuses any other name.
+# vLLM: vllm-project/vllm @0b9faa41 (v0.11+, v1 engine); TGI: huggingface/text-generation-inference @db931fc
+# (2.x/3.x; metrics-rs counters carry no _total); node_exporter: prometheus/node_exporter @a7dcc3a (1.x);
+# cAdvisor 0.4x (label ``id`` = cgroup path); DCGM: NVIDIA/dcgm-exporter @d5e5f51 (3.x/4.x, framebuffer in MiB).
+DASHBOARD_UPSTREAM: tuple[ExternalFamily, ...] = tuple(
+    _external(name, type_, exporter, versions, help_)
+    for name, type_, exporter, versions, help_ in (
+        ("vllm:time_to_first_token_seconds", "histogram", "vLLM", "0.11 @0b9faa41", "Time to first token."),
+        ("vllm:e2e_request_latency_seconds", "histogram", "vLLM", "0.11 @0b9faa41", "End-to-end latency."),
+        ("vllm:request_queue_time_seconds", "histogram", "vLLM", "0.11 @0b9faa41", "Time in WAITING."),
+        ("vllm:request_inference_time_seconds", "histogram", "vLLM", "0.11 @0b9faa41", "Time in RUNNING."),
+        ("vllm:num_requests_running", "gauge", "vLLM", "0.11 @0b9faa41", "Requests in the running batch."),
+        ("vllm:num_requests_waiting", "gauge", "vLLM", "0.11 @0b9faa41", "Requests waiting to be scheduled."),
+        ("vllm:request_success_total", "counter", "vLLM", "0.11 @0b9faa41", "Finished requests by finished_reason."),
+        ("vllm:iteration_tokens_total", "histogram", "vLLM", "0.11 @0b9faa41", "Tokens per engine step (a histogram)."),
+        ("vllm:kv_cache_usage_perc", "gauge", "vLLM", "0.11 @0b9faa41", "KV-cache usage, 0-1."),
+        ("vllm:num_preemptions_total", "counter", "vLLM", "0.11 @0b9faa41", "Preempted sequences."),
+        ("tgi_request_queue_duration", "histogram", "TGI", "2.x/3.x @db931fc", "Queue time, seconds."),
+        ("tgi_request_duration", "histogram", "TGI", "2.x/3.x @db931fc", "End-to-end request time, seconds."),
+        ("tgi_queue_size", "gauge", "TGI", "2.x/3.x @db931fc", "Requests waiting."),
+        ("tgi_batch_current_size", "gauge", "TGI", "2.x/3.x @db931fc", "Requests in the current batch."),
+        ("tgi_request_count", "counter", "TGI", "2.x/3.x @db931fc", "Requests received (no _total)."),
+        ("tgi_request_failure", "counter", "TGI", "2.x/3.x @db931fc", "Failed requests by err (no _total)."),
+        ("tgi_batch_next_size", "histogram", "TGI", "2.x/3.x @db931fc", "Requests in each new batch."),
+        ("tgi_batch_next_tokens", "histogram", "TGI", "2.x/3.x @db931fc", "Tokens in each new batch."),
+        ("node_memory_MemAvailable_bytes", "gauge", "node_exporter", "1.x @a7dcc3a", "MemAvailable."),
+        ("node_memory_SwapTotal_bytes", "gauge", "node_exporter", "1.x @a7dcc3a", "SwapTotal."),
+        ("node_memory_SwapFree_bytes", "gauge", "node_exporter", "1.x @a7dcc3a", "SwapFree."),
+        ("node_pressure_memory_waiting_seconds_total", "counter", "node_exporter", "1.x @a7dcc3a", "Memory PSI some."),
+        ("node_pressure_memory_stalled_seconds_total", "counter", "node_exporter", "1.x @a7dcc3a", "Memory PSI full."),
+        ("node_pressure_io_waiting_seconds_total", "counter", "node_exporter", "1.x @a7dcc3a", "IO PSI some."),
+        ("node_pressure_cpu_waiting_seconds_total", "counter", "node_exporter", "1.x @a7dcc3a", "CPU PSI some."),
+        ("node_vmstat_pgmajfault", "untyped", "node_exporter", "1.x @a7dcc3a", "Major faults (a counter, no _total)."),
+        ("node_vmstat_oom_kill", "untyped", "node_exporter", "1.x @a7dcc3a", "OOM kills (a counter, no _total)."),
+        ("container_memory_usage_bytes", "gauge", "cAdvisor", "0.4x", "cgroup memory usage."),
+        ("container_memory_working_set_bytes", "gauge", "cAdvisor", "0.4x", "Usage - inactive_file."),
+        ("container_spec_memory_limit_bytes", "gauge", "cAdvisor", "0.4x", "Memory limit; 0 = unlimited."),
+        ("container_oom_events_total", "counter", "cAdvisor", "0.4x", "OOM events of the container."),
+        ("container_pressure_memory_waiting_seconds_total", "counter", "cAdvisor", "0.50+", "cgroup2 PSI some."),
+        ("DCGM_FI_DEV_FB_USED", "gauge", "dcgm-exporter", "3.x/4.x @d5e5f51", "Framebuffer used, MiB."),
+        ("DCGM_FI_DEV_FB_FREE", "gauge", "dcgm-exporter", "3.x/4.x @d5e5f51", "Framebuffer free, MiB."),
+        ("DCGM_FI_DEV_FB_RESERVED", "gauge", "dcgm-exporter", "3.x/4.x @d5e5f51", "Framebuffer reserved, MiB."),
+        ("DCGM_FI_DEV_GPU_UTIL", "gauge", "dcgm-exporter", "3.x/4.x @d5e5f51", "GPU utilisation, percent."),
+        ("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "dcgm-exporter", "3.x/4.x @d5e5f51", "Memory utilisation, percent."),
+    )
+)
+EXTERNAL = (*EXTERNAL, *(f for f in DASHBOARD_UPSTREAM if f.name not in {e.name for e in EXTERNAL}))

@@ -416,10 +416,12 @@ def _load_timeline(kind: str, recorder: Path | None, bundle: Path | None, promet
 
 def _register_subcommands() -> None:
     from diag.bundle.cli import register as register_bundle
+    from diag.dashboards_cli import register as register_dashboards
     from diag.demo.cli import register as register_demo
 
     register_bundle(app)
     register_demo(app)
+    register_dashboards(app)
 
 
 _register_subcommands()
