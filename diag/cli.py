@@ -267,6 +267,7 @@ def _register_subcommands() -> None:
 
     register_bundle(app)
     register_demo(app)
+    __import__("diag.triage.cli", fromlist=["register"]).register(app)  # diag triage serve, diag tickets
 
 
 _register_subcommands()
