@@ -115,8 +115,8 @@ def serve(
 
     Point Alertmanager's webhook_config url at http://HOST:PORT/webhook. Every alert is recorded (SQLite, WAL,
     fsync'd) before the answer is 2xx, so Alertmanager's retries, restarts and several HA peers make exactly one
-    incident. Each incident is diagnosed in the background (`diag analyze` from 30 min before the alert started until now), re-diagnosed
-    when it reopens, and shown at http://HOST:PORT/ (read-only).
+    incident. Each incident is diagnosed in the background (`diag analyze` from 30 min before the alert started
+    until now), re-diagnosed when it reopens, and shown at http://HOST:PORT/ (read-only).
 
     Examples:\n
       diag triage serve --recorder /var/lib/llm-diag/recorder.db\n

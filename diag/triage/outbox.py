@@ -141,7 +141,7 @@ class Dispatcher:
         view = get_incident(self._db, row["incident_id"])
         assert view is not None  # foreign key
         try:
-            self._perform(sink, row, view)
+            finished = self._perform(sink, row, view)
         except SinkError as exc:
             delay = backoff_s(row["attempts"], self.base_backoff_s)
             what = f"{row['sink']} {row['action']} for incident {row['incident_id']}"
@@ -152,13 +152,21 @@ class Dispatcher:
                     (time.time() + delay, str(exc)[:500], row["id"]),
                 )
             return
-        with transaction(self._db) as db:
-            db.execute(
-                "UPDATE outbox SET done_at = ?, attempts = attempts + 1, last_error = NULL WHERE id = ?", (time.time(), row["id"])
-            )
+        if not finished:
+            with transaction(self._db) as db:
+                self._finish(db, row["id"])
 
-    def _ticket(self, sink: Sink, view: IncidentView) -> Ticket:
-        """The incident's ticket in this sink: stored, else found by marker, else created -- and stored."""
+    @staticmethod
+    def _finish(db: sqlite3.Connection, outbox_id: int) -> None:
+        db.execute(
+            "UPDATE outbox SET done_at = ?, attempts = attempts + 1, last_error = NULL WHERE id = ?", (time.time(), outbox_id)
+        )
+
+    def _ticket(self, sink: Sink, view: IncidentView, finish: int | None = None) -> Ticket:
+        """The incident's ticket in this sink: stored, else found by marker, else created -- and stored.
+
+        ``finish``: an outbox row marked done in the same transaction (one fsync per created ticket).
+        """
         for t in view.tickets:
             if t["sink"] == sink.name:
                 return Ticket(t["external_id"], t["url"])
@@ -175,20 +183,25 @@ class Dispatcher:
             )
             how = "found (created before a restart)" if adopted else "created"
             add_event(db, view.id, "ticket", f"{sink.name} ticket {ticket.external_id} {how}")
+            if finish is not None:
+                self._finish(db, finish)
         view.tickets.append({"sink": sink.name, "external_id": ticket.external_id, "url": ticket.url})
         return ticket
 
-    def _perform(self, sink: Sink, row: sqlite3.Row, view: IncidentView) -> None:
+    def _perform(self, sink: Sink, row: sqlite3.Row, view: IncidentView) -> bool:
+        """Do one action; True when its outbox row is already marked done (in the transaction that stored a new ticket)."""
         action = row["action"]
-        ticket = self._ticket(sink, view)
         if action == "create":
-            return
+            known = any(t["sink"] == sink.name for t in view.tickets)
+            self._ticket(sink, view, finish=None if known else row["id"])
+            return not known
+        ticket = self._ticket(sink, view)
         if action == "diagnosis":
             stated = self._db.execute(
                 "SELECT last_class FROM tickets WHERE incident_id = ? AND sink = ?", (view.id, sink.name)
             ).fetchone()
             if stated is not None and stated["last_class"] == view.row["diag_class"]:
-                return  # the ticket already says this (it was created after the diagnosis)
+                return False  # the ticket already says this (it was created after the diagnosis)
             text = (row["text"] + "\n\n" if row["text"] else "") + diagnosis_text(view)
             sink.comment(ticket.external_id, text)
             with transaction(self._db) as db:
@@ -206,3 +219,4 @@ class Dispatcher:
             sink.reopen(ticket.external_id)
             if row["text"]:
                 sink.comment(ticket.external_id, row["text"])
+        return False
