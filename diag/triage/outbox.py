@@ -88,8 +88,9 @@ class Dispatcher:
     """A thread that drains the outbox into the configured sinks."""
 
     def __init__(
-        self, path: str | Path, sinks: Mapping[str, Sink], *, page_url: str = "", base_backoff_s: float = BASE_BACKOFF_S
-    ):
+        self, path: str | Path, sinks: Mapping[str, Sink], *, page_url: str = "", base_backoff_s: float = BASE_BACKOFF_S,
+        start: bool = True,
+    ) -> None:  # fmt: skip
         self.sinks = dict(sinks)
         self.page_url = page_url
         self.base_backoff_s = base_backoff_s
@@ -97,7 +98,8 @@ class Dispatcher:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="triage-outbox", daemon=True)
-        self._thread.start()
+        if start:  # start=False: the caller drives drain_once() itself
+            self._thread.start()
 
     def wake(self) -> None:
         self._wake.set()
@@ -105,7 +107,8 @@ class Dispatcher:
     def close(self) -> None:
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
         self._db.close()
 
     def _run(self) -> None:

@@ -154,7 +154,7 @@ class FakeTracker:
                 pass
 
             def _reply(self, status: int, doc: Any) -> None:
-                raw = json.dumps(doc).encode()
+                raw = b"" if status == 204 else json.dumps(doc).encode()  # 204 No Content carries no body
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(raw)))
