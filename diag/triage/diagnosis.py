@@ -14,9 +14,11 @@ the analysis's own ``to_dict()``, so new verdicts (``inconclusive``) pass throug
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import multiprocessing
+import os
 import re
 import sqlite3
 import subprocess
@@ -37,6 +39,7 @@ LOOKBACK_S = 30 * 60.0
 MAX_ATTEMPTS = 3
 RETRY_AFTER_S = 30.0
 DEFAULT_SELECTOR_LABELS = ("job", "instance")
+WORKER_NICE = 10
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,12 @@ def promql_selector(labels: dict[str, str], names: tuple[str, ...]) -> str:
             escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
             parts.append(f'{name}="{escaped}"')
     return ",".join(parts)
+
+
+def _lower_priority() -> None:
+    """In the worker: analyses are background work; the webhook (and the service being diagnosed) come first."""
+    with contextlib.suppress(OSError):
+        os.nice(WORKER_NICE)
 
 
 def run_analysis(kind: str, target: str, selector: str, since_s: float, until: float) -> dict[str, Any]:
@@ -109,7 +118,9 @@ class DiagnosisWorker:
         self.bundle_dir = bundle_dir
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        self._pool = ProcessPoolExecutor(
+            max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_lower_priority
+        )
         self._db = connect(self.path)
         with transaction(self._db) as db:  # a crash mid-analysis left some 'running': run them again
             db.execute("UPDATE incidents SET diag_state = 'pending' WHERE diag_state = 'running'")
