@@ -4,8 +4,10 @@
    posts pre-built webhook bodies -- 70 % new alerts (a new incident every 4th body, so the diagnosis worker
    is busy the whole time), 30 % exact duplicates of earlier bodies (retries / the other HA peer). The
    receiver diagnoses from a real flight recorder holding a real scenario run. Two front ends over the
-   same receiver core, side by side in one run: the standard library's threading HTTP server (what
-   ``diag triage serve`` uses) and FastAPI on uvicorn (both pinned already).
+   same receiver core, side by side in one run: the receiver's own asyncio HTTP/1.1 server (what
+   ``diag triage serve`` uses) and FastAPI on uvicorn (pinned already). The receiver's CPU time per
+   delivery is reported too: on a shared host, deliveries/s measures the share of CPU we got as much as
+   the code, CPU per delivery measures the code.
 2. Time from delivery to stored diagnosis: POST one alert, poll the store until the diagnosis is stored;
    from the local recorder and from a real Prometheus scraping a real ``diag collect`` agent.
 
@@ -163,6 +165,12 @@ def run_wrk(port: int, bodies: Path, duration: int, connections: int, folder: Pa
             "non2xx": int(non2xx.group(1)) if non2xx else 0, "socket_errors": errors.group(1) if errors else "none"}  # fmt: skip
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of the receiver process (all its threads; the diagnosis worker is a child, not counted)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def diagnosed_count(db: Path) -> tuple[int, int]:
     conn = sqlite3.connect(db)
     try:
@@ -177,10 +185,10 @@ def throughput(folder: Path, args: argparse.Namespace) -> None:
     recorder, starts = make_recorder(folder)
     bodies = make_bodies(folder, starts)
     print(f"load: wrk 2 threads, {args.connections} connections, {args.duration}s; loadavg {os.getloadavg()[0]:.1f}")
-    for kind in ("stdlib", "fastapi", "stdlib"):
+    for kind in ("asyncio", "fastapi", "asyncio"):
         port = free_port()
         db = folder / f"{kind}-{port}.db"
-        if kind == "stdlib":
+        if kind == "asyncio":
             cmd = [
                 PY,
                 "-m",
@@ -198,12 +206,15 @@ def throughput(folder: Path, args: argparse.Namespace) -> None:
             cmd = [PY, str(Path(__file__).resolve()), "--serve-fastapi", str(port), str(db), str(recorder)]
         proc = start(cmd, port, folder / f"{kind}.log")
         try:
+            cpu0 = cpu_s(proc.pid)
             res = run_wrk(port, bodies, args.duration, args.connections, folder)
+            cpu = cpu_s(proc.pid) - cpu0
             done, total = diagnosed_count(db)
         finally:
             stop(proc)
         print(f"{kind:8s} {res['rps']:7.0f} deliveries/s ({res['requests']} in {args.duration}s)  p50 {res['p50']:.1f} ms  "
               f"p90 {res['p90']:.1f} ms  p99 {res['p99']:.1f} ms  non-2xx {res['non2xx']}  socket errors {res['socket_errors']}  "
+              f"receiver CPU {cpu / max(1, res['requests']) * 1e6:.0f} us/delivery ({cpu / args.duration:.2f} cores)  "
               f"incidents {total}, diagnosed during the run {done}; loadavg {os.getloadavg()[0]:.1f}")  # fmt: skip
 
 

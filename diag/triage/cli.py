@@ -11,7 +11,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -135,11 +134,9 @@ def serve(
     except OSError as exc:
         _fail(f"cannot start the receiver on {listen} with store {config.db}: {exc}")
         return
-    stop = threading.Event()
 
     def _term(signum: int, frame: Any) -> None:
-        stop.set()
-        threading.Thread(target=receiver.httpd.shutdown, daemon=True).start()
+        receiver.shutdown()
 
     signal.signal(signal.SIGTERM, _term)
     source = config.source.describe() if config.source else "no diagnosis"

@@ -9,13 +9,15 @@ commits once, and wakes them all. Between batches it finishes due hold-downs (``
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import queue
 import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from diag.triage import lifecycle
@@ -39,9 +41,10 @@ class Rejected(ValueError):
 @dataclass
 class _Item:
     note: Notification
-    done: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event | None = None  # for blocking submit(); the event loop's items use ``notify`` instead
     outcomes: list[str] | None = None
     error: Exception | None = None
+    notify: Callable[[_Item], None] | None = None  # called from the writer thread once committed (or failed)
 
 
 class Ingestor:
@@ -68,13 +71,32 @@ class Ingestor:
     def submit(self, note: Notification, timeout_s: float = 10.0) -> list[str]:
         if self._stopping:
             raise Unavailable("the receiver is shutting down")
-        item = _Item(note)
+        item = _Item(note, threading.Event())
         self._queue.put(item)
-        if not item.done.wait(timeout_s):
+        if not item.done.wait(timeout_s):  # type: ignore[union-attr]
             raise Unavailable(f"not recorded within {timeout_s:g}s (the store is slow or locked)")
         if item.error is not None:
             raise item.error
         return item.outcomes or []
+
+    def submit_async(self, note: Notification) -> asyncio.Future[list[str]]:
+        """For an event loop: a future resolved (in the loop) once the notification is committed or refused."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[str]] = loop.create_future()
+        if self._stopping:
+            future.set_exception(Unavailable("the receiver is shutting down"))
+            return future
+
+        def settle(item: _Item) -> None:
+            if future.done():
+                return
+            if item.error is not None:
+                future.set_exception(item.error)
+            else:
+                future.set_result(item.outcomes or [])
+
+        self._queue.put(_Item(note, notify=lambda item: loop.call_soon_threadsafe(settle, item)))
+        return future
 
     def close(self) -> None:
         self._stopping = True
@@ -132,7 +154,11 @@ class Ingestor:
             for item in batch:
                 item.outcomes, item.error = None, Unavailable(f"store write failed: {exc}")
         for item in batch:
-            item.done.set()
+            if item.done is not None:
+                item.done.set()
+            if item.notify is not None:
+                with contextlib.suppress(RuntimeError):  # the event loop is closed already: nobody waits any more
+                    item.notify(item)
         if self.on_commit is not None:
             self.on_commit()
 

@@ -91,6 +91,10 @@ def _reject_constant(name: str) -> float:
     raise PayloadError(f"{name} is not JSON")
 
 
+# One decoder for all bodies: json.loads with hooks would build a new decoder (and its scanner) per call.
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+
+
 def _string(obj: dict[str, Any], key: str, where: str, *, required: bool = True, limit: int = MAX_STRING_CHARS) -> str:
     if key not in obj:
         if required:
@@ -163,7 +167,7 @@ def parse(body: bytes) -> Notification:
     except UnicodeDecodeError as exc:
         raise PayloadError(f"body is not UTF-8 (byte {exc.start})") from None
     try:
-        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+        doc = _DECODER.decode(text)
     except RecursionError:
         raise PayloadError("JSON nested too deeply") from None
     except json.JSONDecodeError as exc:
