@@ -185,7 +185,9 @@ def throughput(folder: Path, args: argparse.Namespace) -> None:
     recorder, starts = make_recorder(folder)
     bodies = make_bodies(folder, starts)
     print(f"load: wrk 2 threads, {args.connections} connections, {args.duration}s; loadavg {os.getloadavg()[0]:.1f}")
-    for kind in ("asyncio", "fastapi", "asyncio"):
+    runs = [("asyncio", args.connections), ("fastapi", args.connections), ("asyncio", args.connections)]
+    runs += [("asyncio", c) for c in args.light_connections]
+    for kind, connections in runs:
         port = free_port()
         db = folder / f"{kind}-{port}.db"
         if kind == "asyncio":
@@ -207,13 +209,14 @@ def throughput(folder: Path, args: argparse.Namespace) -> None:
         proc = start(cmd, port, folder / f"{kind}.log")
         try:
             cpu0 = cpu_s(proc.pid)
-            res = run_wrk(port, bodies, args.duration, args.connections, folder)
+            res = run_wrk(port, bodies, args.duration, connections, folder)
             cpu = cpu_s(proc.pid) - cpu0
             done, total = diagnosed_count(db)
         finally:
             stop(proc)
-        print(f"{kind:8s} {res['rps']:7.0f} deliveries/s ({res['requests']} in {args.duration}s)  p50 {res['p50']:.1f} ms  "
-              f"p90 {res['p90']:.1f} ms  p99 {res['p99']:.1f} ms  non-2xx {res['non2xx']}  socket errors {res['socket_errors']}  "
+        print(f"{kind:8s} c={connections:<3d} {res['rps']:7.0f} deliveries/s ({res['requests']} in {args.duration}s)  "
+              f"p50 {res['p50']:.1f} ms  p90 {res['p90']:.1f} ms  p99 {res['p99']:.1f} ms  non-2xx {res['non2xx']}  "
+              f"socket errors {res['socket_errors']}  "
               f"receiver CPU {cpu / max(1, res['requests']) * 1e6:.0f} us/delivery ({cpu / args.duration:.2f} cores)  "
               f"incidents {total}, diagnosed during the run {done}; loadavg {os.getloadavg()[0]:.1f}")  # fmt: skip
 
@@ -296,6 +299,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=int, default=15, help="seconds of wrk load per front end")
     ap.add_argument("--connections", type=int, default=32)
+    ap.add_argument(
+        "--light-connections",
+        type=lambda v: [int(x) for x in v.split(",") if x],
+        default=[4],
+        help="extra asyncio runs at these connection counts (latency below saturation), comma-separated",
+    )
     ap.add_argument("--samples", type=int, default=5, help="deliveries timed to a stored diagnosis, per source")
     ap.add_argument("--skip-prometheus", action="store_true")
     ap.add_argument("--keep", help="write logs and stores here instead of a temporary folder")

@@ -65,10 +65,18 @@ def promql_selector(labels: dict[str, str], names: tuple[str, ...]) -> str:
     return ",".join(parts)
 
 
-def _lower_priority() -> None:
-    """In the worker: analyses are background work; the webhook (and the service being diagnosed) come first."""
+def _init_worker() -> None:
+    """In the worker: lower priority -- analyses are background work; the webhook (and the service being
+    diagnosed) come first -- and import the loaders and rules now, so the first incident does not wait for them."""
     with contextlib.suppress(OSError):
         os.nice(WORKER_NICE)
+    import importlib
+
+    for name in ("diag.loaders", "diag.prometheus_loader"):
+        importlib.import_module(name)
+    from diag.rules.engine import load_rules
+
+    load_rules()
 
 
 def run_analysis(kind: str, target: str, selector: str, since_s: float, until: float) -> dict[str, Any]:
@@ -118,9 +126,7 @@ class DiagnosisWorker:
         self.bundle_dir = bundle_dir
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._pool = ProcessPoolExecutor(
-            max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_lower_priority
-        )
+        self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker)
         self._db = connect(self.path)
         with transaction(self._db) as db:  # a crash mid-analysis left some 'running': run them again
             db.execute("UPDATE incidents SET diag_state = 'pending' WHERE diag_state = 'running'")
