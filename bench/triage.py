@@ -147,7 +147,7 @@ def serve_fastapi(port: int, db: str, recorder: str) -> None:
 def run_wrk(port: int, bodies: Path, duration: int, connections: int, folder: Path) -> dict[str, float]:
     script = folder / "post.lua"
     script.write_text(LUA)
-    cmd = ["wrk", "-t2", f"-c{connections}", f"-d{duration}s", "--latency", "-s", str(script), f"http://127.0.0.1:{port}",
+    cmd = ["wrk", f"-t{min(2, connections)}", f"-c{connections}", f"-d{duration}s", "--latency", "-s", str(script), f"http://127.0.0.1:{port}",
            "--", str(bodies), "1"]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 60, check=True).stdout
 
