@@ -123,3 +123,25 @@ def test_promql_selector_from_alert_labels_is_escaped():
     labels = {"job": 'llm"api', "instance": "10.0.0.5:8000", "pod": "x"}
     assert promql_selector(labels, ("job", "instance")) == 'job="llm\\"api",instance="10.0.0.5:8000"'
     assert promql_selector({"job": "a\\b\nc"}, ("job", "instance")) == 'job="a\\\\b\\nc"'
+
+
+def test_bundle_on_page_runs_diag_bundle_once_for_paging_incidents(tmp_path):
+    _first, last = recorder_from_fixture("leak", tmp_path / "recorder.db")
+    config = ReceiverConfig(
+        host="127.0.0.1", port=0, db=tmp_path / "triage.db", policy=Policy(),
+        source=Source("recorder", str(tmp_path / "recorder.db")), bundle_on="page", bundle_dir=tmp_path / "bundles",
+    )  # fmt: skip
+    rx = Receiver(config)
+    threading.Thread(target=rx.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{rx.port}/webhook"
+        assert httpx.post(url, json=body(alert({**LABELS, "severity": "page"}, starts=last)), timeout=10).is_success
+        assert httpx.post(
+            url, json=body(alert({**LABELS, "alertname": "Minor", "severity": "ticket"}, starts=last)), timeout=10
+        ).is_success
+        paged, ticket = wait_diagnosed(rx.config.db, 1, 240), wait_diagnosed(rx.config.db, 2, 240)
+        assert paged["bundle_path"] and (Path(paged["bundle_path"]) / "manifest.json").exists()
+        assert Path(paged["bundle_path"]).parent == tmp_path / "bundles"
+        assert ticket["bundle_path"] is None  # severity=ticket: no bundle
+    finally:
+        rx.close()
