@@ -179,6 +179,8 @@ class JiraSink:
         raise SinkError(f"Jira issue {external_id} offers no transition {name!r} (it offers: {names or 'none'})")
 
     def close(self, external_id: str, *, wontfix: bool) -> None:
+        """Closes through the configured transition either way (the won't-fix reason is in the comment that follows):
+        which resolution a transition sets is the Jira workflow's business, not something REST v2 lets us pick."""
         self._transition(external_id, self.resolve_transition)
 
     def reopen(self, external_id: str) -> None:

@@ -238,3 +238,16 @@ class FakeTracker:
             return sum(
                 1 for method, path in self.calls if method == "POST" and (path.endswith("/issues") or path == "/rest/api/2/issue")
             )
+
+
+def recorder_from_fixture(name: str, path: Path) -> tuple[float, float]:
+    """Write a scenario fixture's records into a flight recorder; (first ts, last ts)."""
+    from collectors.recorder import FlightRecorder
+    from diag.demo.scenarios.recording import read_jsonl_gz
+
+    records = read_jsonl_gz(REPO / "tests" / "fixtures" / "scenarios" / f"{name}.jsonl.gz")
+    recorder = FlightRecorder(path, retention_s=10**9)
+    recorder.write_rows([(r["ts"], r["kind"], int(r.get("schema", 1)), json.dumps(r)) for r in records])
+    recorder.close()
+    ts = [r["ts"] for r in records]
+    return min(ts), max(ts)

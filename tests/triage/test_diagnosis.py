@@ -15,25 +15,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from collectors.recorder import FlightRecorder
-from diag.demo.scenarios.recording import read_jsonl_gz
 from diag.triage.diagnosis import Source, promql_selector
 from diag.triage.lifecycle import Policy
 from diag.triage.server import Receiver, ReceiverConfig
 from diag.triage.store import connect
-from tests.triage.helpers import REPO, alert, body
+from tests.triage.helpers import alert, body, recorder_from_fixture
 
 LABELS = {"alertname": "ServiceMemoryHigh", "job": "llm", "instance": "127.0.0.1:8000"}
-
-
-def recorder_from_fixture(name: str, path: Path) -> tuple[float, float]:
-    """Write a scenario fixture's records into a flight recorder; (first ts, last ts)."""
-    records = read_jsonl_gz(REPO / "tests" / "fixtures" / "scenarios" / f"{name}.jsonl.gz")
-    recorder = FlightRecorder(path, retention_s=10**9)
-    recorder.write_rows([(r["ts"], r["kind"], int(r.get("schema", 1)), json.dumps(r)) for r in records])
-    recorder.close()
-    ts = [r["ts"] for r in records]
-    return min(ts), max(ts)
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,7 @@ from diag.triage.diagnosis import Source
 from diag.triage.lifecycle import Policy
 from diag.triage.server import Receiver, ReceiverConfig
 from diag.triage.store import connect
-from tests.triage.helpers import alert, body
-from tests.triage.test_diagnosis import recorder_from_fixture
+from tests.triage.helpers import alert, body, recorder_from_fixture
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian chromium (apt-get install chromium)")
