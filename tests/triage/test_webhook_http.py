@@ -220,3 +220,27 @@ def test_label_values_with_html_are_escaped(server, client):
         assert "<script>" not in r.text and "<img" not in r.text and "javascript:" not in r.text.split("<h2>Diagnosis")[0]
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in r.text
     assert 'href="javascript:' not in page.text
+
+
+def test_store_locked_is_a_503_with_retry_after_and_the_retry_records_it(tmp_path):
+    """Transient failure (another process holds the store's write lock past the timeouts): 503, nothing lost."""
+    import sqlite3
+    import threading
+
+    rx = Receiver(ReceiverConfig(host="127.0.0.1", port=0, db=tmp_path / "t.db"))
+    threading.Thread(target=rx.serve_forever, daemon=True).start()
+    locker = sqlite3.connect(tmp_path / "t.db", isolation_level=None)
+    try:
+        url = f"http://127.0.0.1:{rx.port}/webhook"
+        locker.execute("BEGIN EXCLUSIVE")
+        r = httpx.post(url, content=FIXTURE.read_bytes(), headers={"Content-Type": "application/json"}, timeout=60)
+        assert r.status_code == 503 and r.headers["Retry-After"] == "5"
+        locker.execute("ROLLBACK")
+        r = httpx.post(url, content=FIXTURE.read_bytes(), headers={"Content-Type": "application/json"}, timeout=60)
+        assert r.status_code == 200
+        db = connect(tmp_path / "t.db")
+        assert db.execute("SELECT COUNT(*) FROM incidents").fetchone()[0] == 1
+        db.close()
+    finally:
+        locker.close()
+        rx.close()
