@@ -65,11 +65,24 @@ def promql_selector(labels: dict[str, str], names: tuple[str, ...]) -> str:
     return ",".join(parts)
 
 
-def _init_worker() -> None:
+def _init_worker(parent: int) -> None:
     """In the worker: lower priority -- analyses are background work; the webhook (and the service being
-    diagnosed) come first -- and import the loaders and rules now, so the first incident does not wait for them."""
+    diagnosed) come first -- import the loaders and rules now, so the first incident does not wait for them,
+    and exit as soon as the receiver is gone.
+
+    Why the watchdog: a worker waiting for its next task holds both ends of its task pipe, so when the
+    receiver dies (``kill -9``, or exits while the executor is still winding down) it never sees EOF and
+    would wait forever as an orphan.
+    """
     with contextlib.suppress(OSError):
         os.nice(WORKER_NICE)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
     import importlib
 
     for name in ("diag.loaders", "diag.prometheus_loader"):
@@ -126,7 +139,9 @@ class DiagnosisWorker:
         self.bundle_dir = bundle_dir
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker)
+        self._pool = ProcessPoolExecutor(
+            max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker, initargs=(os.getpid(),)
+        )
         self._db = connect(self.path)
         with transaction(self._db) as db:  # a crash mid-analysis left some 'running': run them again
             db.execute("UPDATE incidents SET diag_state = 'pending' WHERE diag_state = 'running'")
@@ -141,7 +156,11 @@ class DiagnosisWorker:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=60)
+        processes = list(getattr(self._pool, "_processes", {}).values())  # to stop a long analysis now
         self._pool.shutdown(wait=False, cancel_futures=True)
+        for proc in processes:
+            proc.terminate()
+            proc.join(timeout=5)
         self._db.close()
 
     def _run(self) -> None:

@@ -7,6 +7,7 @@ real FlightRecorder file; the alert's startsAt is set inside that run, so [start
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -133,3 +134,27 @@ def test_bundle_on_page_runs_diag_bundle_once_for_paging_incidents(tmp_path):
         assert ticket["bundle_path"] is None  # severity=ticket: no bundle
     finally:
         rx.close()
+
+
+@pytest.mark.parametrize("how", ["sigterm", "kill9"])
+def test_the_diagnosis_worker_never_outlives_the_receiver(tmp_path, how):
+    import psutil
+
+    from tests.triage.helpers import ReceiverProcess
+
+    recorder_from_fixture("leak", tmp_path / "recorder.db")
+    rx = ReceiverProcess(tmp_path / "triage.db", "--recorder", str(tmp_path / "recorder.db")).start()
+    try:
+        children = psutil.Process(rx.proc.pid).children(recursive=True)
+        assert children, "the receiver runs its diagnosis worker in a child process"
+        if how == "kill9":
+            rx.kill9()
+        else:
+            rx.stop()
+        _gone, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, [p.cmdline() for p in alive]
+    finally:
+        rx.stop()
+        for p in locals().get("children") or []:  # a failed run must not leave the workers it found behind
+            with contextlib.suppress(psutil.Error):
+                p.kill()
