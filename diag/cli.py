@@ -418,10 +418,12 @@ def _register_subcommands() -> None:
     from diag.bundle.cli import register as register_bundle
     from diag.dashboards_cli import register as register_dashboards
     from diag.demo.cli import register as register_demo
+    from diag.triage.cli import register as register_triage
 
     register_bundle(app)
     register_demo(app)
     register_dashboards(app)
+    register_triage(app)
 
 
 _register_subcommands()

@@ -1,0 +1,352 @@
+"""``diag triage serve`` (the Alertmanager receiver) and ``diag tickets list|show|close``.
+
+Wiring: ``register(app)`` adds both groups to the ``diag`` Typer app. Every option is validated
+before anything starts; bad input is one line on stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+ENV_DB = "LLMDIAG_TRIAGE_DB"
+
+triage_app = typer.Typer(
+    name="triage",
+    help="Alertmanager auto-triage: one diagnosed, deduplicated incident (and ticket) per problem.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+tickets_app = typer.Typer(
+    name="tickets",
+    help="The incidents the triage receiver recorded: list, show, close (as fixed or won't-fix).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+Db = Annotated[Path | None, typer.Option("--db", help=f"Incident store (SQLite). Default: ${ENV_DB} or the user state dir.")]
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"diag: {message}", err=True, fg=typer.colors.RED)
+    raise typer.Exit(2)
+
+
+def default_db_path() -> Path:
+    env = os.environ.get(ENV_DB)
+    if env:
+        return Path(env)
+    from platformdirs import user_state_dir
+
+    return Path(user_state_dir("llm-diag")) / "triage.db"
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"--listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9095")
+    return host, int(port)
+
+
+def _env(name: str, option: str) -> str:
+    value = os.environ.get(name, "")
+    if not value:
+        raise ValueError(f"{option}: the environment variable {name} is empty or unset")
+    return value
+
+
+@triage_app.command("serve")
+def serve(
+    listen: Annotated[str, typer.Option(help="Address to listen on, HOST:PORT. Loopback by default.")] = "127.0.0.1:9095",
+    db: Db = None,
+    prometheus: Annotated[str | None, typer.Option(help="Diagnose from this Prometheus (base URL): the fleet path.")] = None,
+    recorder: Annotated[Path | None, typer.Option(help="Diagnose from this flight recorder (default: the agent's).")] = None,
+    no_diagnosis: Annotated[bool, typer.Option("--no-diagnosis", help="Record and file incidents without diagnosing.")] = False,
+    selector_labels: Annotated[
+        str, typer.Option(help="With --prometheus: alert labels that select the service's series, comma-separated.")
+    ] = "job,instance",
+    key_labels: Annotated[
+        str,
+        typer.Option(help="Labels that identify an incident, comma-separated; a|b = the first present of a, b."),
+    ] = "diag_class|slo|alertname,job,instance,model|model_name",
+    hold_down: Annotated[str, typer.Option(help="Resolved only after this long without a new firing.")] = "5m",
+    reopen_window: Annotated[
+        str, typer.Option(help="Firing again within this long reopens; later opens a new incident.")
+    ] = "24h",
+    flap_window: Annotated[str, typer.Option(help="Window in which state changes are counted for flapping.")] = "1h",
+    flap_threshold: Annotated[int, typer.Option(min=2, help="State changes within --flap-window that mark flapping.")] = 4,
+    lookback: Annotated[str, typer.Option(help="Diagnose from startsAt minus this much, up to now.")] = "30m",
+    max_body: Annotated[str, typer.Option(help="Largest webhook body accepted (413 above).")] = "1MiB",
+    token_env: Annotated[
+        str, typer.Option(help="Require 'Authorization: Bearer <token>' when this environment variable is set.")
+    ] = "LLMDIAG_TRIAGE_TOKEN",
+    bundle_on: Annotated[
+        str, typer.Option(help="'page': run `diag bundle` for incidents with severity=page; 'never'.")
+    ] = "never",
+    bundle_dir: Annotated[Path | None, typer.Option(help="Where --bundle-on writes bundles (default: beside the store).")] = None,
+    github_repo: Annotated[str | None, typer.Option(help="File incidents as GitHub issues in OWNER/NAME.")] = None,
+    github_url: Annotated[str, typer.Option(help="GitHub API base URL (GitHub Enterprise: https://HOST/api/v3).")] = (
+        "https://api.github.com"
+    ),
+    github_token_env: Annotated[str, typer.Option(help="Environment variable holding the GitHub token.")] = "GITHUB_TOKEN",
+    jira_url: Annotated[str | None, typer.Option(help="File incidents in this Jira (base URL, REST v2).")] = None,
+    jira_project: Annotated[str, typer.Option(help="Jira project key.")] = "",
+    jira_issue_type: Annotated[str, typer.Option(help="Jira issue type.")] = "Bug",
+    jira_resolve_transition: Annotated[str, typer.Option(help="Jira transition that closes an issue.")] = "Done",
+    jira_reopen_transition: Annotated[str, typer.Option(help="Jira transition that reopens an issue.")] = "To Do",
+    jira_user_env: Annotated[str, typer.Option(help="Environment variable with the Jira user (Basic auth).")] = "JIRA_USER",
+    jira_token_env: Annotated[str, typer.Option(help="Environment variable with the Jira API token / PAT.")] = "JIRA_TOKEN",
+    page_url: Annotated[str, typer.Option(help="This receiver's URL as people reach it, for links in tickets.")] = "",
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every delivery and action.")] = False,
+) -> None:
+    """Receive Alertmanager webhooks at POST /webhook; keep one diagnosed incident per problem; file tickets.
+
+    Point Alertmanager's webhook_config url at http://HOST:PORT/webhook. Every alert is recorded (SQLite, WAL,
+    fsync'd) before the answer is 2xx, so Alertmanager's retries, restarts and several HA peers make exactly one
+    incident. Each incident is diagnosed in the background (`diag analyze` from 30 min before the alert started
+    until now), re-diagnosed when it reopens, and shown at http://HOST:PORT/ (read-only).
+
+    Examples:\n
+      diag triage serve --recorder /var/lib/llm-diag/recorder.db\n
+      diag triage serve --prometheus http://prometheus:9090 --db /var/lib/llm-diag/triage.db\n
+      GITHUB_TOKEN=... diag triage serve --prometheus http://127.0.0.1:9090 --github-repo acme/llm-incidents\n
+      LLMDIAG_TRIAGE_TOKEN=s3cret diag triage serve --listen 10.0.0.5:9095 --prometheus http://127.0.0.1:9090
+    """
+    from diag.triage.server import Receiver, is_loopback
+
+    config = _serve_config(**locals())
+    if not is_loopback(config.host) and not config.token:
+        _fail(f"--listen {listen}: not loopback; set ${token_env} so only Alertmanager (with the bearer token) can post")
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        receiver = Receiver(config)
+    except OSError as exc:
+        _fail(f"cannot start the receiver on {listen} with store {config.db}: {exc}")
+        return
+
+    def _term(signum: int, frame: Any) -> None:
+        receiver.shutdown()
+
+    signal.signal(signal.SIGTERM, _term)
+    source = config.source.describe() if config.source else "no diagnosis"
+    sinks = ", ".join(config.sinks) or "no ticket sinks"
+    typer.echo(
+        f"diag triage: http://{config.host}:{receiver.port}/webhook (page /), store {config.db}, diagnosis from {source}, "
+        f"{sinks}; pid {os.getpid()}",
+        err=True,
+    )
+    try:
+        receiver.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        receiver.close()
+    typer.echo("diag triage: stopped", err=True)
+
+
+def _serve_config(**opts: Any) -> Any:
+    """Every option checked and turned into a ReceiverConfig before anything starts."""
+    from diag.triage import payload
+    from diag.triage.diagnosis import Source
+    from diag.triage.keys import parse_key_labels
+    from diag.triage.lifecycle import Policy
+    from diag.triage.server import ReceiverConfig
+    from diag.triage.sinks import GitHubSink, JiraSink, Sink
+    from diag.units import parse_duration, parse_size
+
+    try:
+        host, port = _listen(opts["listen"])
+        if sum(x is not None for x in (opts["prometheus"], opts["recorder"])) > 1:
+            raise ValueError("give one of --prometheus, --recorder")
+        if opts["no_diagnosis"] and (opts["prometheus"] or opts["recorder"]):
+            raise ValueError("--no-diagnosis cannot be combined with --prometheus/--recorder")
+        if opts["bundle_on"] not in ("never", "page"):
+            raise ValueError(f"--bundle-on {opts['bundle_on']!r}: expected 'page' or 'never'")
+        if opts["bundle_on"] == "page" and opts["no_diagnosis"]:
+            raise ValueError("--bundle-on page runs with the diagnosis; it cannot apply with --no-diagnosis")
+        if opts["bundle_dir"] is not None and opts["bundle_on"] != "page":
+            raise ValueError("--bundle-dir applies only with --bundle-on page")
+        selector = tuple(s.strip() for s in opts["selector_labels"].split(",") if s.strip())
+        if opts["selector_labels"] != "job,instance" and not opts["prometheus"]:
+            raise ValueError("--selector-labels applies only with --prometheus")
+        if not selector:
+            raise ValueError("--selector-labels: give at least one label")
+        policy_args = {
+            "key_labels": parse_key_labels(opts["key_labels"]),
+            "hold_down_s": parse_duration(opts["hold_down"]),
+            "reopen_window_s": parse_duration(opts["reopen_window"]),
+            "flap_window_s": parse_duration(opts["flap_window"]),
+            "flap_threshold": opts["flap_threshold"],
+        }
+        lookback_s = parse_duration(opts["lookback"])
+        max_body = parse_size(opts["max_body"])
+        if not 1024 <= max_body <= 64 << 20:
+            raise ValueError("--max-body: between 1KiB and 64MiB")
+        if opts["prometheus"]:
+            if not opts["prometheus"].startswith(("http://", "https://")):
+                raise ValueError(f"--prometheus {opts['prometheus']!r}: expected a base URL such as http://127.0.0.1:9090")
+            source: Source | None = Source("prometheus", opts["prometheus"].rstrip("/"), selector)
+        elif opts["no_diagnosis"]:
+            source = None
+        else:
+            from collectors.recorder import default_recorder_path
+
+            path = opts["recorder"] or default_recorder_path()
+            if not Path(path).exists():
+                raise ValueError(f"no flight recorder at {path}; pass --recorder, --prometheus or --no-diagnosis")
+            source = Source("recorder", str(path))
+        sinks: dict[str, Sink] = {}
+        if opts["github_repo"]:
+            sinks["github"] = GitHubSink(opts["github_repo"], _env(opts["github_token_env"], "--github-repo"), opts["github_url"])
+        if opts["jira_url"]:
+            if not opts["jira_project"]:
+                raise ValueError("--jira-url needs --jira-project")
+            sinks["jira"] = JiraSink(
+                opts["jira_url"], opts["jira_project"], user=os.environ.get(opts["jira_user_env"], ""),
+                token=_env(opts["jira_token_env"], "--jira-url"), issue_type=opts["jira_issue_type"],
+                resolve_transition=opts["jira_resolve_transition"], reopen_transition=opts["jira_reopen_transition"],
+            )  # fmt: skip
+        elif opts["jira_project"]:
+            raise ValueError("--jira-project applies only with --jira-url")
+    except ValueError as exc:
+        _fail(str(exc))
+    db = opts["db"] or default_db_path()
+    return ReceiverConfig(
+        host=host, port=port, db=db, policy=Policy(**policy_args, sinks=tuple(sinks)), source=source,
+        token=os.environ.get(opts["token_env"], ""), max_body_bytes=max_body or payload.MAX_BODY_BYTES, sinks=sinks,
+        bundle_on=opts["bundle_on"] if opts["bundle_on"] == "page" else None,
+        bundle_dir=opts["bundle_dir"] or Path(db).parent / "bundles", page_url=opts["page_url"], lookback_s=lookback_s,
+    )  # fmt: skip
+
+
+def _open(db: Path | None) -> Any:
+    from diag.triage.store import connect
+
+    path = db or default_db_path()
+    if not path.exists():
+        _fail(f"no triage store at {path}; start `diag triage serve` or pass --db")
+    return connect(path)
+
+
+def _when(ts: float | None) -> str:
+    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts))
+
+
+@tickets_app.command("list")
+def list_cmd(
+    db: Db = None,
+    status: Annotated[str | None, typer.Option(help="Only this status: open, resolving, resolved, closed.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table.")] = False,
+) -> None:
+    """The incidents, most recently changed first.
+
+    Examples:\n
+      diag tickets list\n
+      diag tickets list --status open --json | jq '.[].diag_class'
+    """
+    from diag.triage.store import STATUSES, list_incidents
+
+    if status is not None and status not in STATUSES:
+        _fail(f"--status {status!r}: expected one of {', '.join(STATUSES)}")
+    rows = list_incidents(_open(db), status=status)
+    if as_json:
+        json.dump(rows, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("id", "status", "class", "title", "alerts", "reopened", "updated (UTC)")
+    for r in rows:
+        state = r["status"] + (f" ({r['resolution']})" if r["resolution"] else "") + (" flapping" if r["flapping"] else "")
+        cls = r["diag_class"] or f"({r['diag_state']})"
+        table.add_row(str(r["id"]), state, cls, r["title"], str(r["alert_count"]), str(r["reopen_count"]), _when(r["updated_at"]))
+    Console().print(table)
+
+
+@tickets_app.command("show")
+def show_cmd(
+    incident: Annotated[int, typer.Argument(help="Incident id (from `diag tickets list`).")],
+    db: Db = None,
+    as_json: Annotated[bool, typer.Option("--json", help="The whole incident as JSON.")] = False,
+) -> None:
+    """One incident: status, diagnosis with evidence, alerts, tickets and timeline.
+
+    Examples:\n
+      diag tickets show 3\n
+      diag tickets show 3 --json | jq .incident.diagnosis.findings
+    """
+    from diag.triage.outbox import diagnosis_text
+    from diag.triage.store import get_incident
+
+    view = get_incident(_open(db), incident)
+    if view is None:
+        _fail(f"no incident {incident}")
+        return
+    if as_json:
+        json.dump(view.to_dict(), sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return
+    r = view.row
+    typer.echo(f"Incident {r['id']}: {r['title']}")
+    typer.echo(
+        f"Status: {r['status']}" + (f" ({r['resolution']})" if r["resolution"] else "") + (", flapping" if r["flapping"] else "")
+    )
+    typer.echo(f"Reopened: {r['reopen_count']}x; started {_when(r['starts_at'])} UTC")
+    typer.echo(diagnosis_text(view) if r["diag_state"] != "failed" else f"Diagnosis failed: {r['diag_error']}")
+    for t in view.tickets:
+        typer.echo(f"Ticket: {t['sink']} {t['external_id']} {t['url']}")
+    typer.echo(f"Alerts: {len(view.alerts)}")
+    typer.echo("Timeline:")
+    for e in view.events:
+        typer.echo(f"  {_when(e['ts'])}  {e['kind']:<15} {e['text']}")
+
+
+@tickets_app.command("close")
+def close_cmd(
+    incident: Annotated[int, typer.Argument(help="Incident id.")],
+    db: Db = None,
+    wontfix: Annotated[bool, typer.Option("--wontfix", help="Closed as won't fix: later firings never reopen it.")] = False,
+    note: Annotated[str, typer.Option(help="Why (recorded on the incident and its tickets).")] = "",
+    as_json: Annotated[bool, typer.Option("--json", help="The result as JSON.")] = False,
+) -> None:
+    """Close an incident as fixed (it reopens if it fires again within the reopen window) or as won't-fix (never).
+
+    The receiver forwards the close to the incident's tickets.
+
+    Examples:\n
+      diag tickets close 3\n
+      diag tickets close 7 --wontfix --note "known noisy canary"
+    """
+    from diag.triage.lifecycle import Policy, close_by_person
+    from diag.triage.store import transaction
+
+    conn = _open(db)
+    try:
+        with transaction(conn) as tx:
+            result = close_by_person(tx, Policy(), incident, wontfix=wontfix, note=note, now=time.time())
+    except LookupError as exc:
+        _fail(str(exc).strip("'\""))
+        return
+    if as_json:
+        json.dump(result, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        done = "closed" if result["changed"] else "already closed"
+        typer.echo(f"Incident {incident} {done} as {result['resolution']}.")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(triage_app)
+    app.add_typer(tickets_app)

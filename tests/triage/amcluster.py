@@ -1,0 +1,139 @@
+"""Two real Alertmanager 0.25 peers in one gossip cluster on 127.0.0.1, for the triage tests.
+
+Why two: in production every HA peer may deliver the same notification (each waits its position x
+peer timeout, then sends unless the gossip already says another did). ``peer_timeout`` is set tiny
+here so both usually do -- the receiver must turn that into one incident. Ports are free ephemeral
+ones (web and cluster), processes are stopped by PID, data lives in a temporary folder.
+Without the Debian package (``prometheus-alertmanager`` + ``amtool``) the tests skip with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.triage.helpers import free_port
+
+BINARY_CANDIDATES = ("prometheus-alertmanager", "alertmanager")
+
+CONFIG = """
+global:
+  resolve_timeout: 2m
+route:
+  receiver: triage
+  group_by: [alertname, job, instance]
+  group_wait: 1s
+  group_interval: 1s
+  repeat_interval: 1h
+receivers:
+  - name: triage
+    webhook_configs:
+      - url: {url}
+        send_resolved: true
+        max_alerts: 0
+"""
+
+
+def binaries() -> tuple[str, str]:
+    am = next((p for p in map(shutil.which, BINARY_CANDIDATES) if p), None)
+    amtool = shutil.which("amtool")
+    if am is None or amtool is None:
+        pytest.skip("Alertmanager and amtool are not installed (Debian package prometheus-alertmanager)")
+    return am, amtool
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class AlertmanagerPair:
+    def __init__(self, folder: Path, webhook_url: str, peer_timeout: str = "10ms") -> None:
+        self.am, self.amtool = binaries()
+        self.folder = folder
+        self.web = [free_port(), free_port()]
+        self.cluster = [free_port(), free_port()]
+        config = folder / "alertmanager.yml"
+        config.write_text(CONFIG.format(url=webhook_url))
+        self.procs: list[subprocess.Popen[bytes]] = []
+        for i in range(2):
+            data = folder / f"am{i}"
+            data.mkdir()
+            cmd = [
+                self.am, f"--config.file={config}", f"--storage.path={data}", f"--web.listen-address=127.0.0.1:{self.web[i]}",
+                f"--cluster.listen-address=127.0.0.1:{self.cluster[i]}", f"--cluster.peer=127.0.0.1:{self.cluster[1 - i]}",
+                f"--cluster.peer-timeout={peer_timeout}", "--cluster.gossip-interval=100ms", "--cluster.settle-timeout=5s",
+                "--log.level=warn",
+            ]  # fmt: skip
+            log = open(folder / f"am{i}.log", "wb")  # noqa: SIM115 - closed with the process in stop()
+            self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=log))
+        self._wait_ready()
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{p}" for p in self.web]
+
+    def _wait_ready(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        for url, proc in zip(self.urls, self.procs, strict=True):
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"alertmanager exited: {(self.folder / 'am0.log').read_text()[-2000:]}")
+                try:
+                    if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("alertmanager not ready")
+                time.sleep(0.1)
+        while time.monotonic() < deadline:  # both peers see each other
+            status = httpx.get(f"{self.urls[0]}/api/v2/status", timeout=2).json()
+            if len(status.get("cluster", {}).get("peers") or []) == 2:
+                return
+            time.sleep(0.2)
+        raise RuntimeError("the two alertmanagers did not form a cluster")
+
+    def add(self, labels: dict[str, str], *, start: float | None = None, end: float | None = None, **annotations: str) -> None:
+        """``amtool alert add`` to *both* peers, as Prometheus sends every alert to every Alertmanager."""
+        args = [f"{k}={v}" for k, v in labels.items()]
+        args += [f"--annotation={k}={v}" for k, v in annotations.items()]
+        if start is not None:
+            args.append(f"--start={iso(start)}")
+        if end is not None:
+            args.append(f"--end={iso(end)}")
+        for url in self.urls:
+            subprocess.run(
+                [self.amtool, "alert", "add", f"--alertmanager.url={url}", *args], check=True, capture_output=True, timeout=30
+            )
+
+    def notifications(self) -> list[float]:
+        """``alertmanager_notifications_total{integration="webhook"}`` of each peer: who actually delivered."""
+        out = []
+        for url in self.urls:
+            text = httpx.get(f"{url}/metrics", timeout=5).text
+            total = sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("alertmanager_notifications_total") and 'integration="webhook"' in line
+            )
+            out.append(total)
+        return out
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
