@@ -240,9 +240,9 @@ def _vm_rss() -> int:
 def child(path: str, profile: bool, workers: int | None) -> None:
     import resource
 
-    from diag.loaders import load_recorder
     from diag.rules.base import RULES
     from diag.rules.engine import analyze, load_rules
+    from diag.sources import load_recorder
 
     load_rules()  # imports (numpy/scipy/rules) are not what we measure
     base_rss = _vm_rss()

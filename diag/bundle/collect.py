@@ -497,7 +497,7 @@ class History:
 def history_collector(state: State) -> Collector:
     """The flight recorder's last ``--since``, streamed (redacted per field) into staged ``timeline/*.jsonl``.
 
-    One JSON record per line, one file per kind, oldest first: what ``diag.loaders.load_bundle`` reads
+    One JSON record per line, one file per kind, oldest first: what ``diag.sources.load_bundle`` reads
     (the bundle's own analysis reads the folder with it, so findings.json is what ``diag analyze
     --bundle`` gives anywhere). Rows are decoded in batches (``parse_many``) for the redactor; a record
     no rule touches is written as it was stored. Over ``history_cap`` bytes the OLDEST rows are left out

@@ -283,8 +283,8 @@ def _analyse(root: Path, deadline: float, runs: list[Run],
 
     def fn(ctx: Context) -> Output:
         from diag.bundle.charts import extract
-        from diag.loaders import load_bundle
         from diag.rules.engine import analyze
+        from diag.sources import load_bundle
 
         tl = load_bundle(root)
         holder["window"] = (tl.start, tl.end)

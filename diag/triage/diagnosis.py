@@ -85,7 +85,7 @@ def _init_worker(parent: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
     import importlib
 
-    for name in ("diag.loaders", "diag.prometheus_loader"):
+    for name in ("diag.sources.recorder", "diag.sources.prometheus"):
         importlib.import_module(name)
     from diag.rules.engine import load_rules
 
@@ -98,11 +98,11 @@ def run_analysis(kind: str, target: str, selector: str, since_s: float, until: f
 
     try:
         if kind == "prometheus":
-            from diag.prometheus_loader import load_prometheus
+            from diag.sources import load_prometheus
 
             timeline = load_prometheus(target, selector=selector, since_s=since_s, until=until)
         else:
-            from diag.loaders import load_recorder
+            from diag.sources import load_recorder
 
             timeline = load_recorder(target, since_s=since_s, until=until)
         doc = analyze(timeline).to_dict()

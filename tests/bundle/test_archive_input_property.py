@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from collectors.records import HostSnapshot
 from diag.bundle.archive_input import BundleArchiveError, read_timeline
-from diag.loaders import load_bundle
+from diag.sources import load_bundle
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from diag.bundle import BundleOptions, take_bundle
-from diag.loaders import load_bundle
 from diag.rules.engine import analyze
+from diag.sources import load_bundle
 from tests.bundle.helpers import all_files, verify_sums, write_history
 
 AUTHORED = ("report.md", "report.html", "findings.json", "log.txt", "redaction.json")

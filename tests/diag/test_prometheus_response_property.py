@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diag.prometheus_loader import _parse_matrix, load_prometheus
+from diag.sources.prometheus import _parse_matrix, load_prometheus
 
 _scalar = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=12),
