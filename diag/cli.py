@@ -321,7 +321,7 @@ def _analysis_source(
             opts.refuse({"--selector": selector is not None}, "without --prometheus (it selects series in Prometheus)")
         if bundle is not None:
             opts.refuse({"--since": since is not None}, "with --bundle (a bundle holds the window it was taken with)")
-            opts.existing_dir("--bundle", bundle)
+            opts.bundle_path("--bundle", bundle)
             return "bundle", since_s
         if prometheus is not None:
             opts.http_url("--prometheus", prometheus)
@@ -338,7 +338,10 @@ def analyze(
     recorder: Annotated[
         Path | None, typer.Option(readable=False, help="Flight recorder to read (default: the agent's).")
     ] = None,
-    bundle: Annotated[Path | None, typer.Option(readable=False, help="Analyse an incident bundle directory instead.")] = None,
+    bundle: Annotated[
+        Path | None,
+        typer.Option(readable=False, help="Analyse an incident bundle instead: its folder or its .tar.gz (read in place)."),
+    ] = None,
     prometheus: Annotated[str | None, typer.Option(help="Prometheus base URL: the fleet-scale path (query_range).")] = None,
     selector: Annotated[
         str | None,

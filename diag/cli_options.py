@@ -84,6 +84,17 @@ def existing_dir(option: str, path: Path) -> Path:
     return path
 
 
+def bundle_path(option: str, path: Path) -> Path:
+    """A bundle as ``diag bundle`` leaves it: its folder, or its ``.tar.gz``/``.tar`` (read in place, never extracted)."""
+    if path.is_dir():
+        return path
+    if not path.exists():
+        raise OptionError(f"{option} {path}: does not exist")
+    if not path.is_file() or not path.name.endswith((".tar.gz", ".tgz", ".tar")):
+        raise OptionError(f"{option} {path}: neither a bundle folder nor a .tar.gz/.tar bundle archive")
+    return path
+
+
 def writable_file_path(option: str, path: Path) -> Path:
     """A file path we may create: not a folder, and its nearest existing parent is a folder."""
     if path.is_dir():

@@ -138,7 +138,7 @@ def test_every_option_is_checked_before_work_and_inapplicable_ones_are_refused(t
         (["snapshot", "--sys-root", str(tmp_path / "nope")], "--sys-root"),
         (["snapshot", "--model-ext", "a/b"], "--model-ext"),
         (["analyze", "--recorder", str(tmp_path / "missing.db")], "no such file"),
-        (["analyze", "--bundle", str(a_file)], "is not a folder"),
+        (["analyze", "--bundle", str(a_file)], "neither a bundle folder nor a .tar.gz/.tar bundle archive"),
         (["analyze", "--prometheus", "ftp://x"], "http(s) base URL"),
         (["analyze", "--since", "forever"], "not a duration"),
         (["bundle", "--deadline", "1s", "--out", str(tmp_path / "b1")], "--deadline 1s: at least 2s"),
