@@ -262,9 +262,11 @@ def analyze(
 
 
 def _register_subcommands() -> None:
+    from diag.alerts_cli import register as register_alerts
     from diag.bundle.cli import register as register_bundle
     from diag.demo.cli import register as register_demo
 
+    register_alerts(app)
     register_bundle(app)
     register_demo(app)
 
