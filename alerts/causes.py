@@ -298,10 +298,11 @@ INCIDENT = Cause(
                 f'evidence="OOM kills: 1", {AGENT}}}',
                 "_x5 1x10",
             ),
+            (f'{cat.INCIDENT_CONFIDENCE.name}{{class="host_oom", {AGENT}}}', "0x5 0.9x10"),
         ),
         "4m",
         "8m",
         {"class": "host_oom", "job": "llm-diag-agent", "instance": "host-a:9464"},
-        {"summary": "python (pid 42) was OOM-killed in /llm", "evidence": "OOM kills: 1"},
+        {"summary": "python (pid 42) was OOM-killed in /llm", "evidence": "OOM kills: 1", "confidence": "0.9"},
     ),
 )

@@ -86,19 +86,18 @@ def recording_group(spec: Spec, slo: SLO) -> dict[str, Any]:
     return {"name": f"llmdiag-slo-{slo.name}", "rules": rules}
 
 
-def period_group(spec: Spec) -> dict[str, Any]:
+def period_group(spec: Spec, slo: SLO) -> dict[str, Any]:
     """The period's increases as sums of 5m increases; evaluated every 5m (each costs a 30-day subquery)."""
     p = spec.period
-    rules: list[dict[str, Any]] = []
-    for slo in spec.slos:
-        sel = f'{{slo="{slo.name}"}}'
-        labels = {"slo": slo.name}
-        for name in (ERRORS, REQUESTS):
-            rules.append({"record": name.format(w=p), "labels": labels,
-                          "expr": f"sum_over_time({name.format(w='5m')}{sel}[{p}:5m])"})  # fmt: skip
-        rules.append({"record": RATIO.format(w=p), "labels": labels,
-                      "expr": f"{ERRORS.format(w=p)}{sel}\n/\n({REQUESTS.format(w=p)}{sel} > 0)"})  # fmt: skip
-    return {"name": "llmdiag-slo-period", "interval": "5m", "rules": rules}
+    sel = f'{{slo="{slo.name}"}}'
+    labels = {"slo": slo.name}
+    rules: list[dict[str, Any]] = [
+        {"record": name.format(w=p), "labels": labels, "expr": f"sum_over_time({name.format(w='5m')}{sel}[{p}:5m])"}
+        for name in (ERRORS, REQUESTS)
+    ]
+    rules.append({"record": RATIO.format(w=p), "labels": labels,
+                  "expr": f"{ERRORS.format(w=p)}{sel}\n/\n({REQUESTS.format(w=p)}{sel} > 0)"})  # fmt: skip
+    return {"name": f"llmdiag-slo-{slo.name}-period", "interval": "5m", "rules": rules}
 
 
 def tier_can_fire(slo: SLO, tier: Tier, period: str) -> bool:
@@ -166,19 +165,28 @@ def absent_alert(spec: Spec, slo: SLO) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def slo_rule_groups(spec: Spec) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every SLO group plus warnings (tiers that can never fire, which are left out)."""
-    groups = [recording_group(spec, slo) for slo in spec.slos]
-    groups.append(period_group(spec))
+def slo_rule_file(slo: SLO) -> str:
+    return f"slo-{slo.name}.rules.yaml"
+
+
+def group_names(slo: SLO) -> list[str]:
+    """The groups of one SLO's rule file, in evaluation order (recording, period, alerts)."""
+    return [f"llmdiag-slo-{slo.name}", f"llmdiag-slo-{slo.name}-period", f"llmdiag-slo-{slo.name}-alerts"]
+
+
+def slo_rule_groups(spec: Spec, slo: SLO) -> tuple[list[dict[str, Any]], list[str]]:
+    """One SLO's groups (its own rule file, so its tests load only its rules) plus warnings.
+
+    Tiers that can never fire are left out, with a warning.
+    """
     alerts: list[dict[str, Any]] = []
     warnings: list[str] = []
-    for slo in spec.slos:
-        for tier in slo.tiers:
-            if tier_can_fire(slo, tier, spec.period):
-                alerts.append(burn_alert(spec, slo, tier))
-            else:
-                warnings.append(f"slo {slo.name}: tier {tier.name} can never fire ({format_number(tier.burn_factor(spec.period))}"
-                                f" x a {format_number(slo.budget)} budget >= 100 % errors); left out")  # fmt: skip
-        alerts.append(absent_alert(spec, slo))
-    groups.append({"name": "llmdiag-slo-alerts", "rules": alerts})
+    for tier in slo.tiers:
+        if tier_can_fire(slo, tier, spec.period):
+            alerts.append(burn_alert(spec, slo, tier))
+        else:
+            warnings.append(f"slo {slo.name}: tier {tier.name} can never fire ({format_number(tier.burn_factor(spec.period))}"
+                            f" x a {format_number(slo.budget)} budget >= 100 % errors); left out")  # fmt: skip
+    alerts.append(absent_alert(spec, slo))
+    groups = [recording_group(spec, slo), period_group(spec, slo), {"name": group_names(slo)[2], "rules": alerts}]
     return groups, warnings
