@@ -19,6 +19,7 @@ import typer
 from collectors.processes import DEFAULT_MODEL_EXTENSIONS
 from collectors.recorder import DEFAULT_MAX_SIZE_BYTES, DEFAULT_RETENTION_S, ENV_RECORDER, default_recorder_path
 from collectors.snapshot import SamplerConfig
+from diag.live_diagnosis import DiagnoseEvery, start_live_diagnosis
 from diag.units import format_bytes, parse_duration, parse_size
 
 app = typer.Typer(
@@ -136,6 +137,7 @@ def collect(
     kmsg: Annotated[bool, typer.Option("--kmsg/--no-kmsg", help="Watch /dev/kmsg for kernel OOM kills (root).")] = True,
     gpu: Annotated[bool, typer.Option("--gpu/--no-gpu", help="Query NVML.")] = True,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each sample to stderr.")] = False,
+    diagnose_every: DiagnoseEvery = None,
 ) -> None:
     """Run the host agent: sample every INTERVAL, write the flight recorder, serve /metrics.
 
@@ -184,6 +186,7 @@ def collect(
 
     agent = Agent(taker, interval_s=interval_s, recorder=flight, on_sample=progress)
     agent.install_signal_handlers()
+    start_live_diagnosis(agent, path, diagnose_every)  # type: ignore[arg-type]  # the callback made it seconds
     if address is not None:
         try:
             agent.serve(address)
