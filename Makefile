@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # Re-install whenever pyproject.toml changes.
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 # Debian packages the tests and benchmarks drive for real: wrk (bench/overhead.py), prometheus
-# (the fleet-scale loader test), chromium (report.html in a real browser), sosreport (bench/bundle.py).
+# (the fleet-scale loader test, diag alerts), prometheus-alertmanager (amtool + the live alert test), chromium (report.html in a real browser), sosreport (bench/bundle.py).
 DEB_PACKAGES := wrk prometheus prometheus-alertmanager prometheus-node-exporter chromium sosreport
 
 .PHONY: install system-deps run test lint bench clean

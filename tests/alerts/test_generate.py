@@ -135,3 +135,45 @@ def test_alertmanager_snippet_checks_and_routes() -> None:
     assert fast["source_matchers"] == ['alertname="LLMDiagSLOBurn"', 'tier="fast"', 'slo=~".+"']
     assert fast["target_matchers"] == ['alertname="LLMDiagSLOBurn"', 'tier=~"medium|slow|long"']
     assert fast["equal"] == ["slo", "model"]
+
+
+def test_metrics_url_checks_thresholds_against_a_live_endpoint(tmp_path: Path) -> None:
+    """A local HTTP server speaking the Prometheus text format stands in for a vLLM /metrics endpoint."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    body = "".join(
+        f"# TYPE {m} histogram\n"
+        + "".join(f'{m}_bucket{{le="{le}",model_name="m"}} 1\n' for le in ("0.5", "1.0", "2.5", "20.0", "+Inf"))
+        + f'{m}_count{{model_name="m"}} 1\n{m}_sum{{model_name="m"}} 1\n'
+        for m in ("vllm:time_to_first_token_seconds", "vllm:request_queue_time_seconds", "vllm:e2e_request_latency_seconds")
+    ).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+        ok = _diag("alerts", "--slo", "alerts/slo-vllm.yaml", "--metrics-url", url, "--out", str(tmp_path / "ok"))
+        assert ok.returncode == 0, ok.stderr
+        doc = yaml.safe_load(Path("alerts/slo-vllm.yaml").read_text())
+        doc["slos"][1]["latency"]["threshold"] = 5.0  # a catalog bucket this server does not have
+        spec = tmp_path / "five.yaml"
+        spec.write_text(yaml.safe_dump(doc))
+        bad = _diag("alerts", "--slo", str(spec), "--metrics-url", url, "--out", str(tmp_path / "bad"))
+        assert bad.returncode == 2
+        assert "slos[1].latency.threshold: 5 s is not a bucket boundary" in bad.stderr and "0.5, 1, 2.5, 20" in bad.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
+    down = _diag("alerts", "--slo", "alerts/slo-vllm.yaml", "--metrics-url", url, "--out", str(tmp_path / "down"))
+    assert down.returncode == 2 and "cannot read it" in down.stderr
