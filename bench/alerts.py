@@ -14,9 +14,9 @@ Three parts (``--part rules|delivery|cpu|all``):
   Alertmanager 0.25, agent, demo, an OOM kill and a queue overload) and reports its fault -> delivery times.
 - ``cpu``: two agents side by side (``diag collect``, 1 Hz, same flags) for ``--cpu-seconds``, one with
   ``--diagnose-every 15s``; CPU share of one core from /proc/<pid>/stat (utime+stime) over the last
-  ``--cpu-measure`` seconds, after the recorder holds a full 10-minute diagnosis window.
+  ``--cpu-measure`` seconds, after the recorder holds a full 5-minute diagnosis window.
 
-    .venv/bin/python bench/alerts.py --part all [--cpu-seconds 840 --cpu-measure 240]
+    .venv/bin/python bench/alerts.py --part all [--cpu-seconds 540 --cpu-measure 240]
 
 Prints a JSON document and a markdown table; asserts nothing.
 """
@@ -149,7 +149,8 @@ def bench_rules(evaluations: int) -> dict[str, Any]:
                     seen[group] = stamp
                     per_group.setdefault(group, []).append(value)
             time.sleep(2)
-        counts = httpx.get(f"{url}/api/v1/query", params={"query": 'count({__name__=~"llmdiag_.*"})'}, trust_env=False).json()
+        query = {"query": 'count({__name__=~"llmdiag_.*"})'}
+        counts = httpx.get(f"{url}/api/v1/query", params=query, trust_env=False, timeout=120).json()
         series = int(float(counts["data"]["result"][0]["value"][1])) if counts["data"]["result"] else 0
         medians = {g: statistics.median(v) for g, v in sorted(per_group.items())}
         return {"samples": samples, "series_in_tsdb": series, "generate_s": round(gen_s, 1), "backfill_s": round(backfill_s, 1),
@@ -205,7 +206,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--part", choices=("rules", "delivery", "cpu", "all"), default="all")
     ap.add_argument("--evaluations", type=int, default=8)
-    ap.add_argument("--cpu-seconds", type=float, default=840.0)
+    ap.add_argument("--cpu-seconds", type=float, default=540.0)
     ap.add_argument("--cpu-measure", type=float, default=240.0)
     args = ap.parse_args()
     out: dict[str, Any] = {"loadavg_start": os.getloadavg()}
