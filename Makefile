@@ -7,9 +7,9 @@ BIN := $(VENV)/bin
 # Re-install whenever pyproject.toml changes.
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 # Debian packages the tests and benchmarks drive for real: wrk (bench/overhead.py), prometheus
-# (the fleet-scale loader test), chromium (report.html in a real browser), sosreport (bench/bundle.py),
-# systemd (systemd-analyze verifies the shipped agent unit).
-DEB_PACKAGES := wrk prometheus prometheus-node-exporter chromium sosreport systemd
+# (the fleet-scale loader test, diag alerts), prometheus-alertmanager (amtool + the live alert and triage tests),
+# chromium (report.html in a real browser), sosreport (bench/bundle.py), systemd (systemd-analyze verifies the shipped agent unit).
+DEB_PACKAGES := wrk prometheus prometheus-alertmanager prometheus-node-exporter chromium sosreport systemd
 
 .PHONY: install system-deps run test lint bench clean
 

@@ -790,3 +790,44 @@ DASHBOARD_UPSTREAM: tuple[ExternalFamily, ...] = tuple(
     )
 )
 EXTERNAL = (*EXTERNAL, *(f for f in DASHBOARD_UPSTREAM if f.name not in {e.name for e in EXTERNAL}))
+
+
+# --------------------------------------------------------------------------- SLO alerts: external buckets
+
+# Bucket boundaries (seconds) of the vLLM v1 engine's latency histograms, so an SLO spec that targets
+# them can be checked offline: a latency threshold must be one of these (an ``le`` that does not exist
+# silently matches nothing). Read from vllm/v1/metrics/loggers.py; other versions may differ, which is
+# why ``diag alerts --metrics-url`` checks against a live /metrics as well.
+VLLM_TTFT_BUCKETS: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+VLLM_REQUEST_LATENCY_BUCKETS: tuple[float, ...] = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+    960.0, 1920.0, 7680.0,
+)  # fmt: skip
+EXTERNAL_HISTOGRAM_BUCKETS: dict[str, tuple[float, ...]] = {
+    external("vllm:time_to_first_token_seconds").name: VLLM_TTFT_BUCKETS,
+    **{fam.name: VLLM_REQUEST_LATENCY_BUCKETS for fam in (VLLM_QUEUE_TIME, VLLM_INFERENCE_TIME, VLLM_E2E)},
+}
+
+# --------------------------------------------------------------------------- live diagnosis
+
+# ``diag collect --diagnose-every`` runs the rules engine on the agent's own recent records. One
+# series per incident class the engine concluded (the class list is the engine's, a bounded set).
+INCIDENT = _declare(MetricSpec(
+    "llmdiag_incident", "gauge",
+    "1 while the live diagnosis concludes this incident class (primary or contributing) on the recent window.",
+    ("class",), "", "diag.live_diagnosis"))  # fmt: skip
+INCIDENT_CONFIDENCE = _declare(MetricSpec(
+    "llmdiag_incident_confidence", "gauge",
+    "Confidence (0-1) of the live diagnosis' strongest finding of this class on the recent window.",
+    ("class",), "", "diag.live_diagnosis"))  # fmt: skip
+# The words behind a concluded class, for alert annotations. Bounded: at most one series per class,
+# and its text is frozen when the class is first concluded (an incident is one series, not one per
+# evaluation); the text is cut to INCIDENT_TEXT_MAX characters.
+INCIDENT_TEXT_MAX = 200
+INCIDENT_INFO = _declare(MetricSpec(
+    "llmdiag_incident_info", "gauge",
+    "Always 1 while the class is concluded; labels carry the finding's rule, one-line summary and top evidence.",
+    ("class", "rule", "summary", "evidence"), "", "diag.live_diagnosis"))  # fmt: skip

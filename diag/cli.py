@@ -22,6 +22,7 @@ from collectors.processes import DEFAULT_MODEL_EXTENSIONS
 from collectors.recorder import ENV_RECORDER, default_recorder_path
 from collectors.snapshot import SamplerConfig
 from diag import cli_options as opts
+from diag.live_diagnosis import DiagnoseEvery, start_live_diagnosis
 from diag.units import format_bytes
 
 if TYPE_CHECKING:
@@ -154,7 +155,7 @@ class _CollectPlan:
 
 def _collect_plan(
     interval: str | None, listen: str | None, once: bool, recorder: Path | None, retention: str | None,
-    max_size: str | None, samples: int | None, kmsg: bool | None,
+    max_size: str | None, samples: int | None, kmsg: bool | None, diagnose_every: float | None = None,
 ) -> _CollectPlan:  # fmt: skip
     """Validate every collect option (values first, then combinations); exit 2 naming the accepted forms."""
     from collectors.agent import ListenAddress
@@ -181,7 +182,8 @@ def _collect_plan(
             opts.refuse(
                 {"--interval": interval is not None, "--listen": listen is not None, "--recorder": recorder is not None,
                  "--retention": retention is not None,
-                 "--max-size": max_size is not None, "--samples": samples is not None, "--kmsg": kmsg is True},
+                 "--max-size": max_size is not None, "--samples": samples is not None, "--kmsg": kmsg is True,
+                 "--diagnose-every": diagnose_every is not None},
                 "with --once (it prints one exposition and records nothing)",
             )  # fmt: skip
     except opts.OptionError as exc:
@@ -226,6 +228,7 @@ def collect(
     ] = None,
     gpu: Annotated[bool, typer.Option("--gpu/--no-gpu", help="Query NVML.")] = True,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each sample to stderr.")] = False,
+    diagnose_every: DiagnoseEvery = None,
 ) -> None:
     """Run the host agent: sample every INTERVAL, write the flight recorder, serve /metrics.
 
@@ -243,13 +246,14 @@ def collect(
       diag collect --once --proc-root /host/proc     # one exposition, e.g. from a container\n
       diag collect --pid 4242 --retention 6h --max-size 1GiB
     """
-    plan = _collect_plan(interval, listen, once, recorder, retention, max_size, samples, kmsg)
+    every_s: float | None = diagnose_every  # type: ignore[assignment]  # the option's callback made it seconds
+    plan = _collect_plan(interval, listen, once, recorder, retention, max_size, samples, kmsg, every_s)
     config = _config(proc_root, sys_root, pid, cgroup, top, model_ext, kmsg=kmsg is not False and not once, gpu=gpu)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     if plan.once:
         _collect_once(config)
     else:
-        _run_agent(plan, config, samples, verbose)
+        _run_agent(plan, config, samples, verbose, every_s)
 
 
 def _collect_once(config: SamplerConfig) -> None:
@@ -267,7 +271,9 @@ def _collect_once(config: SamplerConfig) -> None:
             typer.secho(f"diag collect: not found: {line}", err=True, fg=typer.colors.YELLOW)
 
 
-def _run_agent(plan: _CollectPlan, config: SamplerConfig, samples: int | None, verbose: bool) -> None:
+def _run_agent(
+    plan: _CollectPlan, config: SamplerConfig, samples: int | None, verbose: bool, diagnose_every_s: float | None
+) -> None:
     from collectors.agent import Agent
     from collectors.recorder import open_for_writing
     from collectors.snapshot import SnapshotTaker
@@ -288,6 +294,7 @@ def _run_agent(plan: _CollectPlan, config: SamplerConfig, samples: int | None, v
         typer.echo(f"diag collect: {plan.recorder} was not a readable database: moved it to {moved_aside} "
                    "(kept) and started a fresh recorder", err=True)  # fmt: skip
     agent.install_signal_handlers()
+    start_live_diagnosis(agent, plan.recorder, diagnose_every_s)
     if plan.address is not None:
         try:
             agent.serve(plan.address)
@@ -418,11 +425,13 @@ def _load_timeline(kind: str, recorder: Path | None, bundle: Path | None, promet
 
 
 def _register_subcommands() -> None:
+    from diag.alerts_cli import register as register_alerts
     from diag.bundle.cli import register as register_bundle
     from diag.dashboards_cli import register as register_dashboards
     from diag.demo.cli import register as register_demo
     from diag.triage.cli import register as register_triage
 
+    register_alerts(app)
     register_bundle(app)
     register_demo(app)
     register_dashboards(app)

@@ -1,0 +1,192 @@
+"""SLO recording rules and multiwindow multi-burn-rate alerts, from a validated spec.
+
+Why each shape:
+- *Increases*, not rates, are recorded per window, and the error ratio is errors / requests of the
+  same window: a ratio of sums. The period (30d) is the sum of the 5-minute increases (a subquery at
+  5m steps, Pyrra's cheap form), again divided as sums -- never an average of 5-minute ratios, which
+  over-weights quiet hours (Sloth's known flaw).
+- The denominator is guarded with ``> 0``: zero traffic gives *no* ratio sample, never NaN, so it
+  neither alerts nor poisons the period.
+- Errors fall back to ``0 * requests`` when no error series exists yet, so a clean service has a
+  ratio of 0 rather than a gap.
+- One alert rule per tier with stable labels (``tier``, ``severity``, windows, factor), so
+  Alertmanager can inhibit slower tiers by the faster one and a person can tell which pair fired.
+- Every tier is gated on a minimum number of requests in its long window: one failure among three
+  requests is 33 % errors but not an outage worth a page.
+- The alert's value is the time until the whole period's budget is gone at the long window's error
+  ratio, so the annotation can say it in words ("gone in 2d 0h").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from alerts.spec import SLO, Availability, Latency, Spec, Tier, duration_s, format_number
+
+ERRORS = "llmdiag:slo_errors:increase{w}"
+REQUESTS = "llmdiag:slo_requests:increase{w}"
+RATIO = "llmdiag:slo_error_ratio:ratio{w}"
+OBJECTIVE = "llmdiag:slo_objective:ratio"
+BURN_ALERT = "LLMDiagSLOBurn"
+ABSENT_ALERT = "LLMDiagSLOMetricAbsent"
+ABSENT_FOR = "10m"  # rides out a restart or a deploy: the series come back within seconds
+ABSENT_LOOKBACK = "1d"  # a job counts as serving this SLI when its series existed within this long
+
+
+def _matchers(*parts: str) -> str:
+    inner = ", ".join(p for p in parts if p)
+    return "{" + inner + "}" if inner else ""
+
+
+def le_matcher(threshold: float) -> str:
+    """``le`` matcher that survives Prometheus 3's normalisation of integer bounds (``1.0`` -> ``1``)."""
+    text = format_number(threshold)
+    if threshold == int(threshold):
+        return f'le=~"{int(threshold)}(\\\\.0)?"'
+    return f'le="{text}"'
+
+
+def _by_model(spec: Spec, inner: str) -> str:
+    """Sum by job and model, renaming the spec's model label to ``model`` first when it differs."""
+    if spec.model_label != "model":
+        inner = f'label_replace({inner}, "model", "$1", "{spec.model_label}", "(.*)")'
+    return f"sum by (job, model) ({inner})"
+
+
+def sli_exprs(spec: Spec, slo: SLO, window: str) -> tuple[str, str]:
+    """(errors, requests) increase expressions of one SLO over one window."""
+    sli = slo.sli
+    if isinstance(sli, Availability):
+        good = "|".join(sli.good)
+        total = _by_model(spec, f"increase({sli.metric}{_matchers(spec.selector)}[{window}])")
+        bad_matcher = f'{sli.label}!~"{good}"'
+        bad = _by_model(spec, f"increase({sli.metric}{_matchers(spec.selector, bad_matcher)}[{window}])")
+        return f"{bad}\nor\n0 * {total}", total
+    assert isinstance(sli, Latency)
+    total = _by_model(spec, f"increase({sli.metric}_count{_matchers(spec.selector)}[{window}])")
+    fast = _by_model(spec, f"increase({sli.metric}_bucket{_matchers(spec.selector, le_matcher(sli.threshold))}[{window}])")
+    return f"clamp_min(\n  {total}\n  -\n  {fast},\n  0\n)", total
+
+
+def recording_group(spec: Spec, slo: SLO) -> dict[str, Any]:
+    """Increases and ratios per window for one SLO, in dependency order (a group evaluates in order)."""
+    rules: list[dict[str, Any]] = []
+    labels = {"slo": slo.name}
+    sel = f'{{slo="{slo.name}"}}'
+    for w in spec.windows:
+        errors, requests = sli_exprs(spec, slo, w)
+        rules.append({"record": ERRORS.format(w=w), "expr": errors, "labels": labels})
+        rules.append({"record": REQUESTS.format(w=w), "expr": requests, "labels": labels})
+        rules.append({"record": RATIO.format(w=w),
+                      "expr": f"{ERRORS.format(w=w)}{sel}\n/\n({REQUESTS.format(w=w)}{sel} > 0)", "labels": labels})  # fmt: skip
+    objective = format_number(slo.objective / 100)
+    rules.append(
+        {"record": OBJECTIVE, "labels": labels, "expr": f"max by (model) (0 * {REQUESTS.format(w='5m')}{sel}) + {objective}"}
+    )
+    return {"name": f"llmdiag-slo-{slo.name}", "rules": rules}
+
+
+def period_group(spec: Spec, slo: SLO) -> dict[str, Any]:
+    """The period's increases as sums of 5m increases; evaluated every 5m (each costs a 30-day subquery)."""
+    p = spec.period
+    sel = f'{{slo="{slo.name}"}}'
+    labels = {"slo": slo.name}
+    rules: list[dict[str, Any]] = [
+        {"record": name.format(w=p), "labels": labels, "expr": f"sum_over_time({name.format(w='5m')}{sel}[{p}:5m])"}
+        for name in (ERRORS, REQUESTS)
+    ]
+    rules.append({"record": RATIO.format(w=p), "labels": labels,
+                  "expr": f"{ERRORS.format(w=p)}{sel}\n/\n({REQUESTS.format(w=p)}{sel} > 0)"})  # fmt: skip
+    return {"name": f"llmdiag-slo-{slo.name}-period", "interval": "5m", "rules": rules}
+
+
+def tier_can_fire(slo: SLO, tier: Tier, period: str) -> bool:
+    """A tier whose threshold is >= 100 % errors can never fire (e.g. 14.4 x a 10 % budget)."""
+    return tier.burn_factor(period) * slo.budget < 1
+
+
+def _period_words(period: str) -> str:
+    return f"{duration_s(period) // 86400}-day"
+
+
+def burn_alert(spec: Spec, slo: SLO, tier: Tier) -> dict[str, Any]:
+    factor = tier.burn_factor(spec.period)
+    threshold = format_number(round(factor * slo.budget, 10))
+    sel = f'{{slo="{slo.name}"}}'
+    budget_s = format_number(round(duration_s(spec.period) * slo.budget, 6))
+    expr = (
+        f"(\n  {budget_s}\n  /\n  ({RATIO.format(w=tier.long)}{sel} > {threshold})\n)\n"
+        f"and on (slo, model, job)\n  ({RATIO.format(w=tier.short)}{sel} > {threshold})\n"
+        f"and on (slo, model, job)\n  ({REQUESTS.format(w=tier.long)}{sel} >= {tier.min_events})"
+    )
+    labels = {**spec.labels, **slo.labels, "slo": slo.name, "tier": tier.name, "severity": tier.severity,
+              "long_window": tier.long, "short_window": tier.short, "burn_factor": format_number(factor)}  # fmt: skip
+    what = slo.description or f"the {slo.name} SLO"
+    annotations = {
+        "summary": (f"{slo.name} SLO of {{{{ $labels.model }}}} burns its error budget {format_number(factor)}x too fast: "
+                    f"at this rate the {_period_words(spec.period)} budget is gone in {{{{ $value | humanizeDuration }}}}"),
+        "description": (f"{what} Objective {format_number(slo.objective)} %. Errors over both the last {tier.long} and "
+                        f"{tier.short} exceed {threshold} of requests ({format_number(factor)} x the "
+                        f"{format_number(slo.budget)} budget); tier {tier.name} has spent {format_number(tier.budget_percent)} % "
+                        f"of the {_period_words(spec.period)} budget when it fires. Job {{{{ $labels.job }}}}."),
+    }  # fmt: skip
+    if spec.runbook_url:
+        annotations["runbook_url"] = spec.runbook_url
+    if spec.dashboard_url:
+        annotations["dashboard_url"] = spec.dashboard_url
+    return {"alert": BURN_ALERT, "expr": expr, "labels": labels, "annotations": annotations}
+
+
+def total_metric(slo: SLO) -> str:
+    """The series whose presence says the SLI is exported at all."""
+    return slo.sli.metric if isinstance(slo.sli, Availability) else f"{slo.sli.metric}_count"
+
+
+def absent_alert(spec: Spec, slo: SLO) -> dict[str, Any]:
+    """The SLI's series vanished from a job that had them, while that job's targets are still up.
+
+    Only while up: a target that is down is the agent-down alert's business, and an idle or
+    never-deployed service must not page (the noise that made users switch Pyrra's off).
+    """
+    m = f"{total_metric(slo)}{_matchers(spec.selector)}"
+    expr = (
+        f"(\n  count by (job) (present_over_time({m}[{ABSENT_LOOKBACK}]))\n  unless on (job)\n  count by (job) ({m})\n)\n"
+        f"and on (job)\n  (max by (job) (up) == 1)"
+    )
+    return {
+        "alert": ABSENT_ALERT, "expr": expr, "for": ABSENT_FOR,
+        "labels": {**spec.labels, **slo.labels, "slo": slo.name, "severity": "ticket"},
+        "annotations": {
+            "summary": f"{total_metric(slo)} vanished from job {{{{ $labels.job }}}} while it is up: the {slo.name} SLO is blind",
+            "description": "The series existed within the last day and the job's targets answer scrapes, so the "
+                           "exporter stopped exporting them (tracking disabled, renamed metric, crashed worker).",
+            **({"runbook_url": spec.runbook_url} if spec.runbook_url else {}),
+        },
+    }  # fmt: skip
+
+
+def slo_rule_file(slo: SLO) -> str:
+    return f"slo-{slo.name}.rules.yaml"
+
+
+def group_names(slo: SLO) -> list[str]:
+    """The groups of one SLO's rule file, in evaluation order (recording, period, alerts)."""
+    return [f"llmdiag-slo-{slo.name}", f"llmdiag-slo-{slo.name}-period", f"llmdiag-slo-{slo.name}-alerts"]
+
+
+def slo_rule_groups(spec: Spec, slo: SLO) -> tuple[list[dict[str, Any]], list[str]]:
+    """One SLO's groups (its own rule file, so its tests load only its rules) plus warnings.
+
+    Tiers that can never fire are left out, with a warning.
+    """
+    alerts: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    for tier in slo.tiers:
+        if tier_can_fire(slo, tier, spec.period):
+            alerts.append(burn_alert(spec, slo, tier))
+        else:
+            warnings.append(f"slo {slo.name}: tier {tier.name} can never fire ({format_number(tier.burn_factor(spec.period))}"
+                            f" x a {format_number(slo.budget)} budget >= 100 % errors); left out")  # fmt: skip
+    alerts.append(absent_alert(spec, slo))
+    groups = [recording_group(spec, slo), period_group(spec, slo), {"name": group_names(slo)[2], "rules": alerts}]
+    return groups, warnings

@@ -1,0 +1,365 @@
+"""The SLO spec: what to alert on, read from YAML and validated before anything is generated.
+
+Why a spec of our own and not raw PromQL (as Sloth takes): the two mistakes users make most with
+generated SLO alerts are a latency threshold that is not a bucket boundary (the rule then silently
+measures a different threshold, or nothing) and tiers that cannot fire. Both can only be caught when
+the spec says *which histogram* and *which threshold*, so that is what it says. Every error names
+the field (``slos[1].latency.threshold``) and what would be valid.
+
+Shape (see ``alerts/slo.yaml`` for the shipped, commented default)::
+
+    version: 1
+    period: 30d                      # 30d | 28d | 7d
+    model_label: model               # label that names the model on the metrics (vLLM: model_name)
+    selector: ''                     # extra matchers on every SLI metric, e.g. job="llm-api"
+    labels: {team: llm}              # added to every generated alert (routing)
+    runbook_url / dashboard_url      # alert annotations; may use {{ $labels.slo }} templates
+    routing: {page_url, ticket_url}  # Alertmanager webhook receivers
+    tiers: [{name, severity, long, short, budget_percent, min_events}, ...]
+    slos:
+      - name: availability
+        objective: 99.5              # percent of good events
+        availability: {metric, label, good: [...]}
+      - name: ttft
+        objective: 99
+        latency: {metric, threshold}  # seconds; must be a bucket boundary
+        tiers: [fast, slow]          # optional: keep only these tiers
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from collectors import catalog
+
+PERIODS = ("30d", "28d", "7d")
+SEVERITIES = ("page", "ticket")
+# Windows every SLO gets recording rules for (the contract the dashboards read), besides the period.
+WINDOWS: tuple[str, ...] = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
+_DURATION_RE = re.compile(r"^(\d+)([smhdw])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
+_LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+# Label names the generator itself sets on alerts: a spec that sets them would break routing or inhibition.
+RESERVED_LABELS = frozenset({"slo", "tier", "severity", "long_window", "short_window", "burn_factor", "model", "job",
+                             "diag_class", "alertname"})  # fmt: skip
+
+
+class SpecError(ValueError):
+    """A spec problem; the message starts with the field path, so one line tells the user what to fix."""
+
+
+def duration_s(text: str, where: str = "duration") -> int:
+    """Seconds of a Prometheus-style duration with one unit (``5m``, ``1h``, ``30d``)."""
+    m = _DURATION_RE.match(str(text).strip())
+    if not m or int(m.group(1)) <= 0:
+        raise SpecError(f"{where}: {text!r} is not a duration like 5m, 1h, 3d")
+    return int(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+def format_number(x: float) -> str:
+    """Shortest decimal that round-trips: thresholds print as 0.144, never 0.14399999999999999."""
+    return repr(round(x, 12)).removesuffix(".0") if x == int(x) else repr(round(x, 12))
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    severity: str
+    long: str
+    short: str
+    budget_percent: float  # share of the period's error budget spent when the alert fires
+    min_events: int  # requests in the long window below which the tier stays silent (low traffic)
+
+    def burn_factor(self, period: str) -> float:
+        """Burn rate that spends ``budget_percent`` of the budget in the long window (Sloth's formula)."""
+        return round(self.budget_percent / 100 * duration_s(period) / duration_s(self.long), 6)
+
+
+@dataclass(frozen=True)
+class Availability:
+    metric: str
+    label: str
+    good: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Latency:
+    metric: str  # the histogram's base name (without _bucket/_count)
+    threshold: float  # seconds; a bucket boundary
+
+
+@dataclass(frozen=True)
+class SLO:
+    name: str
+    objective: float  # percent
+    description: str
+    sli: Availability | Latency
+    tiers: tuple[Tier, ...]
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def budget(self) -> float:
+        """Allowed error ratio (1 - objective), rounded so 99.9 gives 0.001 and not 0.000999..."""
+        return round(1 - self.objective / 100, 10)
+
+
+@dataclass(frozen=True)
+class Spec:
+    period: str
+    model_label: str
+    selector: str
+    labels: dict[str, str]
+    runbook_url: str
+    dashboard_url: str
+    page_url: str
+    ticket_url: str
+    slos: tuple[SLO, ...]
+    tiers: tuple[Tier, ...]  # the spec's full tier table, in order fastest first
+
+    @property
+    def windows(self) -> tuple[str, ...]:
+        """Every window a recording rule is needed for: the fixed set plus any custom tier windows."""
+        extra = {w for t in self.tiers for w in (t.long, t.short)} - set(WINDOWS)
+        return WINDOWS + tuple(sorted(extra, key=duration_s))
+
+
+DEFAULT_SPEC_PATH = Path(__file__).with_name("slo.yaml")
+
+
+def load_spec(path: str | Path | None = None) -> Spec:
+    """Read and validate a spec file (the shipped default when None)."""
+    path = Path(path) if path is not None else DEFAULT_SPEC_PATH
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise SpecError(f"{path}:{where} not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    return parse_spec(doc)
+
+
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise SpecError(f"{where}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _known(doc: dict[str, Any], where: str, allowed: set[str]) -> None:
+    unknown = sorted(set(doc) - allowed)
+    if unknown:
+        raise SpecError(f"{where}: unknown field {unknown[0]!r} (allowed: {', '.join(sorted(allowed))})")
+
+
+def _string(doc: dict[str, Any], key: str, where: str, default: str | None = None) -> str:
+    value = doc.get(key, default)
+    if value is None:
+        raise SpecError(f"{where}.{key}: required")
+    if not isinstance(value, str):
+        raise SpecError(f"{where}.{key}: expected a string, got {value!r}")
+    return value
+
+
+def _number(doc: dict[str, Any], key: str, where: str, default: float | None = None) -> float:
+    value = doc.get(key, default)
+    if value is None:
+        raise SpecError(f"{where}.{key}: required")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise SpecError(f"{where}.{key}: expected a number, got {value!r}")
+    return float(value)
+
+
+def _labels(value: Any, where: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in _mapping(value or {}, where).items():
+        if not isinstance(k, str) or not _LABEL_RE.match(k):
+            raise SpecError(f"{where}: {k!r} is not a Prometheus label name")
+        if k in RESERVED_LABELS:
+            raise SpecError(f"{where}.{k}: reserved (the generator sets it)")
+        if not isinstance(v, str | int | float) or isinstance(v, bool):
+            raise SpecError(f"{where}.{k}: expected a string value, got {v!r}")
+        out[k] = str(v)
+    return out
+
+
+def _tier(doc: Any, where: str) -> Tier:
+    doc = _mapping(doc, where)
+    _known(doc, where, {"name", "severity", "long", "short", "budget_percent", "min_events"})
+    name = _string(doc, "name", where)
+    if not _NAME_RE.match(name):
+        raise SpecError(f"{where}.name: {name!r} must be lower case letters, digits, - or _")
+    severity = _string(doc, "severity", where)
+    if severity not in SEVERITIES:
+        raise SpecError(f"{where}.severity: {severity!r} is not one of {', '.join(SEVERITIES)}")
+    long, short = _string(doc, "long", where), _string(doc, "short", where)
+    if duration_s(short, f"{where}.short") >= duration_s(long, f"{where}.long"):
+        raise SpecError(f"{where}.short: {short} must be shorter than long ({long})")
+    budget = _number(doc, "budget_percent", where)
+    if not 0 < budget <= 100:
+        raise SpecError(f"{where}.budget_percent: {budget:g} must be in (0, 100]")
+    min_events = _number(doc, "min_events", where, 0)
+    if min_events < 0 or min_events != int(min_events):
+        raise SpecError(f"{where}.min_events: {min_events:g} must be a whole number >= 0")
+    return Tier(name, severity, long, short, budget, int(min_events))
+
+
+DEFAULT_TIERS: tuple[Tier, ...] = (
+    Tier("fast", "page", "1h", "5m", 2, 20),
+    Tier("medium", "page", "6h", "30m", 5, 50),
+    Tier("slow", "ticket", "1d", "2h", 10, 100),
+    Tier("long", "ticket", "3d", "6h", 10, 200),
+)
+
+
+def histogram_buckets(metric: str) -> tuple[float, ...] | None:
+    """Bucket boundaries the catalog declares for a histogram (ours or an external one), else None."""
+    spec = catalog.CATALOG.get(metric)
+    if spec is not None:
+        return spec.buckets if spec.type == "histogram" else None
+    return catalog.EXTERNAL_HISTOGRAM_BUCKETS.get(metric)
+
+
+def _is_counter(metric: str) -> bool:
+    spec = catalog.CATALOG.get(metric)
+    if spec is not None:
+        return spec.type == "counter"
+    try:
+        return catalog.external(metric).type == "counter"
+    except KeyError:
+        return False
+
+
+def _sli(doc: dict[str, Any], where: str, live: dict[str, tuple[float, ...]] | None) -> Availability | Latency:
+    kinds = [k for k in ("availability", "latency") if k in doc]
+    if len(kinds) != 1:
+        raise SpecError(f"{where}: give exactly one of availability: or latency:")
+    kind = kinds[0]
+    body = _mapping(doc[kind], f"{where}.{kind}")
+    w = f"{where}.{kind}"
+    if kind == "availability":
+        _known(body, w, {"metric", "label", "good"})
+        metric = _string(body, "metric", w)
+        if not _is_counter(metric):
+            raise SpecError(f"{w}.metric: {metric!r} is not a counter in the catalog (availability counts events)")
+        good = body.get("good")
+        if not isinstance(good, list) or not good or not all(isinstance(g, str) and g for g in good):
+            raise SpecError(f"{w}.good: a non-empty list of the label values that count as good")
+        return Availability(metric, _string(body, "label", w), tuple(good))
+    _known(body, w, {"metric", "threshold"})
+    metric = _string(body, "metric", w)
+    threshold = _number(body, "threshold", w)
+    buckets = live.get(metric) if live is not None else histogram_buckets(metric)
+    if buckets is None and live is not None:
+        raise SpecError(f"{w}.metric: {metric!r} is not a histogram on the live /metrics "
+                        "(a labelled histogram appears only after its first observation)")  # fmt: skip
+    if buckets is None:
+        known = sorted(n for n, s in catalog.CATALOG.items() if s.type == "histogram" and s.unit == "seconds")
+        source = "the live /metrics" if live is not None else "the catalog"
+        raise SpecError(f"{w}.metric: {metric!r} is not a histogram in {source} (known: "
+                        f"{', '.join(known + sorted(catalog.EXTERNAL_HISTOGRAM_BUCKETS))})")  # fmt: skip
+    if not any(math.isclose(threshold, b, rel_tol=1e-9) for b in buckets):
+        raise SpecError(f"{w}.threshold: {threshold:g} s is not a bucket boundary of {metric} "
+                        f"(boundaries: {', '.join(format_number(b) for b in buckets)})")  # fmt: skip
+    if live is not None:  # the catalog must agree too, or the default rules drift from what is served
+        declared = histogram_buckets(metric)
+        if declared is not None and not any(math.isclose(threshold, b, rel_tol=1e-9) for b in declared):
+            raise SpecError(f"{w}.threshold: {threshold:g} s is a live bucket but not one the catalog declares for {metric}")
+    return Latency(metric, threshold)
+
+
+def parse_spec(doc: Any, live_buckets: dict[str, tuple[float, ...]] | None = None) -> Spec:
+    """Validate a decoded YAML document. ``live_buckets``: histogram -> ``le`` bounds read from a live /metrics."""
+    doc = _mapping(doc, "spec")
+    _known(doc, "spec", {"version", "period", "model_label", "selector", "labels", "runbook_url", "dashboard_url",
+                         "routing", "tiers", "slos"})  # fmt: skip
+    if doc.get("version", 1) != 1:
+        raise SpecError(f"spec.version: {doc.get('version')!r} is not supported (only 1)")
+    period = _string(doc, "period", "spec", "30d")
+    if period not in PERIODS:
+        raise SpecError(f"spec.period: {period!r} is not one of {', '.join(PERIODS)}")
+    model_label = _string(doc, "model_label", "spec", "model")
+    if not _LABEL_RE.match(model_label):
+        raise SpecError(f"spec.model_label: {model_label!r} is not a label name")
+    selector = _string(doc, "selector", "spec", "").strip()
+    if selector and not re.match(r'^\s*[a-zA-Z_]\w*\s*(=|!=|=~|!~)\s*"[^"]*"(\s*,\s*[a-zA-Z_]\w*\s*(=|!=|=~|!~)\s*"[^"]*")*\s*$',
+                                 selector):  # fmt: skip
+        raise SpecError(f'spec.selector: {selector!r} is not a list of label matchers like job="llm-api"')
+    routing = _mapping(doc.get("routing") or {}, "spec.routing")
+    _known(routing, "spec.routing", {"page_url", "ticket_url"})
+    tiers_doc = doc.get("tiers")
+    if tiers_doc is None:
+        tiers = DEFAULT_TIERS
+    else:
+        if not isinstance(tiers_doc, list) or not tiers_doc:
+            raise SpecError("spec.tiers: a non-empty list (or leave it out for the workbook's four)")
+        tiers = tuple(_tier(t, f"spec.tiers[{i}]") for i, t in enumerate(tiers_doc))
+    names = [t.name for t in tiers]
+    if len(set(names)) != len(names):
+        raise SpecError(f"spec.tiers: duplicate tier name in {names}")
+    if list(tiers) != sorted(tiers, key=lambda t: duration_s(t.long)):
+        raise SpecError("spec.tiers: list tiers fastest first (by long window): inhibition relies on the order")
+    slos_doc = doc.get("slos")
+    if not isinstance(slos_doc, list) or not slos_doc:
+        raise SpecError("spec.slos: a non-empty list of SLOs")
+    slos: list[SLO] = []
+    for i, s in enumerate(slos_doc):
+        where = f"slos[{i}]"
+        s = _mapping(s, where)
+        _known(s, where, {"name", "objective", "description", "availability", "latency", "tiers", "labels"})
+        name = _string(s, "name", where)
+        if not _NAME_RE.match(name):
+            raise SpecError(f"{where}.name: {name!r} must be lower case letters, digits, - or _")
+        if name in {x.name for x in slos}:
+            raise SpecError(f"{where}.name: {name!r} is used twice")
+        objective = _number(s, "objective", where)
+        if not 0 < objective < 100:
+            raise SpecError(f"{where}.objective: {objective:g} must be a percentage in (0, 100); 100 leaves no budget")
+        keep = s.get("tiers")
+        if keep is None:
+            chosen = tiers
+        else:
+            if not isinstance(keep, list) or not keep:
+                raise SpecError(f"{where}.tiers: a non-empty list of tier names from {names}")
+            for t in keep:
+                if t not in names:
+                    raise SpecError(f"{where}.tiers: {t!r} is not a tier (tiers: {', '.join(names)})")
+            chosen = tuple(t for t in tiers if t.name in keep)
+        slos.append(SLO(name, objective, _string(s, "description", where, ""), _sli(s, where, live_buckets), chosen,
+                        _labels(s.get("labels"), f"{where}.labels")))  # fmt: skip
+    return Spec(
+        period=period,
+        model_label=model_label,
+        selector=selector,
+        labels=_labels(doc.get("labels"), "spec.labels"),
+        runbook_url=_string(doc, "runbook_url", "spec", ""),
+        dashboard_url=_string(doc, "dashboard_url", "spec", ""),
+        page_url=_string(routing, "page_url", "spec.routing", "http://127.0.0.1:9095/page"),
+        ticket_url=_string(routing, "ticket_url", "spec.routing", "http://127.0.0.1:9095/ticket"),
+        slos=tuple(slos),
+        tiers=tiers,
+    )
+
+
+def live_histogram_buckets(exposition: str) -> dict[str, tuple[float, ...]]:
+    """Histogram -> its ``le`` bounds (without +Inf), from a Prometheus text exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, set[float]] = {}
+    for fam in text_string_to_metric_families(exposition):
+        if fam.type != "histogram":
+            continue
+        for sample in fam.samples:
+            le = sample.labels.get("le")
+            if sample.name.endswith("_bucket") and le is not None and le != "+Inf":
+                out.setdefault(fam.name, set()).add(float(le))
+    return {k: tuple(sorted(v)) for k, v in out.items()}

@@ -1,0 +1,187 @@
+"""A real alerting stack for live tests: Prometheus 2.42 with rule files, Alertmanager 0.25, a webhook sink.
+
+Everything listens on 127.0.0.1 on free ports, runs from a temporary folder and is stopped by PID.
+The sink is the only thing written here: a local HTTP server speaking Alertmanager's webhook
+(version 4) that keeps every delivery with its arrival time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.promserver import free_port
+
+ALERTMANAGER = "prometheus-alertmanager"
+
+
+@dataclass
+class Delivery:
+    at: float  # time.time() when the sink got it
+    receiver_path: str
+    body: dict[str, Any]
+
+
+@dataclass
+class Sink:
+    """Webhook receiver; ``alerts()`` flattens every delivered alert with its delivery time and receiver."""
+
+    port: int = 0
+    deliveries: list[Delivery] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{path}"
+
+    def alerts(self, since: float = 0.0) -> list[tuple[float, str, dict[str, Any]]]:
+        with self.lock:
+            return [(d.at, d.receiver_path, a) for d in self.deliveries if d.at >= since
+                    for a in d.body.get("alerts", []) if a.get("status") == "firing"]  # fmt: skip
+
+    def wait_for(self, match: Any, since: float, timeout_s: float) -> tuple[float, str, dict[str, Any]] | None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for item in self.alerts(since):
+                if match(item[2]):
+                    return item
+            time.sleep(0.2)
+        return None
+
+
+@contextlib.contextmanager
+def webhook_sink() -> Iterator[Sink]:
+    sink = Sink()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", "0"))
+            body = json.loads(self.rfile.read(length) or b"{}")
+            with sink.lock:
+                sink.deliveries.append(Delivery(time.time(), self.path.strip("/"), body))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:  # quiet
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    sink.port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield sink
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: exited with {proc.returncode}: {log.read_text(errors='replace')[-2000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1.0, trust_env=False).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} not ready after {timeout_s} s: {log.read_text(errors='replace')[-2000:]}")
+
+
+@contextlib.contextmanager
+def alertmanager(config_yaml: str, folder: Path) -> Iterator[str]:
+    binary = shutil.which(ALERTMANAGER) or shutil.which("alertmanager")
+    if binary is None:
+        pytest.skip("Alertmanager is not installed (Debian package prometheus-alertmanager; `make test` installs it)")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "alertmanager.yml").write_text(config_yaml)
+    port = free_port()
+    log = folder / "alertmanager.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen([binary, f"--config.file={folder / 'alertmanager.yml'}", f"--storage.path={folder / 'data'}",
+                                 f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"],
+                                stdout=fh, stderr=subprocess.STDOUT, cwd=folder)  # fmt: skip
+    try:
+        _wait_ready(f"http://127.0.0.1:{port}/-/ready", proc, log)
+        yield f"127.0.0.1:{port}"
+    finally:
+        _stop(proc)
+
+
+@contextlib.contextmanager
+def prometheus_with_rules(rule_files: Sequence[Path], jobs: dict[str, str], alertmanager_addr: str, folder: Path,
+                          interval: str = "1s") -> Iterator[str]:  # fmt: skip
+    """Prometheus scraping ``jobs`` (name -> host:port), evaluating ``rule_files`` every ``interval``, alerting one AM."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("the prometheus binary is not installed (Debian package 'prometheus'; `make test` installs it)")
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = ["global:", f"  scrape_interval: {interval}", f"  evaluation_interval: {interval}", "rule_files:"]
+    lines += [f'  - "{p}"' for p in rule_files]
+    lines += ["alerting:", "  alertmanagers:", "    - static_configs:", f'        - targets: ["{alertmanager_addr}"]',
+              "scrape_configs:"]  # fmt: skip
+    for name, target in jobs.items():
+        lines += [f'  - job_name: "{name}"', "    static_configs:", f'      - targets: ["{target}"]']
+    (folder / "prometheus.yml").write_text("\n".join(lines) + "\n")
+    port = free_port()
+    log = folder / "prometheus.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen([binary, f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'data'}",
+                                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                                stdout=fh, stderr=subprocess.STDOUT, cwd=folder)  # fmt: skip
+    try:
+        _wait_ready(f"http://127.0.0.1:{port}/-/ready", proc, log)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        _stop(proc)
+
+
+@contextlib.contextmanager
+def agent(recorder: Path, cgroups: Sequence[str], folder: Path, diagnose_every: str = "5s") -> Iterator[tuple[str, int]]:
+    """``diag collect`` on a free port with the live diagnosis on; yields (host:port, pid)."""
+    log = folder / "agent.log"
+    argv = [sys.executable, "-m", "diag.cli", "collect", "--listen", "127.0.0.1:0", "--recorder", str(recorder),
+            "--diagnose-every", diagnose_every, "--no-gpu"]  # fmt: skip
+    for cg in cgroups:
+        argv += ["--cgroup", cg]
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        addr = None
+        while addr is None and time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"agent exited: {log.read_text(errors='replace')}")
+            m = re.search(r"http://(127\.0\.0\.1:\d+)/metrics", log.read_text(errors="replace"))
+            addr = m.group(1) if m else None
+            time.sleep(0.1)
+        if addr is None:
+            raise RuntimeError(f"agent did not start: {log.read_text(errors='replace')}")
+        yield addr, proc.pid
+    finally:
+        _stop(proc)
