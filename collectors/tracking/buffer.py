@@ -79,13 +79,14 @@ def request_row(
         return None
     if trace_id is not None and not (type(trace_id) is str and trace_id.isalnum() and trace_id.isascii()):
         return None
+    strings = _STRINGS  # cache hits without a call: this runs once per request
     return (
         int(finish * 1e6 + 0.5),
         int(arrival * 1e6 + 0.5),
         start_us,
-        _json_str(outcome),
-        _json_str(route),
-        _json_str(model),
+        strings.get(outcome) or _json_str(outcome),
+        strings.get(route) or _json_str(route),
+        strings.get(model) or _json_str(model),
         prompt_tokens,
         output_tokens,
         ttft_s,
