@@ -77,6 +77,9 @@ class RequestRecorder:
                 writer = RecorderWriter(default_recorder_path() if recorder is None or recorder is True else recorder)
                 owns = True
             self._buffer = RecordBuffer(writer, owns_writer=owns, on_drop=self.error)
+        # True when finished requests go to a flight recorder (else submit_request is a no-op); a
+        # plain attribute, read once per request.
+        self.records_requests = self._buffer is not None
         self._seen_write_errors = 0
         self._closed = False
         if tracer_provider is None:
@@ -87,11 +90,6 @@ class RequestRecorder:
         self.span_attrs = sp.gen_ai_attributes(model, provider_name)
 
     # ------------------------------------------------------------------ per request
-
-    @property
-    def records_requests(self) -> bool:
-        """True when finished requests go to a flight recorder (else :meth:`submit_request` is a no-op)."""
-        return self._buffer is not None
 
     def series_for(self, route: str) -> RequestSeries:
         """The per-request series of ``route`` (past ``MAX_ROUTES`` routes: ``other``, and a counted error)."""
