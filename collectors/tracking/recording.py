@@ -16,7 +16,6 @@ import os
 import threading
 from collections.abc import Sequence
 from os import PathLike
-from typing import Any
 
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry
@@ -76,11 +75,10 @@ class RequestRecorder:
             else:
                 writer = RecorderWriter(default_recorder_path() if recorder is None or recorder is True else recorder)
                 owns = True
-            self._buffer = RecordBuffer(writer, owns_writer=owns, on_drop=self.error)
+            self._buffer = RecordBuffer(writer, owns_writer=owns, on_drop=self.error)  # counts drops and write errors
         # True when finished requests go to a flight recorder (else submit_request is a no-op); a
         # plain attribute, read once per request.
         self.records_requests = self._buffer is not None
-        self._seen_write_errors = 0
         self._closed = False
         if tracer_provider is None:
             sp.configure_otlp_from_env()
@@ -135,13 +133,16 @@ class RequestRecorder:
                 )
             )  # fmt: skip
             return
-        self._hand_off(buffer, row)
+        buffer.submit(row)  # never raises; counts its own drops
 
     def submit(self, record: Record) -> None:
         """Any record to the flight recorder (no-op without one). Never raises."""
         buffer = self._buffer
         if buffer is not None:
-            self._hand_off(buffer, record)
+            try:
+                buffer.submit(record)
+            except Exception:
+                self.error("recorder")
 
     def error(self, stage: str, n: int = 1) -> None:
         """Count a failure of our own recording (``llmdiag_tracker_errors_total{stage}``). Never raises."""
@@ -302,9 +303,7 @@ class RequestRecorder:
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every record submitted so far is in the flight recorder."""
-        ok = self._buffer.flush(timeout) if self._buffer is not None else True
-        self._sync_writer_counters()
-        return ok
+        return self._buffer.flush(timeout) if self._buffer is not None else True
 
     def close(self, timeout: float = 10.0) -> None:
         """Flush the recorder and stop its threads (a shared ``RecorderWriter`` is flushed, not closed)."""
@@ -316,7 +315,6 @@ class RequestRecorder:
                 self._buffer.close(timeout)
             except Exception:
                 self.error("recorder_close")
-            self._sync_writer_counters()
 
     def after_fork(self) -> None:
         """In a forked child: a fresh series lock and writer thread (the parent's are unusable here)."""
@@ -326,22 +324,3 @@ class RequestRecorder:
             old = self._buffer
             writer = RecorderWriter(old.writer.path) if old.owns_writer else old.writer
             self._buffer = RecordBuffer(writer, owns_writer=old.owns_writer, on_drop=self.error)
-            self._seen_write_errors = 0
-
-    # ------------------------------------------------------------------ internals
-
-    def _hand_off(self, buffer: RecordBuffer, item: Any) -> None:
-        try:
-            buffer.submit(item)  # counts its own drops
-            if buffer.writer.write_errors != self._seen_write_errors:
-                self._sync_writer_counters()
-        except Exception:
-            self.error("recorder")
-
-    def _sync_writer_counters(self) -> None:
-        if self._buffer is None:
-            return
-        errors = self._buffer.writer.write_errors
-        if errors > self._seen_write_errors:
-            self.error("recorder_write", errors - self._seen_write_errors)
-            self._seen_write_errors = errors
