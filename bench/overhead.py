@@ -1,34 +1,40 @@
-"""Benchmark: what llm-diag's request tracking costs a trivial FastAPI endpoint, next to stock OpenTelemetry.
+"""Benchmark: what llm-diag's request tracking costs, measured side by side in one run.
 
-Modes (same ``async def`` endpoint returning a small dict; one uvicorn worker each, h11, no access log):
+Three figures, each a ratio of two servers measured in the same interleaved rounds:
 
-- ``bare``            -- no instrumentation;
-- ``otel``            -- stock ``FastAPIInstrumentor.instrument_app`` (default: server + send/receive spans);
-  ``otel-<pct>`` the same with the SDK's ``ParentBased(TraceIdRatioBased)`` sampler (stock sampling);
-- ``llmdiag-10``      -- ``instrument_fastapi`` + ``RequestTracker`` (metrics + flight recorder), spans 10 %;
-- ``llmdiag-100``     -- the same with spans for every request (server span + llm.inference, and
-                         llm.queue when the request waited >= 1 ms);
-- diagnostics: ``llmdiag-<pct>[-norec][-notrack]`` -- other span percentages, without the flight
-  recorder (``-norec``), or with the handler not tracking at all (``-notrack``: the cost of edge
-  sampling plus the stock OTel server span on the sampled requests, i.e. the floor of a mode), or
-  without ``instrument_fastapi`` (``-noserver``: no OTel server span; the tracker samples and its
-  ``llm.*`` spans are roots -- what an app that does not use the FastAPI instrumentation pays).
+(a) sampled spans: ``llmdiag-10`` (``instrument_fastapi`` + ``RequestTracker`` with metrics, flight
+    recorder and ``llm.*`` spans on 10 % of requests) over ``otel-edge-10`` (stock
+    ``FastAPIInstrumentor`` server span, no send/receive spans, on 10 % of requests chosen at the edge,
+    the rest skipping OpenTelemetry; no llm-diag code) -- target >= 0.95;
+(b) tracker + metrics, no spans, no recorder (``llmdiag-0-noserver-norec``) over ``bare`` -- >= 0.90;
+(c) realistic: the reference backend (``diag demo serve``'s app, its CPU model, the default 200 MiB
+    checkpoint, one worker, one BLAS thread, ``PROMETHEUS_MULTIPROC_DIR`` set as ``diag demo serve``
+    sets it) with full tracking -- admission (4 slots, queue 16), metrics, flight recorder, batch
+    records, loader tracking, ``llm.*`` + server spans on 10 % -- (``demo-tracked``) over the same
+    model path with no llm-diag at all (``demo-untracked``: same registry, batcher, tokenizer and
+    handler, minus the tracker) -- within 1 %, i.e. >= 0.99.
 
-Every traced mode uses an SDK TracerProvider + BatchSpanProcessor with an exporter that only counts,
-so span *creation* is measured, not a network. The servers run side by side as subprocesses
-(killed by PID); load is ``wrk -t1 -cC -dDs`` per mode, modes interleaved (order reversed every
-other round), ``--rounds`` rounds; the median per mode is reported. Latency per request comes from
-sequential httpx requests (median), and server CPU per request from the server's /proc/<pid>/stat
-utime+stime over each wrk run.
+(a) and (b) use a trivial ``async def`` endpoint returning a small dict (the worst case: nothing to
+hide the cost behind), ``wrk -t1 -c16``; (c) POSTs a 64-byte prompt for 16 tokens, ``wrk -t1 -c4``
+(4 = the backend's slots, so admission never queues and both sides batch alike). One uvicorn worker
+per server (h11, no access log), all started up front as subprocesses (killed by PID). Every round
+runs every server once (order reversed every other round); a ratio is computed per round from the
+two servers' back-to-back runs, and the median and range over rounds are printed, with the load
+average sampled before each run. Every traced mode exports to an SDK ``BatchSpanProcessor`` with an
+exporter that only counts, so span creation is measured, not a network.
+
+Other modes for diagnosis: ``otel`` (stock instrumentation, every request traced), ``otel-<pct>``
+(the SDK's ``ParentBased(TraceIdRatioBased)`` sampler), ``llmdiag-<pct>[-norec][-notrack][-noserver]``
+(spans at <pct> %; ``-norec`` no flight recorder; ``-notrack`` the handler does not track: edge
+sampling + server spans alone; ``-noserver`` no server span: the tracker's ``llm.*`` spans are roots).
 
 ``--instructions`` instead counts CPU instructions per request with valgrind (callgrind) for the
 ASGI app alone, driven in-process: deterministic, so it still compares modes when other jobs share
 the machine and wall-clock figures swing by +-20 %.
 
-Targets: llmdiag-10 >= 0.85x bare; llmdiag-100 no slower than stock otel.
-
-    .venv/bin/python bench/overhead.py [--rounds 3] [--duration 8] [--connections 16] [--sequential 2000]
-    .venv/bin/python bench/overhead.py --instructions [--modes bare,otel,llmdiag-10,llmdiag-100]
+    .venv/bin/python bench/overhead.py [--rounds 7] [--duration 6] [--demo-duration 10]
+    .venv/bin/python bench/overhead.py --modes bare,otel,llmdiag-100      # any subset, same table
+    .venv/bin/python bench/overhead.py --instructions [--modes bare,otel-edge-10,llmdiag-10]
 
 Needs ``wrk`` (Debian package ``wrk``), and ``valgrind`` for ``--instructions``. Prints figures;
 asserts nothing.
@@ -51,7 +57,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-MODES = ("bare", "otel", "llmdiag-10", "llmdiag-100")
+MODES = ("bare", "otel-edge-10", "llmdiag-10", "llmdiag-0-noserver-norec", "demo-untracked", "demo-tracked")
+# (label, numerator, denominator, target): the figures the run is for
+FIGURES = (
+    ("(a) llm-diag, spans 10 % / stock OTel server span 10 %", "llmdiag-10", "otel-edge-10", 0.95),
+    ("(b) tracker + metrics, no spans / bare", "llmdiag-0-noserver-norec", "bare", 0.90),
+    ("(c) reference backend, full tracking / untracked", "demo-tracked", "demo-untracked", 0.99),
+)
+DEMO_PROMPT = ("The quick brown fox jumps over the lazy dog. " * 2)[:64]  # short: tracking weighs more
+DEMO_MAX_TOKENS = 16
 ROOT = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -94,6 +108,8 @@ def make_app(mode: str, recorder_dir: str) -> object:
             return {"spans": exporter.count}
 
     parts = mode.split("-")
+    if parts[0] == "otel" and len(parts) == 3 and parts[1] == "edge":
+        return _stock_edge_sampled(app, int(parts[2]) / 100.0, exporter)
     if parts[0] == "otel":  # otel: stock instrumentation; otel-<pct>: with the SDK's TraceIdRatioBased sampler
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
         from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
@@ -159,10 +175,160 @@ def make_app(mode: str, recorder_dir: str) -> object:
     return app
 
 
-def serve(mode: str, port: int, recorder_dir: str) -> None:
+def _stock_edge_sampled(app: Any, ratio: float, exporter: Any) -> Any:
+    """The reference of the sampled mode: stock ``FastAPIInstrumentor`` (server span only, no send/receive
+    spans) reached by ``ratio`` of the requests, chosen at the edge -- the others skip OpenTelemetry
+    entirely. No llm-diag code at all: what tracing 10 % of requests costs without tracking them."""
+    import random
+
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+
+    @app.get("/ping")
+    async def ping_stock() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.get("/spans")
+    def spans() -> dict[str, int]:
+        provider.force_flush()
+        return {"spans": exporter.count}
+
+    FastAPIInstrumentor.instrument_app(app, tracer_provider=provider, exclude_spans=["send", "receive"])
+    stock_build = app.build_middleware_stack
+
+    class EdgeSampler:
+        def __init__(self, traced: Any, bare: Any) -> None:
+            self.traced, self.bare, self.app = traced, bare, traced
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] == "http" and random.random() >= ratio:
+                await self.bare(scope, receive, send)
+            else:
+                await self.traced(scope, receive, send)
+
+    def build() -> Any:
+        outer = stock_build()  # ServerErrorMiddleware(OpenTelemetryMiddleware(rest of the stack))
+        return EdgeSampler(outer, outer.app.app)
+
+    app.build_middleware_stack = build
+    return app
+
+
+def make_demo_app(mode: str, recorder_dir: str, weights: str) -> object:
+    """``demo-tracked``: the reference backend's own ``create_app`` with a full tracker (spans on 10 %,
+    counted by an SDK exporter). ``demo-untracked``: the same model path without llm-diag."""
+    from diag.demo.settings import DemoSettings
+
+    settings = DemoSettings(weights_path=weights, recorder=os.path.join(recorder_dir, f"{mode}.db"))
+    if mode == "demo-untracked":
+        return _untracked_demo_app(settings)
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    from collectors.tracking import AdmissionConfig, RequestTracker
+    from diag.demo.app import create_app
+
+    class CountingExporter(SpanExporter):
+        def export(self, spans: object) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(CountingExporter()))
+    admission = AdmissionConfig(
+        max_concurrency=settings.max_concurrency,
+        queue_size=settings.queue_size,
+        queue_timeout_s=settings.queue_timeout_s,
+        inference_timeout_s=settings.request_timeout_s,
+    )
+    tracker = RequestTracker(
+        model=settings.model_name,
+        recorder=settings.recorder,
+        admission=admission,
+        tracer_provider=provider,
+        span_sample_ratio=0.1,
+    )
+    return create_app(settings, tracker)
+
+
+def _untracked_demo_app(settings: Any) -> object:
+    """``diag.demo.app.create_app`` minus every ``# llm-diag:`` line: same weights registry, batcher,
+    tokenizer, body model and response; no tracker, no admission, no /metrics."""
+    import contextlib
+    import time
+    import uuid
+    from collections.abc import AsyncIterator
+
+    from fastapi import FastAPI, HTTPException
+
+    from diag.demo.app import ROUTE, CompletionRequest
+    from diag.demo.batcher import Batcher
+    from diag.demo.model import ByteTokenizer
+    from diag.demo.weights import WeightRegistry
+
+    tokenizer = ByteTokenizer()
+    parts: dict[str, Any] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        registry = WeightRegistry(
+            settings.weights_path, mode=settings.preload, refresh=settings.refresh, ttl_s=settings.refresh_ttl_s
+        )
+        batcher = Batcher(
+            lambda: registry.current,
+            mode=settings.batching,
+            max_batch_requests=settings.max_batch_requests,
+            max_batch_tokens=settings.max_batch_tokens,
+            batch_wait_s=settings.batch_wait_s,
+            router_skew=settings.router_skew,
+            capacity_factor=settings.expert_capacity_factor,
+        )
+        batcher.start()
+        parts["registry"], parts["batcher"] = registry, batcher
+        try:
+            yield
+        finally:
+            batcher.stop()
+            registry.close()
+
+    app = FastAPI(title="llm-diag demo backend", lifespan=lifespan)
+
+    async def completions(body: CompletionRequest) -> dict[str, Any]:
+        registry: WeightRegistry = parts["registry"]
+        batcher: Batcher = parts["batcher"]
+        n = tokenizer.count(body.prompt)
+        if settings.max_prompt_tokens is not None and n > settings.max_prompt_tokens:
+            raise HTTPException(413, f"prompt is {n} tokens; this server accepts {settings.max_prompt_tokens}")
+        if body.max_tokens > settings.max_output_tokens:
+            raise HTTPException(400, f"max_tokens {body.max_tokens} is over the limit of {settings.max_output_tokens}")
+        registry.for_request()
+        ids = tokenizer.encode(body.prompt)
+        done = await batcher.submit(ids, body.max_tokens)
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": settings.model_name,
+            "choices": [{"index": 0, "text": tokenizer.decode(done.ids), "finish_reason": "length", "logprobs": None}],
+            "usage": {"prompt_tokens": n, "completion_tokens": len(done.ids), "total_tokens": n + len(done.ids)},
+            "system_fingerprint": f"pid-{os.getpid()}",
+        }
+
+    # The annotation is a string here (``from __future__ import annotations``) naming a class this
+    # module does not import at top level: give FastAPI the class, or it reads ``body`` as a query.
+    completions.__annotations__["body"] = CompletionRequest
+    app.post(ROUTE)(completions)
+    return app
+
+
+def serve(mode: str, port: int, recorder_dir: str, weights: str | None) -> None:
     import uvicorn
 
-    uvicorn.run(make_app(mode, recorder_dir), host="127.0.0.1", port=port, log_level="warning", access_log=False, http="h11")
+    app = make_demo_app(mode, recorder_dir, weights or "") if mode.startswith("demo") else make_app(mode, recorder_dir)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, http="h11")
 
 
 # --------------------------------------------------------------------------- driver
@@ -194,36 +360,23 @@ def _cpu_s(pid: int) -> float:
 
 _RPS = re.compile(r"Requests/sec:\s+([0-9.]+)")
 _LAT = re.compile(r"^\s+(50|99)%\s+([0-9.]+)(us|ms|s)\s*$", re.MULTILINE)
+_NON2XX = re.compile(r"Non-2xx or 3xx responses:\s+(\d+)")
 
 
-def _wrk(port: int, duration: int, connections: int) -> tuple[float, dict[str, float]]:
-    out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency", f"http://127.0.0.1:{port}/ping"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+def _wrk(url: str, duration: int, connections: int, script: str | None = None) -> tuple[float, dict[str, float]]:
+    """Requests per second and p50/p99 latency (ms) of one wrk run. Any non-2xx response is an error:
+    a server that refuses work would look fast."""
+    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency", *(["-s", script] if script else []), url]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     m = _RPS.search(out)
     if not m:
         raise RuntimeError(f"could not parse wrk output:\n{out}")
+    bad = _NON2XX.search(out)
+    if bad:
+        raise RuntimeError(f"{url}: {bad.group(1)} non-2xx responses:\n{out}")
     scale = {"us": 1e-3, "ms": 1.0, "s": 1e3}
     lat = {f"p{q}": float(v) * scale[u] for q, v, u in _LAT.findall(out)}
     return float(m.group(1)), lat
-
-
-def _sequential_ms(port: int, n: int) -> float:
-    import httpx
-
-    url = f"http://127.0.0.1:{port}/ping"
-    samples = []
-    with httpx.Client() as client:
-        for _ in range(50):
-            client.get(url)
-        for _ in range(n):
-            t0 = time.perf_counter()
-            client.get(url)
-            samples.append(time.perf_counter() - t0)
-    return statistics.median(samples) * 1e3
 
 
 # --------------------------------------------------------------------------- CPU instructions (valgrind)
@@ -287,16 +440,169 @@ def instructions(modes: list[str]) -> None:
             print(f"{mode:<16} {(per_request[mode] - base) / 1000:+8.0f}k")
 
 
+def _loadavg() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+class Servers:
+    """The servers of one run, started up front (one subprocess each) and stopped by PID."""
+
+    def __init__(self, modes: list[str], recorder_dir: str, weights: str | None) -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
+        env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+        for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[name] = "1"  # as `diag demo serve --threads 1` (its default)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.ports: dict[str, int] = {}
+        for mode in modes:
+            mode_env = env
+            if mode == "demo-tracked":  # `diag demo serve` always sets it (metrics summed over workers)
+                mode_env = {**env, "PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp(dir=recorder_dir, prefix="prom-")}
+            self.ports[mode] = _free_port()
+            cmd = [sys.executable, __file__, "--serve", mode, "--port", str(self.ports[mode]), "--recorder-dir", recorder_dir]
+            if weights:
+                cmd += ["--weights", weights]
+            self.procs[mode] = subprocess.Popen(cmd, env=mode_env, cwd=ROOT)
+        for mode in modes:
+            _wait_up(self.ports[mode], self.procs[mode], timeout=120.0)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _prepare_demo_weights() -> str:
+    """The checkpoint `diag demo serve` uses by default (200 MiB), generated once into the user cache."""
+    from diag.demo.server import prepare_weights
+    from diag.demo.weights import ModelConfig, default_weights_dir
+
+    return str(prepare_weights(default_weights_dir(), ModelConfig.for_budget(200)))
+
+
+def _demo_script(directory: str) -> str:
+    path = os.path.join(directory, "post.lua")
+    body = json.dumps({"prompt": DEMO_PROMPT, "max_tokens": DEMO_MAX_TOKENS})
+    Path(path).write_text(
+        f'wrk.method = "POST"\nwrk.body = {json.dumps(body)}\nwrk.headers["Content-Type"] = "application/json"\n'
+    )
+    return path
+
+
+def run(args: argparse.Namespace, modes: list[str]) -> None:
+    recorder_dir = tempfile.mkdtemp(prefix="llmdiag-bench-")
+    weights = _prepare_demo_weights() if any(m.startswith("demo") for m in modes) else None
+    script = _demo_script(recorder_dir)
+
+    def load(mode: str, duration: int) -> tuple[float, dict[str, float]]:
+        port = servers.ports[mode]
+        if mode.startswith("demo"):
+            return _wrk(f"http://127.0.0.1:{port}/v1/completions", duration, args.demo_connections, script)
+        return _wrk(f"http://127.0.0.1:{port}/ping", duration, args.connections)
+
+    rps: dict[str, list[float]] = {m: [] for m in modes}
+    p99: dict[str, list[float]] = {m: [] for m in modes}
+    cpu_us: dict[str, list[float]] = {m: [] for m in modes}
+    loads: list[float] = []
+    extras: dict[str, str] = {}
+    started = time.strftime("%H:%M:%S", time.gmtime())
+    servers = Servers(modes, recorder_dir, weights)
+    try:
+        for mode in modes:  # warm-up: imports, first-request paths, the model's caches
+            load(mode, 2)
+        for r in range(args.rounds):
+            order = modes if r % 2 == 0 else list(reversed(modes))  # interleave, alternate order
+            for mode in order:
+                duration = args.demo_duration if mode.startswith("demo") else args.duration
+                loads.append(_loadavg())
+                pid = servers.procs[mode].pid
+                cpu0 = _cpu_s(pid)
+                value, lat = load(mode, duration)
+                cpu1 = _cpu_s(pid)
+                rps[mode].append(value)
+                p99[mode].append(lat.get("p99", float("nan")))
+                cpu_us[mode].append((cpu1 - cpu0) / max(1.0, value * duration) * 1e6)
+            print(f"round {r + 1}: " + ", ".join(f"{m} {rps[m][-1]:.0f}" for m in modes), flush=True)
+        import httpx
+
+        for mode in modes:
+            if mode.startswith(("otel", "llmdiag")) and mode != "bare":
+                extras[mode] = httpx.get(f"http://127.0.0.1:{servers.ports[mode]}/spans").text
+            if mode.startswith("llmdiag"):
+                extras[mode] += " " + httpx.get(f"http://127.0.0.1:{servers.ports[mode]}/recorded").text
+    finally:
+        servers.stop()
+        shutil.rmtree(recorder_dir, ignore_errors=True)
+    _report(args, modes, rps, p99, cpu_us, loads, extras, started)
+
+
+def _report(
+    args: argparse.Namespace,
+    modes: list[str],
+    rps: dict[str, list[float]],
+    p99: dict[str, list[float]],
+    cpu_us: dict[str, list[float]],
+    loads: list[float],
+    extras: dict[str, str],
+    started: str,
+) -> None:
+    print(
+        f"\n{args.rounds} interleaved rounds from {started} to {time.strftime('%H:%M:%S', time.gmtime())} UTC; "
+        f"{os.cpu_count()} CPUs; load average (1 min) during the run: median {statistics.median(loads):.1f}, "
+        f"{min(loads):.1f}-{max(loads):.1f}"
+    )
+    print(
+        f"trivial endpoint: wrk -t1 -c{args.connections} -d{args.duration}s GET /ping; reference backend: "
+        f"wrk -t1 -c{args.demo_connections} -d{args.demo_duration}s POST /v1/completions "
+        f"({len(DEMO_PROMPT)}-byte prompt, max_tokens {DEMO_MAX_TOKENS})\n"
+    )
+    header = f"{'mode':<26} {'req/s':>8} {'range':>13} {'p99 ms':>7} {'cpu us/req':>10}"
+    print(header)
+    print("-" * len(header))
+    for mode in modes:
+        print(
+            f"{mode:<26} {statistics.median(rps[mode]):>8.0f} {min(rps[mode]):>6.0f}-{max(rps[mode]):<6.0f} "
+            f"{statistics.median(p99[mode]):>7.2f} {statistics.median(cpu_us[mode]):>10.0f}"
+        )
+    print("\nratios (per round, numerator and denominator from the same round; CPU: server CPU per request):")
+    for label, num, den, target in FIGURES:
+        if num in rps and den in rps:
+            ratios = [a / b for a, b in zip(rps[num], rps[den], strict=True)]
+            cpu = statistics.median([a / b - 1 for a, b in zip(cpu_us[num], cpu_us[den], strict=True)])
+            med = statistics.median(ratios)
+            verdict = "met" if med >= target else "NOT met"
+            print(
+                f"  {label:<58} median {med:.3f}  range {min(ratios):.3f}-{max(ratios):.3f}  "
+                f"target >= {target:.2f}: {verdict}  (CPU/request {cpu * 100:+.1f} %)"
+            )
+    for mode in modes:
+        if mode != "bare" and "bare" in rps and not mode.startswith("demo"):
+            ratios = [a / b for a, b in zip(rps[mode], rps["bare"], strict=True)]
+            print(f"  {mode + ' / bare':<58} median {statistics.median(ratios):.3f}")
+    print("\nper-round req/s: " + json.dumps({m: [round(v) for v in rps[m]] for m in modes}))
+    for mode, text in extras.items():
+        print(f"{mode}: {text}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--duration", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--duration", type=int, default=6, help="seconds per trivial-endpoint wrk run")
+    parser.add_argument("--demo-duration", type=int, default=10, help="seconds per reference-backend wrk run")
     parser.add_argument("--connections", type=int, default=16)
-    parser.add_argument("--sequential", type=int, default=2000)
+    parser.add_argument("--demo-connections", type=int, default=4)
     parser.add_argument(
         "--modes",
         default=",".join(MODES),
-        help=f"comma-separated, from {MODES}; also otel-<pct>, llmdiag-<pct>[-norec][-notrack][-noserver] (e.g. llmdiag-0-norec)",
+        help=f"comma-separated; default {','.join(MODES)}; also otel, otel-<pct>, otel-edge-<pct>, "
+        "llmdiag-<pct>[-norec][-notrack][-noserver] (e.g. llmdiag-0-norec)",
     )
     parser.add_argument(
         "--instructions", action="store_true", help="count CPU instructions per request with valgrind instead of wrk"
@@ -306,103 +612,23 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1000, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--recorder-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--weights", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve, args.port, args.recorder_dir)
+        serve(args.serve, args.port, args.recorder_dir, args.weights)
         return
     if args.asgi_loop:
         asgi_loop(args.asgi_loop, args.requests)
         return
+    modes = [m for m in args.modes.split(",") if m]
     if args.instructions:
-        instructions([m for m in args.modes.split(",") if m])
+        instructions(modes)
         return
     if shutil.which("wrk") is None:
         sys.exit("wrk not found: apt-get install -y wrk")
-    modes = [m for m in args.modes.split(",") if m]
-    recorder_dir = tempfile.mkdtemp(prefix="llmdiag-bench-")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    ports: dict[str, int] = {}
-    try:
-        for mode in modes:
-            ports[mode] = _free_port()
-            procs[mode] = subprocess.Popen(
-                [sys.executable, __file__, "--serve", mode, "--port", str(ports[mode]), "--recorder-dir", recorder_dir],
-                env=env,
-                cwd=ROOT,
-            )
-        for mode in modes:
-            _wait_up(ports[mode], procs[mode])
-        for mode in modes:  # warm-up (imports, first-request paths)
-            _wrk(ports[mode], 2, args.connections)
-        rps: dict[str, list[float]] = {m: [] for m in modes}
-        p50: dict[str, list[float]] = {m: [] for m in modes}
-        p99: dict[str, list[float]] = {m: [] for m in modes}
-        cpu_us: dict[str, list[float]] = {m: [] for m in modes}
-        seq_ms: dict[str, list[float]] = {m: [] for m in modes}
-        for r in range(args.rounds):
-            order = modes if r % 2 == 0 else list(reversed(modes))  # interleave, alternate order
-            for mode in order:
-                pid = procs[mode].pid
-                cpu0 = _cpu_s(pid)
-                value, lat = _wrk(ports[mode], args.duration, args.connections)
-                cpu1 = _cpu_s(pid)
-                rps[mode].append(value)
-                p50[mode].append(lat.get("p50", float("nan")))
-                p99[mode].append(lat.get("p99", float("nan")))
-                cpu_us[mode].append((cpu1 - cpu0) / max(1.0, value * args.duration) * 1e6)
-                if args.sequential:
-                    seq_ms[mode].append(_sequential_ms(ports[mode], args.sequential))
-            print(f"round {r + 1}: " + ", ".join(f"{m} {rps[m][-1]:.0f}" for m in modes), flush=True)
-        extras: dict[str, str] = {}
-        import httpx
-
-        for mode in modes:
-            if mode != "bare":
-                extras[mode] = httpx.get(f"http://127.0.0.1:{ports[mode]}/spans").text
-            if mode.startswith("llmdiag"):
-                extras[mode] += " " + httpx.get(f"http://127.0.0.1:{ports[mode]}/recorded").text
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
-        shutil.rmtree(recorder_dir, ignore_errors=True)
-
-    med = {m: statistics.median(rps[m]) for m in modes}
-    base = med.get("bare")
-    base_seq = statistics.median(seq_ms["bare"]) if seq_ms.get("bare") else None
-    base_cpu = statistics.median(cpu_us["bare"]) if "bare" in cpu_us else None
-    print(
-        f"\nwrk -t1 -c{args.connections} -d{args.duration}s x {args.rounds} rounds (median), "
-        f"{args.sequential} sequential httpx requests per round, {os.cpu_count()} CPUs\n"
-    )
-    header = (
-        f"{'mode':<12} {'req/s':>8} {'x bare':>7} {'p50 ms':>7} {'p99 ms':>7} "
-        f"{'seq ms':>7} {'+lat us':>8} {'cpu us/req':>10} {'+cpu us':>8}"
-    )
-    print(header)
-    print("-" * len(header))
-    for mode in modes:
-        seq = statistics.median(seq_ms[mode]) if seq_ms[mode] else float("nan")
-        cpu = statistics.median(cpu_us[mode])
-        ratio = med[mode] / base if base else float("nan")
-        added = (seq - base_seq) * 1e3 if base_seq is not None else float("nan")
-        added_cpu = cpu - base_cpu if base_cpu is not None else float("nan")
-        print(
-            f"{mode:<12} {med[mode]:>8.0f} {ratio:>7.2f} {statistics.median(p50[mode]):>7.2f} "
-            f"{statistics.median(p99[mode]):>7.2f} {seq:>7.3f} {added:>8.0f} {cpu:>10.0f} {added_cpu:>8.0f}"
-        )
-    print("\nper-round req/s: " + json.dumps({m: [round(v) for v in rps[m]] for m in modes}))
-    for mode, text in extras.items():
-        print(f"{mode}: {text}")
+    if args.rounds < 1 or args.duration < 1 or args.demo_duration < 1:
+        sys.exit("--rounds, --duration and --demo-duration must be >= 1")
+    run(args, modes)
 
 
 if __name__ == "__main__":

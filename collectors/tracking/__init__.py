@@ -12,11 +12,17 @@ The public API (stable; the reference backend ``diag demo serve`` and third-part
         await req.acquire()
         ...
 
-Modules: ``tracker`` (RequestTracker, TrackedRequest), ``admission`` (config, slot pool,
-exceptions), ``memory`` (the memory guard's cgroup/host probe), ``metrics`` (catalog-built
-Prometheus families, multiprocess /metrics), ``spans`` (OTel spans, sampling, OTLP from env),
-``asgi`` (FastAPI integration), ``batches`` (batch / MoE routing stats), ``loader`` (loader
-events), ``torch_memory`` (CUDA allocator snapshot, CUDA OOM parser).
+Modules: ``tracker`` (RequestTracker: wires the two parts below and hands each request both),
+``queueing`` (AdmissionControl: slots, wait queue, memory guard, arrival windows), ``recording``
+(RequestRecorder: metrics, spans, flight-recorder records), ``request`` (TrackedRequest),
+``admission`` (config, slot pool, exceptions), ``memory`` (the memory guard's cgroup/host probe),
+``metrics`` (catalog-built Prometheus families, multiprocess /metrics), ``spans`` (OTel spans,
+sampling, OTLP from env), ``asgi`` (FastAPI integration), ``batches`` (batch / MoE routing stats),
+``loader`` (loader events), ``buffer`` (batched hand-off to the recorder), ``torch_memory`` (CUDA
+allocator snapshot, CUDA OOM parser).
+
+Imports run one way: tracker -> request -> queueing, recording -> the leaf modules; ``loader``
+and ``asgi``'s middleware need no tracker (they are given what they use).
 """
 
 from collectors.tracking.admission import AdmissionConfig, AdmissionRejected, InferenceTimeout, QueueTimeout
@@ -25,6 +31,8 @@ from collectors.tracking.batches import batch_stats, routing_stats
 from collectors.tracking.loader import TrackedLoader
 from collectors.tracking.memory import MemoryProbe, MemoryReading
 from collectors.tracking.metrics import metrics_response, multiprocess_enabled, sweep_dead_workers
+from collectors.tracking.queueing import AdmissionControl
+from collectors.tracking.recording import RequestRecorder
 from collectors.tracking.spans import configure_otlp_from_env
 from collectors.tracking.torch_memory import (
     capture_cuda_oom,
@@ -36,11 +44,13 @@ from collectors.tracking.tracker import RequestTracker, TrackedRequest
 
 __all__ = [
     "AdmissionConfig",
+    "AdmissionControl",
     "AdmissionRejected",
     "InferenceTimeout",
     "MemoryProbe",
     "MemoryReading",
     "QueueTimeout",
+    "RequestRecorder",
     "RequestTracker",
     "TrackedLoader",
     "TrackedRequest",

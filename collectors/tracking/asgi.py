@@ -2,27 +2,35 @@
 
 ``instrument_fastapi(app, tracker)`` does four things, and costs ~nothing for sampled-out requests:
 
-1. ``FastAPIInstrumentor.instrument_app(app, exclude_spans=["send", "receive"])``: one server span
-   per traced request (the default would add 2+ internal spans per request for the ASGI send and
-   receive events; measured at 0.42-0.48x bare throughput with wrk on the demo endpoint).
-2. A pure ASGI middleware (never ``@app.middleware("http")``: BaseHTTPMiddleware alone costs 35-40 %
-   of throughput) in front of it that, per HTTP request:
+1. Installs :class:`TrackingMiddleware` with FastAPI's public ``app.add_middleware`` -- a pure ASGI
+   middleware (never ``@app.middleware("http")``: BaseHTTPMiddleware alone costs 35-40 % of
+   throughput) that, per HTTP request:
    - draws the sampling decision (``random() < span_sample_ratio``; a request arriving with a
-     sampled W3C ``traceparent`` is always traced). Sampled-out requests bypass the OTel middleware
-     entirely -- they run through the very same inner middleware stack, just without OTel around
-     it -- so they pay no span, context or attribute cost. The tracker follows the decision: its
-     ``llm.queue`` / ``llm.inference`` spans exist exactly for traced requests, as children of the
-     server span;
+     sampled W3C ``traceparent`` is always traced). A traced request goes through OpenTelemetry's
+     ASGI middleware (``OpenTelemetryMiddleware``, one server span named ``"<METHOD> <route
+     template>"`` with ``http.route``, as the FastAPI instrumentation names it, without its 2+
+     internal spans per request for the ASGI send and receive events); a sampled-out request goes
+     straight to the same inner app, so it pays no span, context or attribute cost. The tracker
+     follows the decision: its ``llm.queue`` / ``llm.inference`` spans exist exactly for traced
+     requests, as children of the server span;
    - marks the request's arrival (before body parsing, dependencies and the handler), which
      ``tracker.request()`` adopts, so the queue wait includes time stuck before the handler ran.
      (Only requests that reach ``tracker.request()`` count for loader detection: a /metrics scrape
      in flight must not make a background refresh look like it is on the request path.)
-3. Exception handlers that turn ``AdmissionRejected`` / ``QueueTimeout`` / ``InferenceTimeout``
+2. Exception handlers that turn ``AdmissionRejected`` / ``QueueTimeout`` / ``InferenceTimeout``
    into JSON responses with their status (429 / 503 / 504) and ``Retry-After``.
-4. Optionally, ``metrics_path`` (Prometheus exposition, multiprocess-aware) and ``health_path``
+3. Optionally, ``metrics_path`` (Prometheus exposition, multiprocess-aware) and ``health_path``
    (``tracker.health()``; HTTP 503 while degraded) routes.
+4. Honours ``OTEL_PYTHON_FASTAPI_EXCLUDED_URLS`` (no server span for those URLs), as the FastAPI
+   instrumentation does.
 
-Call it once, before the app serves its first request (Starlette builds the middleware stack then).
+Why not ``FastAPIInstrumentor.instrument_app``: it wraps the whole middleware stack itself, so
+nothing installed through FastAPI's API can sit in front of it, and every request -- sampled out
+or not -- would pay for its middleware (the SDK's 10 % ratio sampler still measured 0.49x bare
+throughput against edge sampling's 0.78x). Do not use both on one app.
+
+Call it once, before the app serves its first request, after adding your own middleware (Starlette
+runs the last-added middleware first, so the arrival is marked before theirs run).
 """
 
 from __future__ import annotations
@@ -62,15 +70,41 @@ def _has_sampled_traceparent(scope: Scope) -> bool:
 class TrackingMiddleware:
     """Pure ASGI middleware: edge sampling + arrival marking (see the module doc).
 
-    ``traced_app`` is the stack wrapped by OpenTelemetry, ``bare_app`` the same stack without it
-    (``bare_app`` None: everything goes through ``traced_app``).
+    Installed with ``app.add_middleware(TrackingMiddleware, ratio=..., ...)``: Starlette builds it
+    around the rest of the stack (``app``). Traced requests go through ``OpenTelemetryMiddleware(app)``
+    (``server_spans`` False: no server span, traced requests still get the tracker's ``llm.*`` spans
+    as roots), the others through ``app`` directly.
     """
 
-    def __init__(self, traced_app: Any, bare_app: Any, tracker: RequestTracker, ratio: float) -> None:
-        self.traced_app = traced_app
-        self.bare_app = bare_app if bare_app is not None else traced_app
-        self.tracker = tracker
+    def __init__(
+        self,
+        app: Any,
+        *,
+        ratio: float,
+        server_spans: bool = True,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: Any = None,
+    ) -> None:
+        if not 0.0 <= ratio <= 1.0:
+            raise ValueError("ratio is between 0 and 1")
+        self.bare_app = app
+        self.traced_app = app
+        if server_spans:
+            from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+            from opentelemetry.util.http import get_excluded_urls
+
+            self.traced_app = OpenTelemetryMiddleware(
+                app,
+                excluded_urls=get_excluded_urls("FASTAPI"),
+                default_span_details=route_span_details,
+                tracer_provider=tracer_provider,
+                meter_provider=meter_provider,
+                exclude_spans=["send", "receive"],
+            )
         self.ratio = ratio
+        # What the next layer is, for code that walks a stack's ``.app`` chain: FastAPI's native
+        # telemetry looks for OpenTelemetry's middleware there and then leaves server spans to it.
+        self.app = self.traced_app
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -85,6 +119,29 @@ class TrackingMiddleware:
         finally:
             arrival.started = True
             sp.CURRENT_ARRIVAL.reset(token)
+
+
+def route_span_details(scope: Scope) -> tuple[str, dict[str, str]]:
+    """Server span name and attributes: ``"<METHOD> <route template>"`` and ``http.route``, from the
+    app's routes (a label-safe template, never the raw path); just the method when nothing matches."""
+    from opentelemetry.util.http import sanitize_method
+    from starlette.routing import Match
+
+    route: str | None = None
+    app = scope.get("app")
+    for candidate in getattr(app, "routes", None) or ():
+        match, _ = candidate.matches(scope)
+        if match == Match.FULL:
+            route = getattr(candidate, "path", None) or scope.get("path")
+            break
+        if match == Match.PARTIAL and route is None:
+            route = getattr(candidate, "path", None)
+    method = sanitize_method(str(scope.get("method", "")).strip())
+    if method == "_OTHER":
+        method = "HTTP"
+    if not route:
+        return method, {}
+    return (f"{method} {route}" if method else route), {"http.route": route}
 
 
 def _retry_after(seconds: float | None) -> dict[str, str]:
@@ -118,6 +175,7 @@ def instrument_fastapi(
     tracer_provider: trace.TracerProvider | None = None,
     meter_provider: Any = None,
     exception_handlers: bool = True,
+    server_spans: bool = True,
     metrics_path: str | None = None,
     health_path: str | None = None,
     registry: Any = None,
@@ -129,58 +187,32 @@ def instrument_fastapi(
             tracker's ``span_sample_ratio``. 0 traces nothing except requests with a sampled
             ``traceparent``.
         tracer_provider: for the server span; default: the tracker's (else the global one).
-        meter_provider: passed to FastAPIInstrumentor (its ``http.server.*`` metrics); default: global.
+        meter_provider: for OpenTelemetry's ``http.server.*`` metrics of traced requests; default: global.
         exception_handlers: install the 429/503/504 handlers.
+        server_spans: False: no OTel server span; traced requests get only the tracker's ``llm.*``
+            spans (then roots) -- for apps that trace HTTP elsewhere, or want the cheapest sampled mode.
         metrics_path / health_path: add those routes when given (e.g. "/metrics", "/health").
         registry: the registry ``metrics_path`` renders (default REGISTRY / multiprocess merge).
     """
-    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
-
     ratio = tracker.span_sample_ratio if span_sample_ratio is None else float(span_sample_ratio)
     if not 0.0 <= ratio <= 1.0:
         raise ValueError("span_sample_ratio is between 0 and 1")
-    if getattr(app, "_llmdiag_instrumented", False):
+    if any(m.cls is TrackingMiddleware for m in app.user_middleware):
         log.warning("instrument_fastapi: app already instrumented; ignoring the second call")
         return
-    app._llmdiag_instrumented = True
     if exception_handlers:
         install_exception_handlers(app)
     if metrics_path:
         _add_metrics_route(app, metrics_path, registry)
     if health_path:
         _add_health_route(app, health_path, tracker)
-    provider = tracer_provider or tracker.tracer_provider
-    FastAPIInstrumentor.instrument_app(
-        app,
-        tracer_provider=provider,
+    app.add_middleware(
+        TrackingMiddleware,
+        ratio=ratio,
+        server_spans=server_spans,
+        tracer_provider=tracer_provider or tracker.tracer_provider,
         meter_provider=meter_provider,
-        exclude_spans=["send", "receive"],
     )
-    otel_build = app.build_middleware_stack
-
-    def build_middleware_stack() -> Any:
-        outer = otel_build()
-        bare = _inner_of(outer)
-        if bare is None:
-            log.warning("unexpected OpenTelemetry middleware layout: every request goes through OTel (ratio via sampler)")
-        return TrackingMiddleware(outer, bare, tracker, ratio)
-
-    app.build_middleware_stack = build_middleware_stack
-    app.middleware_stack = None  # rebuilt on the next request/startup
-
-
-def _inner_of(outer: Any) -> Any | None:
-    """The stack inside the OTel middleware: ServerErrorMiddleware(OpenTelemetryMiddleware(inner))."""
-    from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
-
-    node = outer
-    for _ in range(3):
-        if isinstance(node, OpenTelemetryMiddleware):
-            return node.app
-        node = getattr(node, "app", None)
-        if node is None:
-            return None
-    return None
 
 
 def _add_metrics_route(app: Any, path: str, registry: Any) -> None:

@@ -79,13 +79,14 @@ def request_row(
         return None
     if trace_id is not None and not (type(trace_id) is str and trace_id.isalnum() and trace_id.isascii()):
         return None
+    strings = _STRINGS  # cache hits without a call: this runs once per request
     return (
         int(finish * 1e6 + 0.5),
         int(arrival * 1e6 + 0.5),
         start_us,
-        _json_str(outcome),
-        _json_str(route),
-        _json_str(model),
+        strings.get(outcome) or _json_str(outcome),
+        strings.get(route) or _json_str(route),
+        strings.get(model) or _json_str(model),
         prompt_tokens,
         output_tokens,
         ttft_s,
@@ -97,7 +98,9 @@ def request_row(
 class RecordBuffer:
     """Lock-free append on the hot path; a daemon thread forwards batches to a ``RecorderWriter``.
 
-    ``on_drop(stage, n)`` is called (from any thread) for records that could not be kept.
+    ``on_drop(stage, n)`` is called (from any thread) for records that could not be kept:
+    ``recorder_drop`` (never reached the writer) and ``recorder_write`` (the writer failed to store
+    them; noticed at the next drain, flush or close -- never on the request path).
     """
 
     def __init__(
@@ -117,6 +120,7 @@ class RecordBuffer:
         self.max_pending = max_pending
         self._on_drop = on_drop
         self._pending: collections.deque[Record | RequestRow] = collections.deque()
+        self._seen_write_errors = writer.write_errors
         self._stop = threading.Event()
         self._drain_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="llmdiag-tracker-buffer", daemon=True)
@@ -137,7 +141,9 @@ class RecordBuffer:
         """Forward everything buffered and wait until the writer has it on disk."""
         deadline = time.monotonic() + timeout
         self._drain()
-        return self.writer.flush(max(0.0, deadline - time.monotonic()))
+        ok = self.writer.flush(max(0.0, deadline - time.monotonic()))
+        self._count_write_errors()
+        return ok
 
     def close(self, timeout: float = 10.0) -> None:
         self._stop.set()
@@ -147,6 +153,7 @@ class RecordBuffer:
             self.writer.close(timeout)
         else:
             self.writer.flush(timeout)
+        self._count_write_errors()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -173,8 +180,16 @@ class RecordBuffer:
                 kept = False
             if not kept:
                 self._drop("recorder_drop", len(records) + len(rows))
+            self._count_write_errors()
         finally:
             self._drain_lock.release()
+
+    def _count_write_errors(self) -> None:
+        errors = self.writer.write_errors  # counted by the writer thread
+        seen = self._seen_write_errors
+        if errors > seen:
+            self._seen_write_errors = errors
+            self._drop("recorder_write", errors - seen)
 
     def _drop(self, stage: str, n: int) -> None:
         if self._on_drop is not None:

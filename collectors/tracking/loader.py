@@ -32,21 +32,45 @@ import inspect
 import os
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from collectors.records import LoaderEvent
-
-if TYPE_CHECKING:
-    from collectors.tracking.tracker import RequestTracker
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class TrackedLoader:
-    """One loader run. Set ``bytes_read`` / ``cache_hit`` inside the block when only then known."""
+class RequestWindows(Protocol):
+    """Who knows which requests are between arrival and their slot (the admission side)."""
 
-    def __init__(self, tracker: RequestTracker, name: str, bytes_read: int | None, cache_hit: bool | None) -> None:
-        self.tracker = tracker
+    def waiting_since_before(self, mono: float) -> bool: ...
+
+
+class LoaderSink(Protocol):
+    """Where a finished loader run goes (the recording side); ``error`` counts our own failures."""
+
+    def record_loader(self, event: LoaderEvent) -> None: ...
+
+    def error(self, stage: str, n: int = 1) -> None: ...
+
+
+class TrackedLoader:
+    """One loader run. Set ``bytes_read`` / ``cache_hit`` inside the block when only then known.
+
+    It needs two things and is given them, rather than a tracker: ``windows`` answers "was a request
+    waiting for a slot when this loader started?", ``sink`` takes the event (``tracker.track_loader``
+    wires both).
+    """
+
+    def __init__(
+        self,
+        windows: RequestWindows,
+        sink: LoaderSink,
+        name: str,
+        bytes_read: int | None = None,
+        cache_hit: bool | None = None,
+    ) -> None:
+        self.windows = windows
+        self.sink = sink
         self.name = name
         self.bytes_read = bytes_read
         self.cache_hit = cache_hit
@@ -74,19 +98,19 @@ class TrackedLoader:
 
     def __call__(self, func: F) -> F:
         """Decorate ``func``: every call is tracked as a fresh loader run with this name."""
-        tracker, name, bytes_read, cache_hit = self.tracker, self.name, self.bytes_read, self.cache_hit
+        windows, sink, name, bytes_read, cache_hit = self.windows, self.sink, self.name, self.bytes_read, self.cache_hit
         if inspect.iscoroutinefunction(func):
 
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                async with TrackedLoader(tracker, name, bytes_read, cache_hit):
+                async with TrackedLoader(windows, sink, name, bytes_read, cache_hit):
                     return await func(*args, **kwargs)
 
             return async_wrapper  # type: ignore[return-value]
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with TrackedLoader(tracker, name, bytes_read, cache_hit):
+            with TrackedLoader(windows, sink, name, bytes_read, cache_hit):
                 return func(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
@@ -96,7 +120,7 @@ class TrackedLoader:
     def _finish(self) -> None:
         try:
             duration = max(0.0, time.perf_counter() - self._mono)
-            in_path = self.tracker._waiting_since_before(self._mono)
+            in_path = self.windows.waiting_since_before(self._mono)
             bytes_read = int(self.bytes_read) if self.bytes_read is not None else None
             self.event = LoaderEvent(
                 ts=self._wall,
@@ -108,6 +132,6 @@ class TrackedLoader:
                 in_request_path=in_path,
                 pid=os.getpid(),
             )
-            self.tracker._record_loader(self.event)
+            self.sink.record_loader(self.event)
         except Exception:  # never into the app
-            self.tracker._error("loader")
+            self.sink.error("loader")

@@ -521,3 +521,83 @@ def test_loader_on_the_request_path_is_flagged(tmp_path: Path) -> None:
     assert sample_value(registry, catalog.LOADER_EVENTS.name, {"cache": "miss", "in_request_path": "true"}) == 1
     assert sample_value(registry, catalog.LOADER_EVENTS.name, {"cache": "hit", "in_request_path": "false"}) == 1
     assert sample_value(registry, catalog.LOADER_READ.name) == 4096
+
+
+# --------------------------------------------------------------------------- installation
+
+
+def test_the_middleware_goes_in_through_fastapis_public_api(tmp_path: Path) -> None:
+    """Installed with ``app.add_middleware``: the app's own ``build_middleware_stack`` is untouched, the
+    tracking middleware is outermost of the user middleware, so the app's own middleware already runs
+    inside the request's arrival; a second call changes nothing; after start-up Starlette refuses."""
+    from collectors.tracking import TrackingMiddleware
+    from collectors.tracking import spans as sp
+
+    seen: list[bool] = []
+
+    class Inner:  # the app's own middleware, added before instrument_fastapi
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] == "http":
+                seen.append(sp.CURRENT_ARRIVAL.get() is not None)
+            await self.app(scope, receive, send)
+
+    tracker = _tracker(tmp_path, CollectorRegistry())
+    app = FastAPI()
+    app.add_middleware(Inner)
+
+    @app.get("/ok")
+    async def ok() -> dict[str, bool]:
+        async with tracker.request(route="/ok") as req:
+            await req.acquire()
+            return {"ok": True}
+
+    instrument_fastapi(app, tracker)
+    instrument_fastapi(app, tracker)  # ignored, with a warning
+    assert [m.cls for m in app.user_middleware] == [TrackingMiddleware, Inner]
+    assert "build_middleware_stack" not in vars(app)
+    with serve(app) as base, httpx.Client(base_url=base) as client:
+        assert client.get("/ok").status_code == 200
+    tracker.close()
+    assert seen == [True]
+
+    started = FastAPI()
+    with serve(started) as base, httpx.Client(base_url=base) as client:
+        assert client.get("/docs").status_code == 200  # the stack is built now
+        with pytest.raises(RuntimeError):  # too late: Starlette refuses middleware once it has started
+            instrument_fastapi(started, RequestTracker(model="late", recorder=False, registry=CollectorRegistry()))
+
+
+def test_a_span_asked_for_during_inference_is_live_and_is_the_one_exported(tmp_path: Path, spans: Any) -> None:
+    """``req.span`` / ``req.inference_context()`` during the request give the live ``llm.inference``
+    span (built on first use); what the handler put on it and the finish attributes end up on one span,
+    and a span the handler opens in ``inference_context()`` is its child."""
+    provider, exporter = spans
+    tracker = _tracker(tmp_path, CollectorRegistry(), provider, ratio=1.0)
+    app = FastAPI()
+
+    @app.get("/live")
+    async def live() -> dict[str, bool]:
+        async with tracker.request(route="/live") as req:
+            assert not req.span.is_recording()  # no slot yet: nothing to record on
+            await req.acquire()
+            req.span.set_attribute("app.stage", "decode")
+            with provider.get_tracer("app").start_as_current_span("app.step", context=req.inference_context()):
+                pass
+            assert req.span is req.span  # the same live span every time
+            return {"ok": True}
+
+    instrument_fastapi(app, tracker, tracer_provider=provider)
+    with serve(app) as base, httpx.Client(base_url=base) as client:
+        assert client.get("/live").status_code == 200
+    tracker.close()
+    finished = {s.name: s for s in exporter.get_finished_spans()}
+    inference, step = finished["llm.inference"], finished["app.step"]
+    assert [s.name for s in exporter.get_finished_spans()].count("llm.inference") == 1
+    assert inference.attributes["app.stage"] == "decode"
+    assert inference.attributes["llm_diag.outcome"] == "ok"
+    assert inference.attributes["gen_ai.request.model"] == "m"
+    assert step.parent is not None and step.parent.span_id == inference.context.span_id
+    assert inference.parent is not None and inference.parent.span_id == finished["GET /live"].context.span_id

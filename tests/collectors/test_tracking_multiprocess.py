@@ -137,8 +137,8 @@ def test_dead_workers_live_gauges_are_swept(tmp_path: Path) -> None:
         from prometheus_client import CollectorRegistry
         from collectors.tracking import RequestTracker
         t = RequestTracker("w", recorder=False, registry=CollectorRegistry())
-        for _ in range(5): t._series_for("/x").queued()   # a worker with 5 queued requests ...
-        for _ in range(2): t._series_for("/x").finished("ok", False, 0.1, 0.1, 0.2, None)
+        for _ in range(5): t.recording.series_for("/x").queued()   # a worker with 5 queued requests ...
+        for _ in range(2): t.recording.series_for("/x").finished("ok", False, 0.1, 0.1, 0.2, None)
         os.kill(os.getpid(), signal.SIGKILL)    # ... killed without any cleanup
         """
     )
