@@ -21,8 +21,8 @@ from tests.paths import EXTERNAL, FIXTURES, REPO
 _SIBLING = r"\.\./" + "shared" + r"|/work/" + "shared" + r"|\b" + "shared/" + "docs"
 _NOTES = r"\bresearch/" + r"[a-z_]+\.md"
 _ISSUE = r"\b[Ii]" + r"ssue\s*#?\d+"
-# A hash and digits as a reference, but not a CSS colour (three or six digits then ";") nor an HTML entity.
-_HASH = r"(?<![\w&#])#\d{1,5}\b(?![;\w])"
+# A hash and digits as a reference, but not a CSS colour (after ":" or before ";"/"}") nor an HTML entity.
+_HASH = r"(?<![\w&#:])#\d{1,5}\b(?![;}\w])"
 # An upstream tracker reference: a project name glued to a hash and digits.
 _UPSTREAM = r"[A-Za-z_]#\d+\b"
 OUTSIDE = re.compile("|".join(f"(?:{p})" for p in (_SIBLING, _NOTES, _ISSUE, _HASH, _UPSTREAM)))
@@ -64,7 +64,7 @@ def test_the_pattern_catches_each_kind_of_outside_reference() -> None:
         "fixed in " + "#" + "13",
         "upstream sos" + "#" + "407 hangs",
     ]
-    allowed = ["color: #555;", 'colour "#555555"', "&#38; entity", "5 % of the limit", "x[#]"]
+    allowed = ["color: #555;", "a{color:#222}", 'colour "#555555"', "&#38; entity", "5 % of the limit", "x[#]"]
     assert all(outside_references(t) for t in forbidden)
     assert not any(outside_references(t) for t in allowed)
 

@@ -147,7 +147,7 @@ def _reopen(db: sqlite3.Connection, policy: Policy, inc: sqlite3.Row, alert: Ale
     )
     flapping = _transition(db, policy, inc, "reopened", f"fired again (reopen #{inc['reopen_count'] + 1})", now)
     if not flapping:
-        enqueue(db, policy, inc["id"], "reopen", f"Fired again; reopened (#{inc['reopen_count'] + 1}).", now)
+        enqueue(db, policy, inc["id"], "reopen", f"Fired again; reopened, {inc['reopen_count'] + 1} time(s) in all.", now)
 
 
 def _firing(

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from collectors.processes import ProcessSampler
-from tests.collectors.test_processes import _maps_line, make_proc
+from tests.collectors.proc_builders import make_proc
+from tests.collectors.proc_builders import maps_line as _maps_line
 
 
 def test_a_former_holder_stays_sampled_after_closing_the_file(tmp_path: Path) -> None:

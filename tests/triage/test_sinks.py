@@ -63,7 +63,7 @@ def test_create_once_then_close_reopen_comment_on_both_trackers(tmp_path, tracke
     apply(db, policy, body(alert(LABELS, starts=300)), 300.0)
     drain(d)
     assert issue["state"] == "open" and tracker.jira_issues["OPS-1"]["status"] == "To Do"
-    assert any("reopened (#1)" in c for c in issue["comments"])
+    assert any("reopened, 1 time(s) in all" in c for c in issue["comments"])
     assert tracker.creates() == 2  # one per tracker, ever
     rows = db.execute("SELECT sink, external_id FROM tickets ORDER BY sink").fetchall()
     assert [tuple(r) for r in rows] == [("github", "1"), ("jira", "OPS-1")]
