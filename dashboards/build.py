@@ -37,8 +37,8 @@ TAG = "llm-diag"
 GRID_WIDTH = 24
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 OOM_ANNOTATION = (
-    f"sum by (job, instance) (increase({m('llmdiag_oom_kills_total')}{{{SEL}}}[$__interval])) > 0"
-    f" or sum by (job, instance) (increase({m('node_vmstat_oom_kill')}{{{SEL}}}[$__interval])) > 0"
+    f"sum by (job, instance) (increase({m('llmdiag_oom_kills_total')}{{{SEL}}}[$__rate_interval])) > 0"
+    f" or sum by (job, instance) (increase({m('node_vmstat_oom_kill')}{{{SEL}}}[$__rate_interval])) > 0"
 )
 
 

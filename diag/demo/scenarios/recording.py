@@ -89,6 +89,10 @@ def scenario_records(recorder_path: str | Path, groups: Sequence[str], pids: Ite
                 continue
             if kind == "cgroup" and not _in_scope(obj.get("path"), groups):
                 continue
+            if kind == "watch_scope":
+                # The harness's agent watches the neighbour's group too, to record it as evidence: that is the
+                # harness's scope, not an operator naming the service, and would make the neighbour the service.
+                continue
             out.append(obj)
     out.sort(key=lambda o: float(o.get("ts") or 0.0))
     return out
