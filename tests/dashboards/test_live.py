@@ -54,6 +54,9 @@ def substitute(expr: str, step: float, rate_interval: float) -> str:
 
 
 def query_range(live: Live, expr: str, start: float, end: float, step: float, rate_interval: float) -> list[dict[str, Any]]:
+    # Prometheus evaluates at start, start+step, ...; a grid that ends short of `end` misses a sample younger than one
+    # step (a recording rule that has just produced its first). Align the grid so `end` itself is evaluated.
+    start = end - math.ceil((end - start) / step) * step
     r = httpx.get(f"{live.prom.url}/api/v1/query_range", trust_env=False, timeout=30.0, params={
         "query": substitute(expr, step, rate_interval), "start": start, "end": end, "step": step})  # fmt: skip
     body = r.json()
@@ -87,10 +90,7 @@ def test_every_panel_query_returns_data(live: Live, uid: str, title: str) -> Non
                 continue
             for rule in sorted(families & PERIOD_RULES):
                 assert live.prom.wait_for(rule, bool, 330), f"{rule}: never recorded"
-                # The first sample can land less than one 2 s step before "now": wait a step so the range
-                # query's last evaluation point falls after it (else it sees nothing yet).
-                time.sleep(2.5)
-                end = time.time()
+                end = time.time()  # the rule's first sample is older than this; query_range evaluates at `end`
             if all(live_producible(f, live.node_exporter) for f in families):
                 points = finite_points(live_window(live, alt, end))
                 where = "live window"

@@ -2,8 +2,10 @@
 
 Why two: in production every HA peer may deliver the same notification (each waits its position x
 peer timeout, then sends unless the gossip already says another did). ``peer_timeout`` is set tiny
-here so both usually do -- the receiver must turn that into one incident. Ports are free ephemeral
-ones (web and cluster), processes are stopped by PID, data lives in a temporary folder.
+here so both often do -- the receiver must turn that into one incident. "Often" is a race the gossip
+sometimes wins, so a test that needs duplicates for certain asks for ``clustered=False``: two peers
+that never hear of each other (a partitioned HA pair), each delivering every group. Ports are free
+ephemeral ones (web and cluster), processes are stopped by PID, data lives in a temporary folder.
 Without the Debian package (``prometheus-alertmanager`` + ``amtool``) the tests skip with the reason.
 """
 
@@ -55,23 +57,27 @@ def iso(ts: float) -> str:
 
 
 class AlertmanagerPair:
-    def __init__(self, folder: Path, webhook_url: str, peer_timeout: str = "10ms") -> None:
+    def __init__(self, folder: Path, webhook_url: str, peer_timeout: str = "10ms", *, clustered: bool = True) -> None:
         self.am, self.amtool = binaries()
         self.folder = folder
         self.web = [free_port(), free_port()]
         self.cluster = [free_port(), free_port()]
         config = folder / "alertmanager.yml"
         config.write_text(CONFIG.format(url=webhook_url))
+        self.clustered = clustered
         self.procs: list[subprocess.Popen[bytes]] = []
         for i in range(2):
             data = folder / f"am{i}"
             data.mkdir()
-            cmd = [
-                self.am, f"--config.file={config}", f"--storage.path={data}", f"--web.listen-address=127.0.0.1:{self.web[i]}",
-                f"--cluster.listen-address=127.0.0.1:{self.cluster[i]}", f"--cluster.peer=127.0.0.1:{self.cluster[1 - i]}",
-                f"--cluster.peer-timeout={peer_timeout}", "--cluster.gossip-interval=100ms", "--cluster.settle-timeout=5s",
-                "--log.level=warn",
-            ]  # fmt: skip
+            cmd = [self.am, f"--config.file={config}", f"--storage.path={data}", f"--web.listen-address=127.0.0.1:{self.web[i]}"]
+            if clustered:
+                cmd += [
+                    f"--cluster.listen-address=127.0.0.1:{self.cluster[i]}", f"--cluster.peer=127.0.0.1:{self.cluster[1 - i]}",
+                    f"--cluster.peer-timeout={peer_timeout}", "--cluster.gossip-interval=100ms", "--cluster.settle-timeout=5s",
+                ]  # fmt: skip
+            else:
+                cmd.append("--cluster.listen-address=")  # an empty address turns clustering off
+            cmd.append("--log.level=warn")
             log = open(folder / f"am{i}.log", "wb")  # noqa: SIM115 - closed with the process in stop()
             self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=log))
         self._wait_ready()
@@ -94,6 +100,8 @@ class AlertmanagerPair:
                 if time.monotonic() > deadline:
                     raise RuntimeError("alertmanager not ready")
                 time.sleep(0.1)
+        if not self.clustered:
+            return
         while time.monotonic() < deadline:  # both peers see each other
             status = httpx.get(f"{self.urls[0]}/api/v2/status", timeout=2).json()
             if len(status.get("cluster", {}).get("peers") or []) == 2:
