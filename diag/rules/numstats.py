@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from statistics import NormalDist
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -50,6 +50,31 @@ def norm_ppf(p: float) -> float:
     if not 0.0 < p < 1.0:
         return math.nan
     return _NORMAL.inv_cdf(p)
+
+
+# --------------------------------------------------------------------------- median
+
+
+def median(a: Any, overwrite_input: bool = False) -> np.float64:
+    """``np.median`` of a 1-D array (or sequence), bit for bit, at a fraction of its cost on small inputs.
+
+    Why: the rules take the median of a few hundred short series per analysis (every process's
+    USS, every trough spacing), and ``np.median``'s generic axis handling costs ~20 us a call --
+    most of the live diagnosis's time in them. Same arithmetic: the middle value, or the two middle
+    values added and halved, each sum started from +0.0 (``np.mean``); NaN when any value is NaN;
+    empty inputs go to ``np.median`` itself (its warning and NaN).
+    """
+    arr = np.asarray(a, dtype=np.float64).ravel() if not (isinstance(a, np.ndarray) and a.dtype == np.float64) else a
+    n = arr.size
+    if n == 0 or arr.ndim != 1:
+        return np.float64(np.median(arr))
+    part = arr if overwrite_input else arr.copy()
+    h = n // 2
+    part.partition([h - 1, h, n - 1] if n % 2 == 0 and n > 1 else [h, n - 1])  # the largest last: NaN sorts there
+    if part[n - 1] != part[n - 1]:
+        return np.float64(np.nan)
+    zero = np.float64(0.0)  # np.mean's sum starts from +0.0: a median of -0.0 is +0.0
+    return zero + part[h] if n % 2 else (zero + part[h - 1] + part[h]) / np.float64(2.0)
 
 
 # --------------------------------------------------------------------------- ranks
@@ -146,8 +171,8 @@ def theilslopes(y: np.ndarray, x: np.ndarray | None = None, alpha: float = 0.95)
     nt = slopes.size
     if nt == 0:
         return nan
-    medslope = np.median(slopes, overwrite_input=True)
-    medinter = np.median(yv) - medslope * np.median(xv)
+    medslope = median(slopes, overwrite_input=True)
+    medinter = median(yv) - medslope * median(xv)
     a = 1.0 - alpha if alpha > 0.5 else alpha
     z = norm_ppf(a / 2.0)
     ny = yv.size
