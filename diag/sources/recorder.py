@@ -29,6 +29,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -46,6 +47,7 @@ BATCH_BYTES = 256 * 1024  # JSON per batch of one kind decoded at once: cache-si
 BATCH_ROWS = 20_000  # and at most this many rows
 PARALLEL_MIN_ROWS = 200_000  # below this, starting processes costs more than it saves
 MAX_WORKERS = 4
+SEGMENT_S = 15.0  # RecorderWindow: rows of about this many seconds per decoded segment
 
 
 def load_recorder(
@@ -305,10 +307,10 @@ class RecorderWindow:
 
     Why: ``diag collect --diagnose-every 15s`` analyses the last 5 minutes every 15 s, and a full
     ``load_recorder`` decodes all of it each time -- 95 % of it rows the previous run had decoded.
-    Here the rows are kept as decoded segments of row ids (one per run: ids only grow, while times
-    do not -- a tracked process writes its batches late); each run reads only the rows past the
-    last id seen, drops the segments that fell out of the window, re-reads the one segment the
-    window's start cuts through, and builds the Timeline from the segments.
+    Here the rows are kept decoded, in segments of row ids of about ``segment_s`` each (ids only
+    grow, while times do not -- a tracked process writes its batches late); each run reads only the
+    rows past the last id seen, drops the segments that fell out of the window, reads again the one
+    the window's start cuts through, and builds the Timeline from the segments.
 
     Same Timeline as ``load_recorder(path, since_s=window_s)`` (the tests hold it to that), because
     anything it cannot vouch for sends it back to a full read: a different file at the path (moved
@@ -317,9 +319,10 @@ class RecorderWindow:
     trim reached into the window).
     """
 
-    def __init__(self, path: str | Path, window_s: float) -> None:
+    def __init__(self, path: str | Path, window_s: float, segment_s: float = SEGMENT_S) -> None:
         self.path = Path(path)
         self.window_s = window_s
+        self.segment_s = segment_s
         self.source = f"recorder:{path}"
         self._segments: list[_Segment] = []
         self._identity: tuple[int, int] | None = None
@@ -354,10 +357,11 @@ class RecorderWindow:
                     if not seg.ts.size or seg.ts[-1] < since:
                         continue  # wholly before the window
                     if seg.ts[0] < since:  # the window's start cuts through it: read its part again
-                        seg = self._read(db, seg.first_id, seg.last_id, since)
-                    segments.append(seg)
+                        segments.extend(self._read(db, seg.first_id, seg.last_id, since))
+                    else:
+                        segments.append(seg)
                 if top > self._last_id:
-                    segments.append(self._read(db, self._last_id, top, since))
+                    segments.extend(self._read(db, self._last_id, top, since))
             finally:
                 db.close()
             self._segments, self._identity, self._since, self._last_id = segments, identity, since, top
@@ -374,24 +378,45 @@ class RecorderWindow:
         (present,) = db.execute(sql, (since, self._last_id)).fetchone()
         return int(present) == held
 
-    def _read(self, db: sqlite3.Connection, first_id: int, last_id: int, since: float) -> _Segment:
-        """Rows ``first_id < id <= last_id`` with ``ts >= since``, kind by kind in time order, into a new builder."""
-        builder = TimelineBuilder(source=self.source)
+    def _read(self, db: sqlite3.Connection, first_id: int, last_id: int, since: float) -> list[_Segment]:
+        """Rows ``first_id < id <= last_id`` with ``ts >= since`` as segments of about ``segment_s`` each.
+
+        Why cut: the segment the window's start cuts through is read again on every run, so it must
+        be short -- a first read of the whole window as one segment would be read again every time.
+        """
         rows = db.execute(
-            "SELECT kind, ts, body FROM records WHERE id > ? AND id <= ? AND ts >= ? ORDER BY kind, ts, id",
+            "SELECT id, ts, kind, body FROM records WHERE id > ? AND id <= ? AND ts >= ? ORDER BY id",
             (first_id, last_id, since),
         ).fetchall()
         self.rows_read += len(rows)
-        start = 0
+        segments: list[_Segment] = []
+        lo, start = first_id, 0
         while start < len(rows):
-            kind = rows[start][0]
-            end = start
-            while end < len(rows) and rows[end][0] == kind:
+            end, first_ts = start + 1, rows[start][1]
+            while end < len(rows) and rows[end][1] - first_ts < self.segment_s:
                 end += 1
-            bodies = [body for _, _, body in rows[start:end]]
+            hi = last_id if end == len(rows) else rows[end - 1][0]
+            segments.append(self._segment(rows[start:end], lo, hi, since))
+            lo, start = hi, end
+        return segments
+
+    def _segment(self, rows: list[tuple[int, float, str, str]], first_id: int, last_id: int, since: float) -> _Segment:
+        """One segment's rows (in id order) decoded kind by kind, each kind in ``ts, id`` order as ``_read_part`` reads."""
+        builder = TimelineBuilder(source=self.source)
+        ordered = sorted(rows, key=_KIND_TS_ID)
+        start = 0
+        while start < len(ordered):
+            kind = ordered[start][2]
+            end = start
+            while end < len(ordered) and ordered[end][2] == kind:
+                end += 1
+            bodies = [row[3] for row in ordered[start:end]]
             step = batch_rows(bodies[:64])
             for first in range(0, len(bodies), step):
                 builder.add_bodies(kind, bodies[first : first + step])
             start = end
         ts = np.sort(np.fromiter((row[1] for row in rows), np.float64, len(rows)))
         return _Segment(first_id, last_id, since, builder, ts)
+
+
+_KIND_TS_ID = itemgetter(2, 1, 0)
