@@ -217,7 +217,21 @@ def assess(cand: Candidate, n_candidates: int, load: LoadIndex | None) -> Assess
 class ServiceMemory:
     scope: Scope
     decisive: list[Assessment]  # what the verdict rests on: the service's cgroups, else its processes
-    processes: list[Assessment]  # per-process assessments (for attribution when the cgroups decide)
+    attribution: list[Candidate] | None = None  # the processes to assess when the cgroups decide (None: decisive)
+    _processes: list[Assessment] | None = field(default=None, repr=False)
+
+    @property
+    def processes(self) -> list[Assessment]:
+        """Per-process assessments (for attribution when the cgroups decide), made on first use.
+
+        Why lazily: only a leak found in a cgroup asks which process grows, and assessing every
+        process on every analysis was most of the live diagnosis's cost (``diag collect
+        --diagnose-every``). ``assess`` is a pure function of the candidate, so the answer is the same.
+        """
+        if self._processes is None:
+            procs = self.attribution
+            self._processes = self.decisive if procs is None else [assess(c, 1, None) for c in procs]  # no load check
+        return self._processes
 
 
 def assess_service(timeline: Timeline, ac: AnalysisContext | None = None) -> ServiceMemory:
@@ -231,9 +245,9 @@ def _assess_service(timeline: Timeline, ac: AnalysisContext | None) -> ServiceMe
     load = LoadIndex(timeline.requests) if len(timeline.requests) else None
     if groups:
         decisive = [assess(c, len(groups), load) for c in groups]
-        return ServiceMemory(scope, decisive, [assess(c, 1, None) for c in procs])  # attribution: no load check needed
+        return ServiceMemory(scope, decisive, procs)
     decisive = [assess(c, len(procs), load) for c in procs]
-    return ServiceMemory(scope, decisive, decisive)
+    return ServiceMemory(scope, decisive)
 
 
 def _longest_memory_series(timeline: Timeline, scope: Scope) -> str:
