@@ -105,8 +105,15 @@ def _dense_ranks(v: np.ndarray) -> np.ndarray:
 
 
 def _tie_counts(v: np.ndarray) -> np.ndarray:
-    """Sizes of the groups of equal values that have at least two members."""
-    _, counts = np.unique(v, return_counts=True)
+    """Sizes of the groups of equal values that have at least two members (no NaN: the callers refuse them).
+
+    A sort and a diff, as ``np.unique(return_counts=True)`` does inside, without its overhead (a
+    Theil-Sen line asks three times, and the rules draw a few hundred lines per analysis).
+    """
+    if v.size == 0:
+        return np.empty(0, dtype=np.int64)
+    s = np.sort(v)
+    counts = np.diff(np.flatnonzero(np.r_[True, s[1:] != s[:-1], True]))
     return counts[counts > 1].astype(np.int64)
 
 
@@ -146,6 +153,18 @@ def _pair_slopes(x: np.ndarray, y: np.ndarray) -> np.ndarray:
             np.divide(dy[keep], dx[keep], out=out[k : k + m])
         k += m
     return out[:k]
+
+
+def theil_slope(y: np.ndarray, x: np.ndarray) -> float:
+    """``theilslopes(y, x).slope`` alone (no confidence band): what a detrending step needs, at less cost."""
+    yv = np.array(y, dtype=np.float64).ravel()
+    xv = np.array(x, dtype=np.float64).ravel()
+    if xv.size != yv.size:
+        raise ValueError("x and y must have the same length")
+    if yv.size < 2 or np.isnan(xv).any() or np.isnan(yv).any():
+        return math.nan
+    slopes = _pair_slopes(xv, yv)
+    return float(median(slopes, overwrite_input=True)) if slopes.size else math.nan
 
 
 def theilslopes(y: np.ndarray, x: np.ndarray | None = None, alpha: float = 0.95) -> TheilSlopes:

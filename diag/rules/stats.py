@@ -110,7 +110,7 @@ def _hamed_rao(y: np.ndarray, alpha: float) -> float:
     if n < 4:
         return 1.0
     idx = np.arange(n, dtype=np.float64)
-    slope = numstats.theilslopes(y, idx).slope
+    slope = numstats.theil_slope(y, idx)
     ranks = numstats.rankdata(y - slope * idx)
     r = ranks - ranks.mean()
     denom = float((r * r).sum())
@@ -319,7 +319,7 @@ def plateau_after_change(ts: np.ndarray, y: np.ndarray) -> Plateau | None:
         if sse >= 0.5 * sse_line or sse >= best_sse:
             continue
         head_slope = float(np.polyfit(ts[:k] - ts[0], y[:k], 1)[0])
-        tail_slope = numstats.theilslopes(tail, ts[k:] - ts[k]).slope
+        tail_slope = numstats.theil_slope(tail, ts[k:] - ts[k])
         if head_slope > 0 and tail_slope < 0.25 * head_slope:
             best_sse = sse
             best = Plateau(float(ts[k]), n - k, head_slope, tail_slope, sse / sse_line)

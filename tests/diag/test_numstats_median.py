@@ -1,4 +1,4 @@
-"""``numstats.median`` is ``np.median`` bit for bit (the rules' results must not move by one ulp)."""
+"""``numstats.median``, ``theil_slope`` and the tie counts are what numpy and ``theilslopes`` give, bit for bit."""
 
 from __future__ import annotations
 
@@ -38,3 +38,18 @@ def test_median_of_integers_and_lists_matches() -> None:
     assert numstats.median(ints) == np.median(ints) == 3.5
     assert numstats.median([2, 7, 1]) == np.median([2, 7, 1]) == 2.0
     assert isinstance(numstats.median([1.0, 2.0]), np.float64)
+
+
+@pytest.mark.parametrize("n", [2, 3, 8, 48, 200])
+def test_theil_slope_is_theilslopes_slope_and_ties_are_uniques(n: int) -> None:
+    rng = np.random.default_rng(n)
+    for y, x in (
+        (rng.normal(1e8, 1e6, n), np.sort(rng.uniform(0, 300, n))),
+        (rng.integers(0, 4, n).astype(np.float64), rng.integers(0, 3, n).astype(np.float64)),  # ties in x and y
+        (rng.normal(size=n), np.zeros(n)),  # all x equal: NaN
+    ):
+        want = numstats.theilslopes(y, x).slope
+        got = numstats.theil_slope(y, x)
+        assert np.float64(got).tobytes() == np.float64(want).tobytes() or (np.isnan(got) and np.isnan(want))
+        _, counts = np.unique(y, return_counts=True)
+        np.testing.assert_array_equal(numstats._tie_counts(y), counts[counts > 1])
