@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from diag.rules import stats
+from diag.rules import numstats, stats
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext
 from diag.timeline import ProcessTrack, Timeline
@@ -52,7 +52,7 @@ class Member:
 def _median(track: ProcessTrack, name: str) -> float:
     s = track.series.get(name)
     v = s.valid().values if s is not None else np.empty(0)
-    return float(np.median(v)) if v.size else math.nan
+    return float(numstats.median(v)) if v.size else math.nan
 
 
 def _loaded_by_pid(tl: Timeline) -> dict[int, float]:

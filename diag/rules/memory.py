@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from diag.rules import stats
+from diag.rules import numstats, stats
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext, shared
 from diag.rules.stats import LoadIndex, Scope, Trend
@@ -124,7 +124,7 @@ def candidates(timeline: Timeline, scope: Scope) -> tuple[list[Candidate], list[
     found_tracks = [(t, f) for t in tracks if (f := stats.first_present(t.series, PROCESS_SERIES))]
     # Small processes (a supervisor, a sidecar) cannot carry a material leak of the service; testing them
     # only costs the real candidates power through the Bonferroni correction.
-    sizes = [float(np.median(f[1].values)) for _, f in found_tracks]
+    sizes = [float(numstats.median(f[1].values)) for _, f in found_tracks]
     floor = PROCESS_MIN_SHARE * max(sizes) if sizes else 0.0
     ranked = sorted(zip(found_tracks, sizes, strict=True), key=lambda x: -x[1])[:MAX_PROCESS_CANDIDATES]
     procs: list[Candidate] = []
@@ -175,7 +175,7 @@ def assess(cand: Candidate, n_candidates: int, load: LoadIndex | None) -> Assess
     tr, tr_trend = stats.trough_trend(s)
     a = Assessment(cand, tr, tr_trend)
     a.current = float(s.values[-1])
-    a.level = float(np.median(tr.values)) if len(tr) else math.nan
+    a.level = float(numstats.median(tr.values)) if len(tr) else math.nan
     a.span_s = float(tr.ts[-1] - tr.ts[0]) if len(tr) >= 2 else 0.0
     if a.trend is None:
         a.why_not.append("too few troughs for a trend test")
@@ -217,7 +217,21 @@ def assess(cand: Candidate, n_candidates: int, load: LoadIndex | None) -> Assess
 class ServiceMemory:
     scope: Scope
     decisive: list[Assessment]  # what the verdict rests on: the service's cgroups, else its processes
-    processes: list[Assessment]  # per-process assessments (for attribution when the cgroups decide)
+    attribution: list[Candidate] | None = None  # the processes to assess when the cgroups decide (None: decisive)
+    _processes: list[Assessment] | None = field(default=None, repr=False)
+
+    @property
+    def processes(self) -> list[Assessment]:
+        """Per-process assessments (for attribution when the cgroups decide), made on first use.
+
+        Why lazily: only a leak found in a cgroup asks which process grows, and assessing every
+        process on every analysis was most of the live diagnosis's cost (``diag collect
+        --diagnose-every``). ``assess`` is a pure function of the candidate, so the answer is the same.
+        """
+        if self._processes is None:
+            procs = self.attribution
+            self._processes = self.decisive if procs is None else [assess(c, 1, None) for c in procs]  # no load check
+        return self._processes
 
 
 def assess_service(timeline: Timeline, ac: AnalysisContext | None = None) -> ServiceMemory:
@@ -231,9 +245,9 @@ def _assess_service(timeline: Timeline, ac: AnalysisContext | None) -> ServiceMe
     load = LoadIndex(timeline.requests) if len(timeline.requests) else None
     if groups:
         decisive = [assess(c, len(groups), load) for c in groups]
-        return ServiceMemory(scope, decisive, [assess(c, 1, None) for c in procs])  # attribution: no load check needed
+        return ServiceMemory(scope, decisive, procs)
     decisive = [assess(c, len(procs), load) for c in procs]
-    return ServiceMemory(scope, decisive, decisive)
+    return ServiceMemory(scope, decisive)
 
 
 def _longest_memory_series(timeline: Timeline, scope: Scope) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from diag.rules import stats
+from diag.rules import numstats, stats
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext
 from diag.timeline import ProcessTrack, Series, Timeline
@@ -77,7 +77,7 @@ def _at(series: Series | None, when: np.ndarray) -> float:
         return math.nan
     s = series.valid()
     vals = s.values[np.isin(s.ts, when)]
-    return float(np.median(vals)) if vals.size else math.nan
+    return float(numstats.median(vals)) if vals.size else math.nan
 
 
 def _holders(tracks: list[ProcessTrack]) -> tuple[list[Holder], np.ndarray]:

@@ -74,12 +74,23 @@ def mann_kendall(y: np.ndarray, alpha_acf: float = 0.05, min_correction: float =
     n = y.size
     if n < 3:
         return 0.0, 0.0, 1.0, 0.0, 1.0
+    s, var, hamed_rao = _mk_parts(y, alpha_acf)
+    return _mk_test(n, s, var, max(hamed_rao, min_correction))
+
+
+def _mk_parts(y: np.ndarray, alpha_acf: float) -> tuple[float, float, float]:
+    """(S, its variance without autocorrelation, the Hamed-Rao factor) of ``y`` (n >= 3): what does not depend on
+    the correction, so ``trough_trend`` can test again with a larger one without redoing the O(n^2) parts."""
+    n = y.size
     diff = np.sign(y[None, :] - y[:, None])
     s = float(np.triu(diff, 1).sum())
     _, counts = np.unique(y, return_counts=True)
     ties = counts[counts > 1].astype(np.float64)
     var = (n * (n - 1) * (2 * n + 5) - float((ties * (ties - 1) * (2 * ties + 5)).sum())) / 18.0
-    correction = max(_hamed_rao(y, alpha_acf), min_correction)
+    return s, var, _hamed_rao(y, alpha_acf)
+
+
+def _mk_test(n: int, s: float, var: float, correction: float) -> tuple[float, float, float, float, float]:
     var *= correction
     if var <= 0:
         return s, 0.0, 1.0, 0.0, correction
@@ -99,7 +110,7 @@ def _hamed_rao(y: np.ndarray, alpha: float) -> float:
     if n < 4:
         return 1.0
     idx = np.arange(n, dtype=np.float64)
-    slope = numstats.theilslopes(y, idx).slope
+    slope = numstats.theil_slope(y, idx)
     ranks = numstats.rankdata(y - slope * idx)
     r = ranks - ranks.mean()
     denom = float((r * r).sum())
@@ -132,7 +143,7 @@ def dense_correction(series: Series, slope: float, intercept: float, t0: float, 
     n = len(s)
     if n < 10 or n_troughs < 4 or spacing_s <= 0:
         return 1.0
-    dt = float(np.median(np.diff(s.ts)))
+    dt = float(numstats.median(np.diff(s.ts)))
     if dt <= 0:
         return 1.0
     step = max(1, round(spacing_s / dt))
@@ -165,16 +176,36 @@ def dense_correction(series: Series, slope: float, intercept: float, t0: float, 
 
 def trend(ts: np.ndarray, y: np.ndarray, min_correction: float = 1.0) -> Trend | None:
     """Mann-Kendall + Theil-Sen of ``y`` over ``ts`` (seconds); None with fewer than 4 finite points."""
-    ts = np.asarray(ts, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    keep = np.isfinite(ts) & np.isfinite(y)
-    ts, y = ts[keep], y[keep]
-    if ts.size < 4 or float(ts[-1] - ts[0]) <= 0:
-        return None
-    s, z, p, tau, corr = mann_kendall(y, min_correction=min_correction)
-    t0 = float(ts[0])
-    sen = numstats.theilslopes(y, ts - t0)
-    return Trend(int(ts.size), s, z, p, tau, corr, sen.slope, sen.intercept, sen.low_slope, sen.high_slope)
+    parts = _TrendParts.of(ts, y)
+    return None if parts is None else parts.trend(min_correction)
+
+
+@dataclass(frozen=True)
+class _TrendParts:
+    """What a ``Trend`` of one series is made of, save the autocorrelation correction (computed once, tested twice)."""
+
+    n: int
+    s: float
+    var: float
+    hamed_rao: float
+    sen: numstats.TheilSlopes
+
+    @classmethod
+    def of(cls, ts: np.ndarray, y: np.ndarray) -> _TrendParts | None:
+        ts = np.asarray(ts, dtype=np.float64)
+        y = np.asarray(y, dtype=np.float64)
+        keep = np.isfinite(ts) & np.isfinite(y)
+        ts, y = ts[keep], y[keep]
+        if ts.size < 4 or float(ts[-1] - ts[0]) <= 0:
+            return None
+        s, var, hamed_rao = _mk_parts(y, 0.05)
+        t0 = float(ts[0])
+        return cls(int(ts.size), s, var, hamed_rao, numstats.theilslopes(y, ts - t0))
+
+    def trend(self, min_correction: float = 1.0) -> Trend:
+        s, z, p, tau, corr = _mk_test(self.n, self.s, self.var, max(self.hamed_rao, min_correction))
+        sen = self.sen
+        return Trend(self.n, s, z, p, tau, corr, sen.slope, sen.intercept, sen.low_slope, sen.high_slope)
 
 
 def window_count(n_samples: int) -> int:
@@ -241,12 +272,13 @@ def trough_edges(series: Series, windows: int | None = None) -> np.ndarray:
 def trough_trend(series: Series) -> tuple[Series, Trend | None]:
     """Troughs of ``series`` and their trend, autocorrelation estimated from both the troughs and the dense series."""
     tr = troughs(series)
-    first = trend(tr.ts, tr.values)
-    if first is None:
+    parts = _TrendParts.of(tr.ts, tr.values)
+    if parts is None:
         return tr, None
-    spacing = float(np.median(np.diff(tr.ts)))
+    first = parts.trend()
+    spacing = float(numstats.median(np.diff(tr.ts)))
     corr = dense_correction(series, first.slope, first.intercept, float(tr.ts[0]), spacing, len(tr))
-    return tr, trend(tr.ts, tr.values, min_correction=corr) if corr > first.correction else first
+    return tr, parts.trend(min_correction=corr) if corr > first.correction else first
 
 
 @dataclass(frozen=True)
@@ -287,7 +319,7 @@ def plateau_after_change(ts: np.ndarray, y: np.ndarray) -> Plateau | None:
         if sse >= 0.5 * sse_line or sse >= best_sse:
             continue
         head_slope = float(np.polyfit(ts[:k] - ts[0], y[:k], 1)[0])
-        tail_slope = numstats.theilslopes(tail, ts[k:] - ts[k]).slope
+        tail_slope = numstats.theil_slope(tail, ts[k:] - ts[k])
         if head_slope > 0 and tail_slope < 0.25 * head_slope:
             best_sse = sse
             best = Plateau(float(ts[k]), n - k, head_slope, tail_slope, sse / sse_line)

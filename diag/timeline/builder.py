@@ -11,6 +11,7 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from itertools import chain, compress
 from operator import attrgetter, itemgetter, methodcaller
 from typing import Any
@@ -320,8 +321,24 @@ class TimelineBuilder:
                 self.table_chunks[name] = [{col: np.concatenate([c[col] for c in chunks]) for col in columns}]
         return self
 
+    @classmethod
+    def merged(cls, parts: Iterable[TimelineBuilder], source: str = "") -> TimelineBuilder:
+        """A new builder holding ``parts`` (disjoint, in time order) that leaves them as they were.
+
+        Why: the live diagnosis keeps the builders of the segments it read and merges the ones still in
+        its window again on every run; ``merge`` shares arrays (never written to) but copies what
+        merging or ``build`` would change (process tracks).
+        """
+        out = cls(source)
+        for part in parts:
+            out.merge(part)
+        return out
+
     def merge(self, other: TimelineBuilder) -> None:
-        """Fold in a builder that read a *later*, disjoint part of the same source (parallel loading)."""
+        """Fold in a builder that read a *later*, disjoint part of the same source (parallel loading).
+
+        ``other`` is left as it was: its process tracks are copied, its column arrays shared.
+        """
         self.start = min(self.start, other.start)
         self.end = max(self.end, other.end)
         self.host.merge(other.host)
@@ -330,7 +347,7 @@ class TimelineBuilder:
         for key, track in other.procs.items():
             mine = self.procs.get(key)
             if mine is None:
-                self.procs[key] = track
+                self.procs[key] = replace(track, model_files=set(track.model_files), series={})
             else:
                 mine.comm = track.comm or mine.comm
                 mine.cmdline = track.cmdline or mine.cmdline
