@@ -392,7 +392,8 @@ def asgi_loop(mode: str, n: int) -> None:
     """Drive ``n`` requests straight through the ASGI app (no sockets, no uvicorn): the code under test only."""
     import asyncio
 
-    app: Any = make_app(mode, tempfile.mkdtemp(prefix="llmdiag-bench-"))
+    recorder_dir = tempfile.mkdtemp(prefix="llmdiag-bench-")
+    app: Any = make_app(mode, recorder_dir)
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
         "path": "/ping", "raw_path": b"/ping", "query_string": b"", "root_path": "",
@@ -414,6 +415,8 @@ def asgi_loop(mode: str, n: int) -> None:
     tracker = getattr(app.state, "tracker", None)
     if tracker is not None:
         tracker.flush()  # the recorder's work belongs to the requests
+        tracker.close()
+    shutil.rmtree(recorder_dir, ignore_errors=True)
 
 
 def instructions(modes: list[str]) -> None:
