@@ -18,9 +18,15 @@ Three figures, each a ratio of two servers measured in the same interleaved roun
 hide the cost behind), ``wrk -t1 -c16``; (c) POSTs a 64-byte prompt for 16 tokens, ``wrk -t1 -c4``
 (4 = the backend's slots, so admission never queues and both sides batch alike). One uvicorn worker
 per server (h11, no access log), all started up front as subprocesses (killed by PID). Every round
-runs every server once (order reversed every other round); a ratio is computed per round from the
-two servers' back-to-back runs, and the median and range over rounds are printed, with the load
-average sampled before each run. Every traced mode exports to an SDK ``BatchSpanProcessor`` with an
+runs every trivial-endpoint server once (order reversed every other round) and the reference-backend
+pair ``--demo-pairs`` times back to back (order alternating): (c) must resolve 1 % while a run's
+throughput swings by +-10 % with the machine's other jobs, and two runs right after each other share
+most of that noise. A ratio is computed per pair of back-to-back runs; the median, its 95 %
+percentile-bootstrap interval and the range are printed, and a target counts as met only when the
+whole interval clears it ("not shown" when the interval straddles it). Beside req/s, the server's CPU
+time per request (``/proc/<pid>/stat``, all threads) is compared over the same pairs: it moves far
+less with contention than throughput does. The load average is printed at start and end (1/5/15
+min) and sampled before each run. Every traced mode exports to an SDK ``BatchSpanProcessor`` with an
 exporter that only counts, so span creation is measured, not a network.
 
 Other modes for diagnosis: ``otel`` (stock instrumentation, every request traced), ``otel-<pct>``
@@ -32,7 +38,7 @@ sampling + server spans alone; ``-noserver`` no server span: the tracker's ``llm
 ASGI app alone, driven in-process: deterministic, so it still compares modes when other jobs share
 the machine and wall-clock figures swing by +-20 %.
 
-    .venv/bin/python bench/overhead.py [--rounds 7] [--duration 6] [--demo-duration 10]
+    .venv/bin/python bench/overhead.py [--rounds 9] [--duration 6] [--demo-duration 6] [--demo-pairs 3]
     .venv/bin/python bench/overhead.py --modes bare,otel,llmdiag-100      # any subset, same table
     .venv/bin/python bench/overhead.py --instructions [--modes bare,otel-edge-10,llmdiag-10]
 
@@ -386,7 +392,8 @@ def asgi_loop(mode: str, n: int) -> None:
     """Drive ``n`` requests straight through the ASGI app (no sockets, no uvicorn): the code under test only."""
     import asyncio
 
-    app: Any = make_app(mode, tempfile.mkdtemp(prefix="llmdiag-bench-"))
+    recorder_dir = tempfile.mkdtemp(prefix="llmdiag-bench-")
+    app: Any = make_app(mode, recorder_dir)
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
         "path": "/ping", "raw_path": b"/ping", "query_string": b"", "root_path": "",
@@ -408,6 +415,8 @@ def asgi_loop(mode: str, n: int) -> None:
     tracker = getattr(app.state, "tracker", None)
     if tracker is not None:
         tracker.flush()  # the recorder's work belongs to the requests
+        tracker.close()
+    shutil.rmtree(recorder_dir, ignore_errors=True)
 
 
 def instructions(modes: list[str]) -> None:
@@ -442,6 +451,56 @@ def instructions(modes: list[str]) -> None:
 
 def _loadavg() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def _loadavgs() -> str:
+    """The 1, 5 and 15 minute load averages, as ``uptime`` prints them."""
+    return ", ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def _runs(mode: str, demo_pairs: int) -> int:
+    """Runs of ``mode`` in one round: the reference-backend pair runs ``demo_pairs`` times."""
+    return demo_pairs if mode.startswith("demo") else 1
+
+
+def _round_order(modes: list[str], r: int, demo_pairs: int) -> list[str]:
+    """The runs of round ``r``: every trivial-endpoint mode once, the reference-backend modes ``demo_pairs``
+    times back to back, order reversed every other round and, for the pair, every other repetition.
+
+    Why the pair repeats inside a round: (c) has to resolve 1 % while a run's throughput moves by
+    +-10 % with the other jobs on the machine; the noise is slow next to one run, so two runs right
+    after each other share most of it, and many such pairs narrow the interval of their median ratio.
+    """
+    trivial = [m for m in modes if not m.startswith("demo")]
+    demo = [m for m in modes if m.startswith("demo")]
+    pairs: list[str] = []
+    for k in range(demo_pairs):
+        pairs += demo if (r + k) % 2 == 0 else list(reversed(demo))
+    order = trivial + pairs
+    return order if r % 2 == 0 else list(reversed(trivial)) + pairs
+
+
+def _bootstrap_median_ci(values: list[float], level: float = 0.95, n: int = 4000) -> tuple[float, float]:
+    """Percentile-bootstrap interval of the median of ``values`` (seeded: the same data print the same interval)."""
+    import random
+
+    if len(values) < 2:
+        return values[0], values[0]
+    rng = random.Random(20261202)
+    k = len(values)
+    meds = sorted(statistics.median(rng.choices(values, k=k)) for _ in range(n))
+    lo = meds[int((1 - level) / 2 * n)]
+    hi = meds[min(n - 1, int((1 + level) / 2 * n))]
+    return lo, hi
+
+
+def _verdict(lo: float, med: float, hi: float, target: float) -> str:
+    """Met only when the whole interval clears the target; "not shown" when the interval straddles it."""
+    if lo >= target:
+        return "met"
+    if hi < target:
+        return "NOT met"
+    return "not shown (interval straddles the target)" if med >= target else "not met (interval straddles the target)"
 
 
 class Servers:
@@ -511,15 +570,16 @@ def run(args: argparse.Namespace, modes: list[str]) -> None:
     p99: dict[str, list[float]] = {m: [] for m in modes}
     cpu_us: dict[str, list[float]] = {m: [] for m in modes}
     loads: list[float] = []
+    loads_at: tuple[str, str] = ("?", "?")
     extras: dict[str, str] = {}
     started = time.strftime("%H:%M:%S", time.gmtime())
     servers = Servers(modes, recorder_dir, weights)
     try:
         for mode in modes:  # warm-up: imports, first-request paths, the model's caches
             load(mode, 2)
+        load_start = _loadavgs()
         for r in range(args.rounds):
-            order = modes if r % 2 == 0 else list(reversed(modes))  # interleave, alternate order
-            for mode in order:
+            for mode in _round_order(modes, r, args.demo_pairs):
                 duration = args.demo_duration if mode.startswith("demo") else args.duration
                 loads.append(_loadavg())
                 pid = servers.procs[mode].pid
@@ -529,7 +589,12 @@ def run(args: argparse.Namespace, modes: list[str]) -> None:
                 rps[mode].append(value)
                 p99[mode].append(lat.get("p99", float("nan")))
                 cpu_us[mode].append((cpu1 - cpu0) / max(1.0, value * duration) * 1e6)
-            print(f"round {r + 1}: " + ", ".join(f"{m} {rps[m][-1]:.0f}" for m in modes), flush=True)
+            print(
+                f"round {r + 1} (load {_loadavg():.1f}): "
+                + ", ".join(f"{m} {'/'.join(f'{v:.0f}' for v in rps[m][-_runs(m, args.demo_pairs) :])}" for m in modes),
+                flush=True,
+            )
+        loads_at = (load_start, _loadavgs())
         import httpx
 
         for mode in modes:
@@ -540,7 +605,7 @@ def run(args: argparse.Namespace, modes: list[str]) -> None:
     finally:
         servers.stop()
         shutil.rmtree(recorder_dir, ignore_errors=True)
-    _report(args, modes, rps, p99, cpu_us, loads, extras, started)
+    _report(args, modes, rps, p99, cpu_us, loads, extras, started, loads_at)
 
 
 def _report(
@@ -552,50 +617,70 @@ def _report(
     loads: list[float],
     extras: dict[str, str],
     started: str,
+    loads_at: tuple[str, str],
 ) -> None:
     print(
         f"\n{args.rounds} interleaved rounds from {started} to {time.strftime('%H:%M:%S', time.gmtime())} UTC; "
-        f"{os.cpu_count()} CPUs; load average (1 min) during the run: median {statistics.median(loads):.1f}, "
-        f"{min(loads):.1f}-{max(loads):.1f}"
+        f"{os.cpu_count()} CPUs; load average (1/5/15 min) at start {loads_at[0]}, at end {loads_at[1]}; "
+        f"1 min load before each run: median {statistics.median(loads):.1f}, {min(loads):.1f}-{max(loads):.1f}"
     )
     print(
-        f"trivial endpoint: wrk -t1 -c{args.connections} -d{args.duration}s GET /ping; reference backend: "
-        f"wrk -t1 -c{args.demo_connections} -d{args.demo_duration}s POST /v1/completions "
-        f"({len(DEMO_PROMPT)}-byte prompt, max_tokens {DEMO_MAX_TOKENS})\n"
+        f"trivial endpoint: wrk -t1 -c{args.connections} -d{args.duration}s GET /ping, once per round; reference "
+        f"backend: wrk -t1 -c{args.demo_connections} -d{args.demo_duration}s POST /v1/completions "
+        f"({len(DEMO_PROMPT)}-byte prompt, max_tokens {DEMO_MAX_TOKENS}), {args.demo_pairs} back-to-back pairs per round\n"
     )
-    header = f"{'mode':<26} {'req/s':>8} {'range':>13} {'p99 ms':>7} {'cpu us/req':>10}"
+    header = f"{'mode':<26} {'runs':>4} {'req/s':>8} {'range':>13} {'p99 ms':>7} {'cpu us/req':>10}"
     print(header)
     print("-" * len(header))
     for mode in modes:
         print(
-            f"{mode:<26} {statistics.median(rps[mode]):>8.0f} {min(rps[mode]):>6.0f}-{max(rps[mode]):<6.0f} "
-            f"{statistics.median(p99[mode]):>7.2f} {statistics.median(cpu_us[mode]):>10.0f}"
+            f"{mode:<26} {len(rps[mode]):>4} {statistics.median(rps[mode]):>8.0f} "
+            f"{min(rps[mode]):>6.0f}-{max(rps[mode]):<6.0f} {statistics.median(p99[mode]):>7.2f} "
+            f"{statistics.median(cpu_us[mode]):>10.0f}"
         )
-    print("\nratios (per round, numerator and denominator from the same round; CPU: server CPU per request):")
+    print(
+        "\nratios: one per pair of back-to-back runs (numerator / denominator); median, 95 % bootstrap interval of the"
+        "\nmedian, range; verdict on the interval. CPU: server CPU per request, numerator over denominator, same pairs:"
+    )
     for label, num, den, target in FIGURES:
         if num in rps and den in rps:
-            ratios = [a / b for a, b in zip(rps[num], rps[den], strict=True)]
-            cpu = statistics.median([a / b - 1 for a, b in zip(cpu_us[num], cpu_us[den], strict=True)])
+            ratios = [a / b for a, b in zip(rps[num], rps[den], strict=True) if b > 0]
+            if not ratios:
+                print(f"  {label}: no pair with requests served by {den}")
+                continue
             med = statistics.median(ratios)
-            verdict = "met" if med >= target else "NOT met"
+            lo, hi = _bootstrap_median_ci(ratios)
+            served = [n > 0 and d > 0 for n, d in zip(rps[num], rps[den], strict=True)]
+            cpu = [a / b for a, b, ok in zip(cpu_us[num], cpu_us[den], served, strict=True) if ok]
+            clo, chi = _bootstrap_median_ci(cpu) if cpu else (float("nan"), float("nan"))
+            cpu = cpu or [float("nan")]
+            print(f"  {label}")
             print(
-                f"  {label:<58} median {med:.3f}  range {min(ratios):.3f}-{max(ratios):.3f}  "
-                f"target >= {target:.2f}: {verdict}  (CPU/request {cpu * 100:+.1f} %)"
+                f"      req/s ratio {med:.3f}  95 % CI {lo:.3f}-{hi:.3f}  range {min(ratios):.3f}-{max(ratios):.3f}  "
+                f"n={len(ratios)}  target >= {target:.2f}: {_verdict(lo, med, hi, target)}"
+            )
+            print(
+                f"      CPU/request {(statistics.median(cpu) - 1) * 100:+.1f} %  95 % CI {(clo - 1) * 100:+.1f} .. "
+                f"{(chi - 1) * 100:+.1f} %  (at full CPU, req/s ratio ~ 1 / this: {1 / statistics.median(cpu):.3f})"
             )
     for mode in modes:
         if mode != "bare" and "bare" in rps and not mode.startswith("demo"):
-            ratios = [a / b for a, b in zip(rps[mode], rps["bare"], strict=True)]
+            ratios = [a / b for a, b in zip(rps[mode], rps["bare"], strict=True) if b > 0]
             print(f"  {mode + ' / bare':<58} median {statistics.median(ratios):.3f}")
-    print("\nper-round req/s: " + json.dumps({m: [round(v) for v in rps[m]] for m in modes}))
+    print("\nper-run req/s: " + json.dumps({m: [round(v) for v in rps[m]] for m in modes}))
+    print("per-run server CPU us/request: " + json.dumps({m: [round(v) for v in cpu_us[m]] for m in modes}))
     for mode, text in extras.items():
         print(f"{mode}: {text}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--duration", type=int, default=6, help="seconds per trivial-endpoint wrk run")
-    parser.add_argument("--demo-duration", type=int, default=10, help="seconds per reference-backend wrk run")
+    parser.add_argument("--demo-duration", type=int, default=6, help="seconds per reference-backend wrk run")
+    parser.add_argument(
+        "--demo-pairs", type=int, default=3, help="back-to-back reference-backend pairs per round (more pairs: narrower (c))"
+    )
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--demo-connections", type=int, default=4)
     parser.add_argument(
@@ -626,8 +711,8 @@ def main() -> None:
         return
     if shutil.which("wrk") is None:
         sys.exit("wrk not found: apt-get install -y wrk")
-    if args.rounds < 1 or args.duration < 1 or args.demo_duration < 1:
-        sys.exit("--rounds, --duration and --demo-duration must be >= 1")
+    if args.rounds < 1 or args.duration < 1 or args.demo_duration < 1 or args.demo_pairs < 1:
+        sys.exit("--rounds, --duration, --demo-duration and --demo-pairs must be >= 1")
     run(args, modes)
 
 

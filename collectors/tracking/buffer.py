@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from collectors.recorder import RecorderWriter, RequestRow
+from collectors.recorder import REQUEST_NO_START_US, REQUEST_NO_TRACE_ID, REQUEST_NULL, RecorderWriter, RequestRow
 from collectors.records import Record
 
 _STRINGS: dict[str, str] = {}  # JSON-encoded routes/models/outcomes: a handful of distinct values
@@ -66,7 +66,7 @@ def request_row(
     if not (0.0 <= arrival < 1e11 and 0.0 <= finish < 1e11):
         return None
     if start is None:
-        start_us = None
+        start_us = REQUEST_NO_START_US
     elif 0.0 <= start < 1e11:
         start_us = int(start * 1e6 + 0.5)
     else:
@@ -87,11 +87,11 @@ def request_row(
         strings.get(outcome) or _json_str(outcome),
         strings.get(route) or _json_str(route),
         strings.get(model) or _json_str(model),
-        prompt_tokens,
-        output_tokens,
-        ttft_s,
-        pid,
-        trace_id,
+        REQUEST_NULL if prompt_tokens is None else prompt_tokens,  # never None: see recorder.REQUEST_NULL
+        REQUEST_NULL if output_tokens is None else output_tokens,
+        REQUEST_NULL if ttft_s is None else ttft_s,
+        REQUEST_NULL if pid is None else pid,
+        REQUEST_NO_TRACE_ID if trace_id is None else trace_id,
     )
 
 

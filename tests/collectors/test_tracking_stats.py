@@ -16,7 +16,14 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from collectors import catalog
-from collectors.recorder import FlightRecorder, RecorderWriter
+from collectors.recorder import (
+    REQUEST_NO_START_US,
+    REQUEST_NO_TRACE_ID,
+    REQUEST_NULL,
+    REQUEST_ROW_FIELDS,
+    FlightRecorder,
+    RecorderWriter,
+)
 from collectors.records import BatchStats, CudaOomError, RequestTiming, RoutingStats, record_from_json
 from collectors.tracking import (
     RequestTracker,
@@ -266,6 +273,25 @@ def test_sqlite_renders_the_generic_json(fields: dict[str, object], tmp_path: Pa
         ((ts, kind, schema, body),) = rec._db.execute("SELECT ts, kind, schema, body FROM records").fetchall()
     assert (kind, schema) == ("request", RequestTiming.SCHEMA) and ts == pytest.approx(expected.ts, abs=1e-6)
     _assert_same_record(body, expected)
+
+
+def test_request_rows_bind_no_none_and_hand_built_null_rows_render_alike(tmp_path: Path) -> None:
+    """``request_row`` binds sentinels, never None (Python's sqlite3 sends each None through its costly
+    adapter lookup); a row holding SQL NULLs instead -- built by hand, or by an older caller -- still
+    renders the very same record."""
+    row, expected = _row_and_record({"start": None, "prompt_tokens": None, "ttft_s": None, "trace_id": None})
+    assert None not in row
+    nulls = tuple(
+        None if name in ("start_us", "prompt_tokens", "output_tokens", "ttft_s", "pid", "trace_id_hex") and v is not None
+        and v in (REQUEST_NULL, REQUEST_NO_START_US, REQUEST_NO_TRACE_ID) else v
+        for name, v in zip(REQUEST_ROW_FIELDS, row, strict=True)
+    )  # fmt: skip
+    assert nulls.count(None) == 5  # start, both token counts, ttft, trace id (pid is set)
+    with FlightRecorder(tmp_path / "r.db") as rec:
+        assert rec.write_request_rows([row, nulls]) == 2
+        bodies = [b for (b,) in rec._db.execute("SELECT body FROM records ORDER BY id")]
+    assert bodies[0] == bodies[1]
+    _assert_same_record(bodies[1], expected)
 
 
 _times = st.floats(min_value=0.0, max_value=4e9, allow_nan=False)
