@@ -227,11 +227,13 @@ _UNQUOTED_VALUE_RE = re.compile(r"[^\s\"',;&}\])]+")
 # gives every such name with no Python per setting; only the distinct names are then looked at.
 _SETTING_NAMES_REVERSED_RE = re.compile(r"[:=][ \t]*+[\"']?([A-Za-z0-9_.\-]++)")
 _ANY_ROOT_RE = re.compile("|".join(map(_any_case, _SECRET_ROOTS)))
-# At most this many distinct secret names, none longer than this, take the one-split path; others go through
-# the general loop. Why: the split tries every name at each position where one could start, so its cost
-# grows with their number and length.
-_FAST_NAMES_MAX = 16
+# At most this many distinct secret names, none longer than this, take the one-split path, and only when the
+# text has this many settings per name (compiling the pattern must pay off); others go through the general
+# loop. Why: the split tries every name at each position where one could start, so its cost grows with their
+# number and length.
+_FAST_NAMES_MAX = 64
 _FAST_NAME_LEN_MAX = 64
+_FAST_MIN_SETTINGS_PER_NAME = 32
 _fast_patterns: dict[frozenset[str], re.Pattern[str]] = {}
 # A setting's value: a quoted string up to its closing quote (or, unclosed, to the end of its line; a lone
 # opening quote is taken too and then left alone), else an unquoted run.
@@ -401,7 +403,8 @@ def _key_value(t: _Text, counts: dict[str, int]) -> None:
         return  # no separator, no setting (a cheap check that spares the scans below)
     if not t.has_secret_word():
         return
-    reversed_names = set(_SETTING_NAMES_REVERSED_RE.findall(text[::-1]))
+    found = _SETTING_NAMES_REVERSED_RE.findall(text[::-1])
+    reversed_names = set(found)
     # Set operations in C against the names already judged; Python only for names never seen before.
     for name in reversed_names - _judged_reversed:
         if len(_judged_reversed) >= _NAME_CACHE_MAX:
@@ -415,7 +418,13 @@ def _key_value(t: _Text, counts: dict[str, int]) -> None:
     if not secret_reversed:
         return
     secret = frozenset(r[::-1] for r in secret_reversed)
-    fast = len(secret) <= _FAST_NAMES_MAX and max(map(len, secret)) <= _FAST_NAME_LEN_MAX
+    # The one-split path compiles a pattern for this set of names (about half a millisecond a name): worth it
+    # when the pattern is cached or the text holds many settings per name, else the general loop is cheaper.
+    fast = secret in _fast_patterns or (
+        len(secret) <= _FAST_NAMES_MAX
+        and max(map(len, secret)) <= _FAST_NAME_LEN_MAX
+        and len(found) >= _FAST_MIN_SETTINGS_PER_NAME * len(secret)
+    )
     if not fast or not _key_value_fast(t, counts, secret):
         _key_value_general(t, counts)
 
