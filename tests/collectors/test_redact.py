@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from collectors import redact as redact_module
 from collectors.redact import REDACTED, is_secret_name, redact_argv, redact_argv_counts, redact_text
 
 CANARY = "CANARYs3cr3tVALUE9876"
@@ -430,10 +433,22 @@ _setting = st.tuples(
 ).map("".join)  # fmt: skip
 
 
+@contextlib.contextmanager
+def _one_split_path(forced: bool):
+    """Force the one-split settings path (normally taken only when a text holds many settings per name)."""
+    saved = redact_module._FAST_MIN_SETTINGS_PER_NAME
+    redact_module._FAST_MIN_SETTINGS_PER_NAME = 0 if forced else saved
+    try:
+        yield
+    finally:
+        redact_module._FAST_MIN_SETTINGS_PER_NAME = saved
+
+
 @settings(max_examples=400, deadline=None)
-@given(st.lists(_setting, max_size=40).map("".join))
-def test_dense_settings_give_the_old_output_and_counts(text: str) -> None:
-    assert redact_text(text) == REFERENCE.redact_text(text)
+@given(st.lists(_setting, max_size=40).map("".join), st.booleans())
+def test_dense_settings_give_the_old_output_and_counts(text: str, forced: bool) -> None:
+    with _one_split_path(forced):
+        assert redact_text(text) == REFERENCE.redact_text(text)
 
 
 @pytest.mark.parametrize(
@@ -450,8 +465,10 @@ def test_dense_settings_give_the_old_output_and_counts(text: str) -> None:
         "apiKey=1 api_key=2 API_KEY=3 9token=4 .key=5",
     ],
 )
-def test_settings_paths_agree_with_the_old_engine(text: str) -> None:
-    assert redact_text(text) == REFERENCE.redact_text(text)
+@pytest.mark.parametrize("forced", [False, True])
+def test_settings_paths_agree_with_the_old_engine(text: str, forced: bool) -> None:
+    with _one_split_path(forced):
+        assert redact_text(text) == REFERENCE.redact_text(text)
 
 
 @pytest.mark.parametrize("name", ["token", "a" * 100 + "token", "a" * 10_000 + "token"])
