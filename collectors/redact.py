@@ -462,14 +462,18 @@ def _key_value_fast(t: _Text, counts: dict[str, int], names: frozenset[str]) -> 
     if lone.count(None) != found:
         return False
     for value in set(unquoted):
-        if value is not None and (
-            value.startswith(REDACTED) or (len(value) <= _LONGEST_SCHEME and value.lower() in _AUTH_SCHEMES)
+        # A value that is exactly REDACTED (redacted before) stays as it is, uncounted, as the general loop
+        # leaves it; one that only starts with it may hold another setting, which the general loop finds.
+        if (
+            value is not None
+            and value != REDACTED
+            and (value.startswith(REDACTED) or (len(value) <= _LONGEST_SCHEME and value.lower() in _AUTH_SCHEMES))
         ):
             return False
     for value in set(quoted):
         if value is not None and value.strip("\"'").lower() in _AUTH_SCHEMES:
             return False
-    fired = 2 * found - unquoted.count(None) - quoted.count(None)
+    fired = 2 * found - unquoted.count(None) - unquoted.count(REDACTED) - quoted.count(None)
     if fired:
         pieces[2::5] = ["" if v is None else REDACTED for v in unquoted]
         pieces[3::5] = ["" if v is None else _DOUBLE_QUOTED_REDACTED if v[0] == '"' else _SINGLE_QUOTED_REDACTED for v in quoted]
