@@ -461,26 +461,47 @@ def _key_value_fast(t: _Text, counts: dict[str, int], names: frozenset[str]) -> 
     unquoted, quoted, lone = pieces[2::5], pieces[3::5], pieces[4::5]
     if lone.count(None) != found:
         return False
+    # Values left as they are, uncounted, as the general loop leaves them: exactly REDACTED (redacted before),
+    # and a scheme word whose secret after it was redacted already (``Authorization: Bearer <redacted>``).
+    kept = {REDACTED}
     for value in set(unquoted):
-        # A value that is exactly REDACTED (redacted before) stays as it is, uncounted, as the general loop
-        # leaves it; one that only starts with it may hold another setting, which the general loop finds.
-        if (
-            value is not None
-            and value != REDACTED
-            and (value.startswith(REDACTED) or (len(value) <= _LONGEST_SCHEME and value.lower() in _AUTH_SCHEMES))
-        ):
-            return False
+        if value is None or value == REDACTED:
+            continue
+        if value.startswith(REDACTED):
+            return False  # it may hold another setting, which the general loop finds
+        if len(value) <= _LONGEST_SCHEME and value.lower() in _AUTH_SCHEMES:
+            kept.add(value)
+    if len(kept) > 1:
+        last = len(pieces) - 1
+        for k, value in enumerate(unquoted):
+            if value in kept and value != REDACTED and not _redacted_follows(pieces[5 * k + 5], 5 * k + 5 == last):
+                return False  # a scheme word before a secret: the general loop redacts the word after it
     for value in set(quoted):
         if value is not None and value.strip("\"'").lower() in _AUTH_SCHEMES:
             return False
-    fired = 2 * found - unquoted.count(None) - unquoted.count(REDACTED) - quoted.count(None)
+    fired = 2 * found - quoted.count(None) - sum(unquoted.count(v) for v in (None, *kept))
     if fired:
-        pieces[2::5] = ["" if v is None else REDACTED for v in unquoted]
+        pieces[2::5] = ["" if v is None else v if v in kept else REDACTED for v in unquoted]
         pieces[3::5] = ["" if v is None else _DOUBLE_QUOTED_REDACTED if v[0] == '"' else _SINGLE_QUOTED_REDACTED for v in quoted]
         pieces[4::5] = [""] * found
         counts["key_value"] = counts.get("key_value", 0) + fired
         t.set("".join(pieces))
     return True
+
+
+_SPACE_REDACTED = " " + REDACTED
+
+
+def _redacted_follows(after: str, at_end: bool) -> bool:
+    """Whether the text after a scheme word is one space and then exactly REDACTED as a whole value (what
+    follows ends a value), so the general loop would leave the setting alone. ``after`` runs to the next
+    setting's name, or to the end of the text when ``at_end``."""
+    if not after.startswith(_SPACE_REDACTED):
+        return False
+    if len(after) == len(_SPACE_REDACTED):
+        return at_end  # else the next setting's name follows directly and the value runs on into it
+    nxt = after[len(_SPACE_REDACTED)]
+    return nxt.isspace() or nxt in "\"',;&}])"
 
 
 def _key_value_general(t: _Text, counts: dict[str, int]) -> None:

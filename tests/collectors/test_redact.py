@@ -426,8 +426,9 @@ _setting = st.tuples(
     ),
     st.sampled_from(["=", ": ", '": ', "= ", " ", "\t", '="', "='", ":", "'=", '" : ', "=\t"]),
     st.one_of(
-        st.sampled_from(["Bearer", "Basic", "NEGOTIATE z", "<redacted>", "<redacted>x", '"', "'", "", "x y", '"x"',
-                         "'x'", '"x\n', '"bearer"', "\"'bearer'\"", "sk-" + "a" * 22]),
+        st.sampled_from(["Bearer", "Basic", "NEGOTIATE z", "<redacted>", "<redacted>x", "Bearer <redacted>",
+                         "token <redacted>", '"', "'", "", "x y", '"x"', "'x'", '"x\n', '"bearer"', "\"'bearer'\"",
+                         "sk-" + "a" * 22]),
         st.text(max_size=10),
     ),
 ).map("".join)  # fmt: skip
@@ -463,6 +464,11 @@ def test_dense_settings_give_the_old_output_and_counts(text: str, forced: bool) 
         "".join(f"token{i}=v{i}&" for i in range(40)),  # more distinct names than the one-split path takes
         "monkey=password=x&token=y",  # a non-secret name's value still holds a secret setting
         "apiKey=1 api_key=2 API_KEY=3 9token=4 .key=5",
+        "Authorization: Bearer <redacted>\nAuthorization: Bearer x",  # a scheme before a redacted secret is left
+        "auth=Basic <redacted>token=x",  # ... unless the value runs on into another setting
+        "auth=Basic <redacted>",
+        "auth=Basic  <redacted> auth=Basic <redacted>, auth=token <redacted>&",
+        "auth=Basic <redacted>auth=x",
     ],
 )
 @pytest.mark.parametrize("forced", [False, True])
