@@ -222,7 +222,7 @@ def _check_tree(doc: Any, where: str) -> None:
         if isinstance(node, dict):
             for k, v in node.items():
                 _check_string(k, where, f"{field_path} key")
-                stack.append((v, depth + 1, f"{field_path}.{_show(k) if not isinstance(k, str) else k[:40]}"))
+                stack.append((v, depth + 1, f"{field_path}.{k if isinstance(k, str) and _LABEL_RE.fullmatch(k) else _show(k)}"))
         elif isinstance(node, list):
             stack.extend((v, depth + 1, f"{field_path}[{i}]") for i, v in enumerate(node))
         else:
