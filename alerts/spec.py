@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,10 +43,26 @@ PERIODS = ("30d", "28d", "7d")
 SEVERITIES = ("page", "ticket")
 # Windows every SLO gets recording rules for (the contract the dashboards read), besides the period.
 WINDOWS: tuple[str, ...] = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
-_DURATION_RE = re.compile(r"^(\d+)([smhdw])$")
+# At most 12 digits: int() refuses more than 4300, and no window is longer than a few years.
+_DURATION_RE = re.compile(r"(\d{1,12})([smhdw])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
-_LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+# Used with fullmatch: "$" would let a trailing newline through into file names and label names.
+_NAME_RE = re.compile(r"[a-z][a-z0-9_-]*")
+_LABEL_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+# A spec is a few kilobytes; a larger file is a mistake (or hostile), refused before it is parsed.
+MAX_SPEC_BYTES = 1 << 20
+# A spec nests four levels deep; deeper documents are refused before validation walks them.
+MAX_DEPTH = 16
+# Values quoted in error messages are cut to a readable size (a 1 MB string must not become a 1 MB message).
+_SHOW = reprlib.Repr()
+_SHOW.maxstring = _SHOW.maxother = 80
+_SHOW.maxlevel = 3
+
+
+def _show(value: Any) -> str:
+    return _SHOW.repr(value)
+
+
 # Label names the generator itself sets on alerts: a spec that sets them would break routing or inhibition.
 RESERVED_LABELS = frozenset({"slo", "tier", "severity", "long_window", "short_window", "burn_factor", "model", "job",
                              "diag_class", "alertname"})  # fmt: skip
@@ -57,9 +74,9 @@ class SpecError(ValueError):
 
 def duration_s(text: str, where: str = "duration") -> int:
     """Seconds of a Prometheus-style duration with one unit (``5m``, ``1h``, ``30d``)."""
-    m = _DURATION_RE.match(str(text).strip())
+    m = _DURATION_RE.fullmatch(str(text).strip())
     if not m or int(m.group(1)) <= 0:
-        raise SpecError(f"{where}: {text!r} is not a duration like 5m, 1h, 3d")
+        raise SpecError(f"{where}: {_show(text)} is not a duration like 5m, 1h, 3d")
     return int(m.group(1)) * _UNIT_S[m.group(2)]
 
 
@@ -133,20 +150,101 @@ class Spec:
 DEFAULT_SPEC_PATH = Path(__file__).with_name("slo.yaml")
 
 
-def load_spec(path: str | Path | None = None) -> Spec:
-    """Read and validate a spec file (the shipped default when None)."""
-    path = Path(path) if path is not None else DEFAULT_SPEC_PATH
+class _SpecLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses aliases and deep nesting.
+
+    Why: a spec needs none, and an alias bomb ("billion laughs": each level aliases the previous one nine
+    times) loads in microseconds as shared references but then expands without end the first time anything
+    walks or prints it."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            raise yaml.composer.ComposerError(
+                None, None, f"alias *{event.anchor} is not allowed in a spec (write the value out)", event.start_mark
+            )
+        # The composer recurses once per level: a document nested thousands deep is refused here, at once,
+        # rather than by a RecursionError after seconds of work.
+        if self._depth >= MAX_DEPTH:
+            raise yaml.composer.ComposerError(
+                None, None, f"nested deeper than {MAX_DEPTH} levels (a spec is four deep)", event.start_mark
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def read_spec_document(path: Path) -> Any:
+    """The decoded YAML document of a spec file, or a SpecError naming the file and the problem.
+
+    Refused before validation: a file over ``MAX_SPEC_BYTES``, bytes that are not UTF-8, invalid YAML, more
+    than one document, aliases, nesting deeper than ``MAX_DEPTH`` and control characters in strings."""
     try:
-        text = path.read_text()
+        with path.open("rb") as f:
+            data = f.read(MAX_SPEC_BYTES + 1)
     except OSError as exc:
         raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError(f"{path}: larger than {MAX_SPEC_BYTES // 1024} KiB; a spec is a few kilobytes of YAML")
     try:
-        doc = yaml.safe_load(text)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 text (byte {exc.start}); a spec is YAML") from None
+    try:
+        doc = yaml.load(text, Loader=_SpecLoader)  # a SafeLoader subclass: plain data only
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        raise SpecError(f"{path}:{where} not valid YAML: {getattr(exc, 'problem', exc)}") from None
-    return parse_spec(doc)
+        problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]  # one line, as every error
+        raise SpecError(f"{path}:{where} not valid YAML: {problem}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: not valid YAML for a spec: nested too deeply") from None
+    except (ValueError, OverflowError) as exc:  # e.g. an integer of more than 4300 digits
+        raise SpecError(f"{path}: a value cannot be read: {_show(str(exc))}") from None
+    if doc is None:
+        raise SpecError(f"{path}: empty; a spec is a YAML mapping (see alerts/slo.yaml)")
+    _check_tree(doc, str(path))
+    return doc
+
+
+def _check_tree(doc: Any, where: str) -> None:
+    """Refuse nesting deeper than ``MAX_DEPTH`` and strings with control characters (other than tab and
+    newline), which would otherwise reach rule files and PromQL. Iterative: no recursion on hostile depth."""
+    stack: list[tuple[Any, int, str]] = [(doc, 0, "spec")]
+    while stack:
+        node, depth, field_path = stack.pop()
+        if depth > MAX_DEPTH:
+            raise SpecError(f"{where}: {field_path}: nested deeper than {MAX_DEPTH} levels; a spec is four deep")
+        if isinstance(node, dict):
+            for k, v in node.items():
+                _check_string(k, where, f"{field_path} key")
+                stack.append((v, depth + 1, f"{field_path}.{k if isinstance(k, str) and _LABEL_RE.fullmatch(k) else _show(k)}"))
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1, f"{field_path}[{i}]") for i, v in enumerate(node))
+        else:
+            _check_string(node, where, field_path)
+
+
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def _check_string(value: Any, where: str, field_path: str) -> None:
+    if isinstance(value, str) and _CONTROL_RE.search(value):
+        raise SpecError(f"{where}: {field_path}: control character in {_show(value)}")
+
+
+def load_spec(path: str | Path | None = None) -> Spec:
+    """Read and validate a spec file (the shipped default when None). Every error names the file."""
+    path = Path(path) if path is not None else DEFAULT_SPEC_PATH
+    doc = read_spec_document(path)
+    try:
+        return parse_spec(doc)
+    except SpecError as exc:
+        raise SpecError(f"{path}: {exc}") from None
 
 
 def _mapping(value: Any, where: str) -> dict[str, Any]:
@@ -156,9 +254,9 @@ def _mapping(value: Any, where: str) -> dict[str, Any]:
 
 
 def _known(doc: dict[str, Any], where: str, allowed: set[str]) -> None:
-    unknown = sorted(set(doc) - allowed)
+    unknown = sorted(set(doc) - allowed, key=str)  # keys may be numbers, dates or None: sort by their text
     if unknown:
-        raise SpecError(f"{where}: unknown field {unknown[0]!r} (allowed: {', '.join(sorted(allowed))})")
+        raise SpecError(f"{where}: unknown field {_show(unknown[0])} (allowed: {', '.join(sorted(allowed))})")
 
 
 def _string(doc: dict[str, Any], key: str, where: str, default: str | None = None) -> str:
@@ -166,7 +264,7 @@ def _string(doc: dict[str, Any], key: str, where: str, default: str | None = Non
     if value is None:
         raise SpecError(f"{where}.{key}: required")
     if not isinstance(value, str):
-        raise SpecError(f"{where}.{key}: expected a string, got {value!r}")
+        raise SpecError(f"{where}.{key}: expected a string, got {_show(value)}")
     return value
 
 
@@ -174,20 +272,28 @@ def _number(doc: dict[str, Any], key: str, where: str, default: float | None = N
     value = doc.get(key, default)
     if value is None:
         raise SpecError(f"{where}.{key}: required")
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise SpecError(f"{where}.{key}: expected a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
+        raise SpecError(f"{where}.{key}: expected a number, got {_show(value)}")
     return float(value)
+
+
+def _finite(value: int | float) -> bool:
+    """math.isfinite, except that an integer too large for a float is not finite here (isfinite raises)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _labels(value: Any, where: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in _mapping(value or {}, where).items():
-        if not isinstance(k, str) or not _LABEL_RE.match(k):
-            raise SpecError(f"{where}: {k!r} is not a Prometheus label name")
+        if not isinstance(k, str) or not _LABEL_RE.fullmatch(k):
+            raise SpecError(f"{where}: {_show(k)} is not a Prometheus label name")
         if k in RESERVED_LABELS:
             raise SpecError(f"{where}.{k}: reserved (the generator sets it)")
         if not isinstance(v, str | int | float) or isinstance(v, bool):
-            raise SpecError(f"{where}.{k}: expected a string value, got {v!r}")
+            raise SpecError(f"{where}.{k}: expected a string value, got {_show(v)}")
         out[k] = str(v)
     return out
 
@@ -196,11 +302,11 @@ def _tier(doc: Any, where: str) -> Tier:
     doc = _mapping(doc, where)
     _known(doc, where, {"name", "severity", "long", "short", "budget_percent", "min_events"})
     name = _string(doc, "name", where)
-    if not _NAME_RE.match(name):
-        raise SpecError(f"{where}.name: {name!r} must be lower case letters, digits, - or _")
+    if not _NAME_RE.fullmatch(name):
+        raise SpecError(f"{where}.name: {_show(name)} must be lower case letters, digits, - or _")
     severity = _string(doc, "severity", where)
     if severity not in SEVERITIES:
-        raise SpecError(f"{where}.severity: {severity!r} is not one of {', '.join(SEVERITIES)}")
+        raise SpecError(f"{where}.severity: {_show(severity)} is not one of {', '.join(SEVERITIES)}")
     long, short = _string(doc, "long", where), _string(doc, "short", where)
     if duration_s(short, f"{where}.short") >= duration_s(long, f"{where}.long"):
         raise SpecError(f"{where}.short: {short} must be shorter than long ({long})")
@@ -250,7 +356,7 @@ def _sli(doc: dict[str, Any], where: str, live: dict[str, tuple[float, ...]] | N
         _known(body, w, {"metric", "label", "good"})
         metric = _string(body, "metric", w)
         if not _is_counter(metric):
-            raise SpecError(f"{w}.metric: {metric!r} is not a counter in the catalog (availability counts events)")
+            raise SpecError(f"{w}.metric: {_show(metric)} is not a counter in the catalog (availability counts events)")
         good = body.get("good")
         if not isinstance(good, list) or not good or not all(isinstance(g, str) and g for g in good):
             raise SpecError(f"{w}.good: a non-empty list of the label values that count as good")
@@ -260,12 +366,12 @@ def _sli(doc: dict[str, Any], where: str, live: dict[str, tuple[float, ...]] | N
     threshold = _number(body, "threshold", w)
     buckets = live.get(metric) if live is not None else histogram_buckets(metric)
     if buckets is None and live is not None:
-        raise SpecError(f"{w}.metric: {metric!r} is not a histogram on the live /metrics "
+        raise SpecError(f"{w}.metric: {_show(metric)} is not a histogram on the live /metrics "
                         "(a labelled histogram appears only after its first observation)")  # fmt: skip
     if buckets is None:
         known = sorted(n for n, s in catalog.CATALOG.items() if s.type == "histogram" and s.unit == "seconds")
         source = "the live /metrics" if live is not None else "the catalog"
-        raise SpecError(f"{w}.metric: {metric!r} is not a histogram in {source} (known: "
+        raise SpecError(f"{w}.metric: {_show(metric)} is not a histogram in {source} (known: "
                         f"{', '.join(known + sorted(catalog.EXTERNAL_HISTOGRAM_BUCKETS))})")  # fmt: skip
     if not any(math.isclose(threshold, b, rel_tol=1e-9) for b in buckets):
         raise SpecError(f"{w}.threshold: {threshold:g} s is not a bucket boundary of {metric} "
@@ -283,17 +389,17 @@ def parse_spec(doc: Any, live_buckets: dict[str, tuple[float, ...]] | None = Non
     _known(doc, "spec", {"version", "period", "model_label", "selector", "labels", "runbook_url", "dashboard_url",
                          "routing", "tiers", "slos"})  # fmt: skip
     if doc.get("version", 1) != 1:
-        raise SpecError(f"spec.version: {doc.get('version')!r} is not supported (only 1)")
+        raise SpecError(f"spec.version: {_show(doc.get('version'))} is not supported (only 1)")
     period = _string(doc, "period", "spec", "30d")
     if period not in PERIODS:
-        raise SpecError(f"spec.period: {period!r} is not one of {', '.join(PERIODS)}")
+        raise SpecError(f"spec.period: {_show(period)} is not one of {', '.join(PERIODS)}")
     model_label = _string(doc, "model_label", "spec", "model")
-    if not _LABEL_RE.match(model_label):
-        raise SpecError(f"spec.model_label: {model_label!r} is not a label name")
+    if not _LABEL_RE.fullmatch(model_label):
+        raise SpecError(f"spec.model_label: {_show(model_label)} is not a label name")
     selector = _string(doc, "selector", "spec", "").strip()
     if selector and not re.match(r'^\s*[a-zA-Z_]\w*\s*(=|!=|=~|!~)\s*"[^"]*"(\s*,\s*[a-zA-Z_]\w*\s*(=|!=|=~|!~)\s*"[^"]*")*\s*$',
                                  selector):  # fmt: skip
-        raise SpecError(f'spec.selector: {selector!r} is not a list of label matchers like job="llm-api"')
+        raise SpecError(f'spec.selector: {_show(selector)} is not a list of label matchers like job="llm-api"')
     routing = _mapping(doc.get("routing") or {}, "spec.routing")
     _known(routing, "spec.routing", {"page_url", "ticket_url"})
     tiers_doc = doc.get("tiers")
@@ -305,7 +411,7 @@ def parse_spec(doc: Any, live_buckets: dict[str, tuple[float, ...]] | None = Non
         tiers = tuple(_tier(t, f"spec.tiers[{i}]") for i, t in enumerate(tiers_doc))
     names = [t.name for t in tiers]
     if len(set(names)) != len(names):
-        raise SpecError(f"spec.tiers: duplicate tier name in {names}")
+        raise SpecError(f"spec.tiers: duplicate tier name in {_show(names)}")
     if list(tiers) != sorted(tiers, key=lambda t: duration_s(t.long)):
         raise SpecError("spec.tiers: list tiers fastest first (by long window): inhibition relies on the order")
     slos_doc = doc.get("slos")
@@ -317,10 +423,10 @@ def parse_spec(doc: Any, live_buckets: dict[str, tuple[float, ...]] | None = Non
         s = _mapping(s, where)
         _known(s, where, {"name", "objective", "description", "availability", "latency", "tiers", "labels"})
         name = _string(s, "name", where)
-        if not _NAME_RE.match(name):
-            raise SpecError(f"{where}.name: {name!r} must be lower case letters, digits, - or _")
+        if not _NAME_RE.fullmatch(name):
+            raise SpecError(f"{where}.name: {_show(name)} must be lower case letters, digits, - or _")
         if name in {x.name for x in slos}:
-            raise SpecError(f"{where}.name: {name!r} is used twice")
+            raise SpecError(f"{where}.name: {_show(name)} is used twice")
         objective = _number(s, "objective", where)
         if not 0 < objective < 100:
             raise SpecError(f"{where}.objective: {objective:g} must be a percentage in (0, 100); 100 leaves no budget")
@@ -332,7 +438,7 @@ def parse_spec(doc: Any, live_buckets: dict[str, tuple[float, ...]] | None = Non
                 raise SpecError(f"{where}.tiers: a non-empty list of tier names from {names}")
             for t in keep:
                 if t not in names:
-                    raise SpecError(f"{where}.tiers: {t!r} is not a tier (tiers: {', '.join(names)})")
+                    raise SpecError(f"{where}.tiers: {_show(t)} is not a tier (tiers: {', '.join(names)})")
             chosen = tuple(t for t in tiers if t.name in keep)
         slos.append(SLO(name, objective, _string(s, "description", where, ""), _sli(s, where, live_buckets), chosen,
                         _labels(s.get("labels"), f"{where}.labels")))  # fmt: skip

@@ -160,6 +160,9 @@ def adversarial(chars: int) -> dict[str, str]:
         "key=value chain (non-secret)": run("name=value&"),
         "key=value chain (secret)": run("token=abc&"),
         "JSON settings (secret)": run('"password": "x", '),
+        "40 distinct secret names": run("".join(f"token{i}=abc&" for i in range(40))),
+        "'Authorization: Bearer x' lines": run("Authorization: Bearer abcdef\n"),
+        "already redacted settings": run("token=<redacted>&"),
         "inline JSON config arg": '{"model": "m", "opts": {' + run('"k": 1, ')[: chars - 30] + '"z": 2}}',
     }
 

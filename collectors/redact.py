@@ -147,9 +147,13 @@ def is_secret_name(name: str) -> bool:
 #   fixed-width look-behind *after* the literal, never by trying every position of a long word;
 # * runs of word characters are consumed possessively (``*+``), so a failed match never backtracks
 #   over them;
-# * settings (``name=value``) are found from occurrences of secret words, not by trying every position
-#   as the start of a name, and every character of a name run is walked at most once;
+# * settings (``name=value``) are found from their separators, read backwards (one ``findall`` on the
+#   reversed text), not by trying every position as the start of a name;
 # * a rule whose literal cannot occur in the text (no ``sk-``, no ``://``, no secret word) is skipped.
+#
+# And no rule runs Python per match when a text is nothing but secrets (``token=x&`` a thousand times):
+# replacements are built in C (``re.subn`` with a literal, ``re.split`` then one ``join``), and Python only
+# judges each distinct name once.
 #
 # The output is the same as the straightforward patterns give (``bench/redact_reference.py`` keeps them;
 # tests compare the two on generated text).
@@ -162,7 +166,9 @@ _PRIVATE_KEY_RE = re.compile(
 # at the start of a run of scheme characters; whether a scheme may start inside that run is checked
 # afterwards (``_scheme_starts``), which keeps the search linear.
 _SCHEME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+.-")
-_USERINFO_RE = re.compile(r"(?P<userinfo>[^/\s@:]*+:[^/\s@]*+)@")
+# "://" then userinfo then "@": only these candidates reach Python (a "://" without userinfo costs nothing).
+# Linear: userinfo holds no "/", so a scan never runs past the next "://".
+_USERINFO_RE = re.compile(r"://(?P<userinfo>[^/\s@:]*+:[^/\s@]*+)@")
 _WORDCHAR_RE = re.compile(r"\w")
 _BEARER_RE = re.compile(r"(?i)\b(?P<word>bearer)(?P<sep>\s++)(?P<value>[A-Za-z0-9._~+/=\-]{4,})")
 # "(?<![A-Za-z0-9_\-]sk-)" after the literal = "sk-" not preceded by a token character.
@@ -190,16 +196,56 @@ _TOKEN_SHAPES: tuple[tuple[str, tuple[str, ...], re.Pattern[str]], ...] = (
 # ``password=x`` that follows it.
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 _NAME_START_RE = re.compile(r"[0-9.\-]*+(?=[A-Za-z_])")
-_RUN_SEP_RE = re.compile(r"[A-Za-z0-9_.\-]*+(?P<sep>[\"']?[ \t]*+[:=][ \t]*)?")
 # Every secret-looking name contains one of these (case-insensitively): a text without any is left alone.
 _SECRET_ROOTS = ("key", "token", "secret", "pass", "pwd", "cred", "auth", "bearer", "cookie")
-_SECRET_ROOT_RE = re.compile("|".join(_SECRET_ROOTS), re.IGNORECASE)
+
+
+def _any_case(word: str) -> str:
+    """``word`` spelled case by case in ASCII (``[kK][eE][yY]``): re.IGNORECASE would also take the Kelvin
+    sign for a "k", which no name run holds."""
+    return "".join(f"[{c}{c.upper()}]" for c in word)
+
+
+def _setting_re(roots: str, name_char: str) -> re.Pattern[str]:
+    """The last secret word of a name run, the rest of the run, then the separator.
+
+    Only the *last* secret word of a run can match (the run after it may not start another one), so a run
+    yields at most one match and a failed match never rescans the run: each character is looked at a fixed
+    number of times, however many secret words a run holds. The pattern starts with the words' first
+    letters, so the regex engine skips ahead between them in C."""
+    return re.compile(rf"(?:{roots})(?:(?!{roots}){name_char})*+([\"']?[ \t]*+[:=][ \t]*)")
+
+
+# ASCII text is searched in its lower-cased copy (same positions); other text in itself (``_any_case``).
+_SETTING_LOW_RE = _setting_re("|".join(_SECRET_ROOTS), r"[a-z0-9_.\-]")
+_SETTING_ANY_RE = _setting_re("|".join(map(_any_case, _SECRET_ROOTS)), r"[A-Za-z0-9_.\-]")
 _UNQUOTED_VALUE_RE = re.compile(r"[^\s\"',;&}\])]+")
+
+
+# The name runs followed by a separator, found backwards: in the reversed text a setting starts at its
+# separator (a character the regex engine skips to in C) and its name run is read whole, so one ``findall``
+# gives every such name with no Python per setting; only the distinct names are then looked at.
+_SETTING_NAMES_REVERSED_RE = re.compile(r"[:=][ \t]*+[\"']?([A-Za-z0-9_.\-]++)")
+_ANY_ROOT_RE = re.compile("|".join(map(_any_case, _SECRET_ROOTS)))
+# At most this many distinct secret names, none longer than this, take the one-split path, and only when the
+# text has this many settings per name (compiling the pattern must pay off); others go through the general
+# loop. Why: the split tries every name at each position where one could start, so its cost grows with their
+# number and length.
+_FAST_NAMES_MAX = 64
+_FAST_NAME_LEN_MAX = 64
+_FAST_MIN_SETTINGS_PER_NAME = 32
+_fast_patterns: dict[frozenset[str], re.Pattern[str]] = {}
+# A setting's value: a quoted string up to its closing quote (or, unclosed, to the end of its line; a lone
+# opening quote is taken too and then left alone), else an unquoted run.
+_VALUE_RE = re.compile(r"\"[^\"\n]*+\"?|'[^'\n]*+'?|[^\s\"',;&}\])]+")
 # "-" first (fast literal scan); "(?<!\S-)" = the dash starts a whitespace-separated argument.
 _FLAG_RE = re.compile(r"(?P<flag>-(?<!\S-)-?[A-Za-z][A-Za-z0-9_.\-]*+)(?P<sep>[ \t]++)(?P<value>[^\s\-][^\s]*)")
 _NAME_CACHE_MAX = 4096
 _secret_name_cache: dict[str, bool] = {}
 _run_cache: dict[str, bool] = {}
+# Setting names (reversed, as the settings scan reads them) already judged, and those found secret.
+_judged_reversed: set[str] = set()
+_secret_reversed: set[str] = set()
 
 
 def _secret_name_cached(name: str) -> bool:
@@ -259,6 +305,24 @@ def _sub(
     return apply
 
 
+def _sub_redacted(pattern: re.Pattern[str], rule: str, needles: tuple[str, ...]) -> Callable[[_Text, dict], None]:
+    """A rule that replaces every whole match with ``REDACTED``.
+
+    Why not ``_sub``: a literal replacement lets ``re.subn`` build the output in C, with no Python call per
+    match, which is what keeps a text made of nothing but tokens fast."""
+
+    def apply(t: _Text, counts: dict[str, int]) -> None:
+        text = t.text
+        if not any(n in text for n in needles):
+            return
+        out, n = pattern.subn(REDACTED, text)
+        if n:
+            counts[rule] = counts.get(rule, 0) + n
+            t.set(out)
+
+    return apply
+
+
 def _private_key(m: re.Match[str]) -> str:
     return f"-----BEGIN {m.group(1)}PRIVATE KEY-----{REDACTED}-----END {m.group(1)}PRIVATE KEY-----"
 
@@ -278,19 +342,16 @@ def _scheme_starts(text: str, run_start: int, run_end: int) -> bool:
 
 def _url_credentials(t: _Text, counts: dict[str, int]) -> None:
     text = t.text
-    at = text.find("://")
-    if at == -1:
+    if "://" not in text:
         return
     out: list[str] = []
     pos = 0  # copied up to here
     floor = 0  # a scheme run never reaches back before the end of the previous match
-    while at != -1:
-        run_start = at
+    for m in _USERINFO_RE.finditer(text):
+        at = run_start = m.start()
         while run_start > floor and text[run_start - 1] in _SCHEME_CHARS:
             run_start -= 1
-        m = _USERINFO_RE.match(text, at + 3)
-        if m is None or run_start == at or not _scheme_starts(text, run_start, at):
-            at = text.find("://", at + 1)
+        if run_start == at or not _scheme_starts(text, run_start, at):
             continue
         if m.group("userinfo") != REDACTED:
             out.append(text[pos : at + 3])
@@ -298,7 +359,6 @@ def _url_credentials(t: _Text, counts: dict[str, int]) -> None:
             pos = m.end()
             counts["url_credentials"] = counts.get("url_credentials", 0) + 1
         floor = m.end()
-        at = text.find("://", m.end())
     if out:
         out.append(text[pos:])
         t.set("".join(out))
@@ -307,64 +367,14 @@ def _url_credentials(t: _Text, counts: dict[str, int]) -> None:
 def _bearer(t: _Text, counts: dict[str, int]) -> None:
     if "bearer" not in t.low:
         return
-    n = 0
-
-    def one(m: re.Match[str]) -> str:
-        nonlocal n
-        n += 1
-        return f"{m.group('word')}{m.group('sep')}{REDACTED}"
-
-    text = _BEARER_RE.sub(one, t.text)
+    # split() keeps the three groups between the unmatched pieces: [text, word, sep, value, text, ...]; the
+    # values are replaced by a slice assignment, so no Python runs per match.
+    pieces = _BEARER_RE.split(t.text)
+    n = len(pieces) // 4
     if n:
+        pieces[3::4] = [REDACTED] * n
         counts["bearer"] = counts.get("bearer", 0) + n
-        t.set(text)
-
-
-def _secret_name_runs(t: _Text) -> list[tuple[int, int, int]]:
-    """(run start, name end, separator end) of every name run holding a secret word and followed by a separator.
-
-    Only runs holding a secret word can have a secret-looking name, so the runs are found from occurrences
-    of the secret words (in the lower-cased copy when its positions are the text's); each run is walked
-    once, however many secret words it holds."""
-    text = t.text
-    runs: list[tuple[int, int, int]] = []
-    last_end = 0
-    run_sep, chars = _RUN_SEP_RE.match, _NAME_CHARS
-    for at in _secret_word_positions(t):
-        if at < last_end:
-            continue
-        floor = last_end
-        m = run_sep(text, at)
-        end = m.start("sep")
-        if end == -1:  # not followed by a separator: not a setting
-            last_end = m.end()
-            continue
-        last_end = end
-        start = at
-        while start > floor and text[start - 1] in chars:
-            start -= 1
-        if _run_is_secret(text[start:end]):
-            runs.append((start, end, m.end()))
-    return runs
-
-
-def _secret_word_positions(t: _Text) -> list[int]:
-    """Sorted start positions of the secret words in the text (a superset is fine, a miss is not).
-
-    ASCII text: ``str.find`` on the lower-cased copy (far faster than a case-insensitive regex). Other text:
-    the case-insensitive regex on the text itself, whose positions are the text's."""
-    if not t.text.isascii():
-        return [m.start() for m in _SECRET_ROOT_RE.finditer(t.text)]
-    low = t.low
-    found: list[int] = []
-    for root in _SECRET_ROOTS:
-        find = low.find
-        at = find(root)
-        while at != -1:
-            found.append(at)
-            at = find(root, at + 1)
-    found.sort()
-    return found
+        t.set("".join(pieces))
 
 
 def _run_is_secret(run: str) -> bool:
@@ -372,121 +382,241 @@ def _run_is_secret(run: str) -> bool:
     hit = _run_cache.get(run)
     if hit is None:
         lead = _NAME_START_RE.match(run)
-        hit = lead is not None and is_secret_name(run[lead.end() :])
+        # every secret name holds a secret word: the search spares is_secret_name on most names
+        hit = lead is not None and _ANY_ROOT_RE.search(run) is not None and is_secret_name(run[lead.end() :])
         if len(run) <= 256 and len(_run_cache) < _NAME_CACHE_MAX:
             _run_cache[run] = hit
     return hit
 
 
 def _key_value(t: _Text, counts: dict[str, int]) -> None:
+    """``name=value`` settings whose name is secret-looking: the value goes.
+
+    Why two paths: a text made of nothing but secret settings (``token=x&token=y&...``) must not cost
+    Python work per setting. The fast path finds the distinct names with one ``findall``; when none is
+    secret the text is done, and when a few are, one split on a pattern made of exactly those names does
+    every redaction in C. A value the fast path cannot judge on its own (a scheme word as in
+    ``Authorization: Bearer x``, an unclosed quote, a value already redacted) sends the text to the
+    general loop, which gives the same result one setting at a time."""
+    text = t.text
+    if "=" not in text and ":" not in text:
+        return  # no separator, no setting (a cheap check that spares the scans below)
     if not t.has_secret_word():
         return
+    found = _SETTING_NAMES_REVERSED_RE.findall(text[::-1])
+    reversed_names = set(found)
+    # Set operations in C against the names already judged; Python only for names never seen before.
+    for name in reversed_names - _judged_reversed:
+        if len(_judged_reversed) >= _NAME_CACHE_MAX:
+            break  # the rest are judged below, one at a time
+        _judged_reversed.add(name)
+        if _run_is_secret(name[::-1]):
+            _secret_reversed.add(name)
+    secret_reversed = reversed_names & _secret_reversed
+    if len(_judged_reversed) >= _NAME_CACHE_MAX:
+        secret_reversed |= {r for r in reversed_names - _judged_reversed if _run_is_secret(r[::-1])}
+    if not secret_reversed:
+        return
+    secret = frozenset(r[::-1] for r in secret_reversed)
+    # The one-split path compiles a pattern for this set of names (about half a millisecond a name): worth it
+    # when the pattern is cached or the text holds many settings per name, else the general loop is cheaper.
+    fast = secret in _fast_patterns or (
+        len(secret) <= _FAST_NAMES_MAX
+        and max(map(len, secret)) <= _FAST_NAME_LEN_MAX
+        and len(found) >= _FAST_MIN_SETTINGS_PER_NAME * len(secret)
+    )
+    if not fast or not _key_value_fast(t, counts, secret):
+        _key_value_general(t, counts)
+
+
+def _secret_settings_re(names: frozenset[str]) -> re.Pattern[str]:
+    """A pattern for settings of exactly these names: groups (name and separator)(unquoted value)(quoted value)
+    (a quote that opens no closed value). Each name is checked to start a run by a look-behind placed after
+    it, so the pattern still starts with literals."""
+    pattern = _fast_patterns.get(names)
+    if pattern is None:
+        alternatives = "|".join(
+            f"{re.escape(n)}(?<![A-Za-z0-9_.\\-]{re.escape(n)})" for n in sorted(names, key=len, reverse=True)
+        )
+        pattern = re.compile(
+            rf"((?:{alternatives})[\"']?[ \t]*+[:=][ \t]*+)"
+            r"(?:([^\s\"',;&}\])]++)|(\"[^\"\n]*+\"|'[^'\n]*+')|([\"']))?"
+        )
+        if len(_fast_patterns) >= 64:
+            _fast_patterns.clear()
+        _fast_patterns[names] = pattern
+    return pattern
+
+
+_DOUBLE_QUOTED_REDACTED = f'"{REDACTED}"'
+_SINGLE_QUOTED_REDACTED = f"'{REDACTED}'"
+
+
+def _key_value_fast(t: _Text, counts: dict[str, int], names: frozenset[str]) -> bool:
+    """Redact the settings of ``names`` with one split; False (text untouched) when a value needs the
+    general loop's judgement."""
+    pieces = _secret_settings_re(names).split(t.text)
+    # pieces: [text, head, unquoted, quoted, lone quote, text, head, ...]
+    found = len(pieces) // 5
+    unquoted, quoted, lone = pieces[2::5], pieces[3::5], pieces[4::5]
+    if lone.count(None) != found:
+        return False
+    # Values left as they are, uncounted, as the general loop leaves them: exactly REDACTED (redacted before),
+    # and a scheme word whose secret after it was redacted already (``Authorization: Bearer <redacted>``).
+    kept = {REDACTED}
+    for value in set(unquoted):
+        if value is None or value == REDACTED:
+            continue
+        if value.startswith(REDACTED):
+            return False  # it may hold another setting, which the general loop finds
+        if len(value) <= _LONGEST_SCHEME and value.lower() in _AUTH_SCHEMES:
+            kept.add(value)
+    if len(kept) > 1:
+        last = len(pieces) - 1
+        for k, value in enumerate(unquoted):
+            if value in kept and value != REDACTED and not _redacted_follows(pieces[5 * k + 5], 5 * k + 5 == last):
+                return False  # a scheme word before a secret: the general loop redacts the word after it
+    for value in set(quoted):
+        if value is not None and value.strip("\"'").lower() in _AUTH_SCHEMES:
+            return False
+    fired = 2 * found - quoted.count(None) - sum(unquoted.count(v) for v in (None, *kept))
+    if fired:
+        pieces[2::5] = ["" if v is None else v if v in kept else REDACTED for v in unquoted]
+        pieces[3::5] = ["" if v is None else _DOUBLE_QUOTED_REDACTED if v[0] == '"' else _SINGLE_QUOTED_REDACTED for v in quoted]
+        pieces[4::5] = [""] * found
+        counts["key_value"] = counts.get("key_value", 0) + fired
+        t.set("".join(pieces))
+    return True
+
+
+_SPACE_REDACTED = " " + REDACTED
+
+
+def _redacted_follows(after: str, at_end: bool) -> bool:
+    """Whether the text after a scheme word is one space and then exactly REDACTED as a whole value (what
+    follows ends a value), so the general loop would leave the setting alone. ``after`` runs to the next
+    setting's name, or to the end of the text when ``at_end``."""
+    if not after.startswith(_SPACE_REDACTED):
+        return False
+    if len(after) == len(_SPACE_REDACTED):
+        return at_end  # else the next setting's name follows directly and the value runs on into it
+    nxt = after[len(_SPACE_REDACTED)]
+    return nxt.isspace() or nxt in "\"',;&}])"
+
+
+def _key_value_general(t: _Text, counts: dict[str, int]) -> None:
+    """The settings one at a time (see ``_setting_re``): Python runs once per setting, never per character."""
     text = t.text
+    matches = _SETTING_LOW_RE.finditer(t.low) if text.isascii() else _SETTING_ANY_RE.finditer(text)
     out: list[str] = []
     append = out.append
-    pos = 0
-    search_from = 0
-    fired = 0
-    for run_start, _name_end, sep_end in _secret_name_runs(t):
-        if run_start < search_from:
+    pos = search_from = 0
+    chars, run_get, value_at, redacted = _NAME_CHARS, _run_cache.get, _VALUE_RE.match, REDACTED
+    for m in matches:
+        start, sep_end = m.span()
+        if start < search_from:
             continue  # inside a value already redacted
-        search_from = start = sep_end
-        if text.startswith(REDACTED, start):
+        while start and text[start - 1] in chars:  # back to the start of the name run
+            start -= 1
+        run = text[start : m.start(1)]
+        secret = run_get(run)
+        if secret is None:
+            secret = _run_is_secret(run)
+        if not secret:
             continue
-        end = _value_end(text, start)
-        if end is None:
+        search_from = sep_end
+        vm = value_at(text, sep_end)
+        if vm is None:
             continue
-        # an unquoted value never starts with a quote, so only a quoted one keeps its quotes
-        quoted = text[start] in "\"'"
-        replacement = _quoted_redaction(text[start:end]) if quoted else REDACTED
-        # "Authorization: Bearer x": the secret is the word after the scheme (an unquoted value holds no
-        # quote to strip, so it is a scheme only when it is as short as one).
-        if (quoted or end - start <= _LONGEST_SCHEME) and text[start:end].strip("\"'").lower() in _AUTH_SCHEMES:
+        value = vm.group()
+        if value.startswith(redacted):
+            continue
+        end = vm.end()
+        first = value[0]
+        if first == '"' or first == "'":
+            if len(value) == 1:
+                continue  # an opening quote at the end of the line: nothing to redact
+            replacement = f"{first}{redacted}{first}" if value[-1] == first else redacted
+            is_scheme = value.strip("\"'").lower() in _AUTH_SCHEMES
+        else:
+            replacement = redacted
+            # an unquoted value holds no quote, so it is a scheme only when it is as short as one
+            is_scheme = len(value) <= _LONGEST_SCHEME and value.lower() in _AUTH_SCHEMES
+        if is_scheme:
+            # "Authorization: Bearer x": the secret is the word after the scheme.
             rest = _UNQUOTED_VALUE_RE.match(text, end + 1) if text.startswith(" ", end) else None
-            if rest is None or rest.group(0) == REDACTED:
+            if rest is None or rest.group(0) == redacted:
                 continue
-            start, end, replacement = rest.start(), rest.end(), REDACTED
-        append(text[pos:start])
+            sep_end, end, replacement = rest.start(), rest.end(), redacted
+        append(text[pos:sep_end])
         append(replacement)
-        fired += 1
         pos = search_from = end
     if out:
-        counts["key_value"] = counts.get("key_value", 0) + fired
+        counts["key_value"] = counts.get("key_value", 0) + len(out) // 2
         append(text[pos:])
         t.set("".join(out))
-
-
-def _value_end(text: str, start: int) -> int | None:
-    """End of the value starting at ``start``: a quoted string (kept whole) or an unquoted run."""
-    if start >= len(text):
-        return None
-    quote = text[start]
-    if quote in "\"'":
-        close = text.find(quote, start + 1)
-        newline = text.find("\n", start + 1, close if close != -1 else len(text))
-        if close == -1 or newline != -1:
-            close = newline if newline != -1 else len(text)
-            return close if close > start + 1 else None
-        return close + 1
-    m = _UNQUOTED_VALUE_RE.match(text, start)
-    return m.end() if m else None
-
-
-def _quoted_redaction(value: str) -> str:
-    if len(value) >= 2 and value[0] in "\"'" and value[-1] == value[0]:
-        return f"{value[0]}{REDACTED}{value[0]}"
-    return REDACTED
 
 
 def _flag_value(t: _Text, counts: dict[str, int]) -> None:
     if not t.has_secret_word():
         return
+    # [text, flag, sep, value, text, ...]: one split in C, then one cached decision per flag.
+    pieces = _FLAG_RE.split(t.text)
+    if len(pieces) == 1:
+        return
     n = 0
-
-    def one(m: re.Match[str]) -> str:
-        nonlocal n
-        if not _secret_name_cached(m.group("flag")) or m.group("value").startswith(REDACTED):
-            return m.group(0)
-        n += 1
-        return f"{m.group('flag')}{m.group('sep')}{REDACTED}"
-
-    text = _FLAG_RE.sub(one, t.text)
+    cache_get = _secret_name_cache.get
+    for i in range(1, len(pieces), 4):
+        flag = pieces[i]
+        secret = cache_get(flag)
+        if secret is None:
+            secret = _secret_name_cached(flag)
+        if secret and not pieces[i + 2].startswith(REDACTED):
+            pieces[i + 2] = REDACTED
+            n += 1
     if n:
         counts["flag_value"] = counts.get("flag_value", 0) + n
-        t.set(text)
+        t.set("".join(pieces))
 
 
 _TEXT_RULES: tuple[Callable[[_Text, dict], None], ...] = (
     _sub(_PRIVATE_KEY_RE, "private_key", _private_key, ("-----BEGIN ",)),
     _url_credentials,
     _bearer,
-    *(_sub(pattern, name, lambda m: REDACTED, needles) for name, needles, pattern in _TOKEN_SHAPES),
+    *(_sub_redacted(pattern, name, needles) for name, needles, pattern in _TOKEN_SHAPES),
     _key_value,
     _flag_value,
 )
 
 
 # Lower-cased literals one of which every rule needs (a superset check: lower-casing only adds matches).
-_ANY_TRIGGER_RE = re.compile(
-    "|".join(
-        re.escape(x)
-        for x in (
-            *_SECRET_ROOTS,
-            "-----begin ",
-            "://",
-            "sk-",
-            "hf_",
-            "gh",
-            "github_pat_",
-            "glpat-",
-            "akia",
-            "asia",
-            "xox",
-            "aiza",
-            "eyj",
-        )
-    )
+_TRIGGERS = (
+    *_SECRET_ROOTS,
+    "-----begin ",
+    "://",
+    "sk-",
+    "hf_",
+    "gh",
+    "github_pat_",
+    "glpat-",
+    "akia",
+    "asia",
+    "xox",
+    "aiza",
+    "eyj",
 )
+
+
+def _has_trigger(low: str) -> bool:
+    """Whether a lower-cased text holds a literal some rule needs. ``in`` per literal (a C scan each) beats
+    one alternation regex, which tries every branch at every position."""
+    # A plain loop: any() over a generator costs more than the scans themselves on short texts.
+    for x in _TRIGGERS:  # noqa: SIM110
+        if x in low:
+            return True
+    return False
+
+
 _SHORT = 512
 
 
@@ -498,7 +628,7 @@ def redact_text(text: str) -> tuple[str, dict[str, int]]:
     if not isinstance(text, str) or not text:
         return (text if isinstance(text, str) else ""), counts
     t = _Text(text)
-    if len(text) <= _SHORT and not _ANY_TRIGGER_RE.search(t.low):
+    if len(text) <= _SHORT and not _has_trigger(t.low):
         return text, counts  # most arguments and short lines: one search instead of every rule's checks
     for rule in _TEXT_RULES:
         rule(t, counts)
@@ -511,17 +641,29 @@ def redact_text(text: str) -> tuple[str, dict[str, int]]:
 def redact_argv_counts(argv: Sequence[str]) -> tuple[str, dict[str, int]]:
     """``redact_argv`` plus the per-rule counts (for bundles' redaction reports)."""
     counts: dict[str, int] = {}
-    args = [a if isinstance(a, str) else str(a) for a in argv]
-    joined = " ".join(args)
-    if not _ANY_TRIGGER_RE.search(joined.lower()):
+    try:
+        joined = " ".join(argv)  # in C; a non-string argument (rare) makes it raise
+        args = argv if isinstance(argv, list) else list(argv)
+    except TypeError:
+        args = [a if isinstance(a, str) else str(a) for a in argv]
+        joined = " ".join(args)
+    joined_low = joined.lower()
+    present = [x for x in _TRIGGERS if x in joined_low]
+    if not present:
         return joined, counts  # no rule and no flag can fire: one search instead of one redact_text per argument
+    # An argument without any of the literals present in the whole line is left as it is, by every rule and
+    # by the flag checks below (a secret flag name, "authorization" and "bearer" each hold one).
+    lows = [a.lower() for a in args]
+    hot = [any(x in low for x in present) for low in lows]
     redact_next = [False] * len(args)
     for i, arg in enumerate(args):
-        lowered = arg.lower()
         if i + 1 >= len(args):
             break
+        if not hot[i]:
+            continue
+        lowered = lows[i]
         nxt = args[i + 1]
-        if arg.startswith("-") and "=" not in arg and len(arg) > 1 and is_secret_name(arg):
+        if arg.startswith("-") and "=" not in arg and len(arg) > 1 and _secret_name_cached(arg):
             # "--api-key VALUE"; a following flag means this one takes no value.
             if nxt and not nxt.startswith("-"):
                 redact_next[i + 1] = True
@@ -539,6 +681,9 @@ def redact_argv_counts(argv: Sequence[str]) -> tuple[str, dict[str, int]]:
             out.append(REDACTED)
             rule = "bearer" if i > 0 and args[i - 1].lower() in _AUTH_SCHEMES else "flag_value"
             counts[rule] = counts.get(rule, 0) + 1
+            continue
+        if not hot[i]:
+            out.append(arg)
             continue
         redacted, arg_counts = redact_text(arg)
         for rule, n in arg_counts.items():

@@ -61,21 +61,19 @@ def _live_buckets(url: str) -> dict[str, tuple[float, ...]]:
 
 def generate_files(slo: Path | None, metrics_url: str | None = None) -> Generated:
     """Load and validate the spec, then render every file (raises SpecError / UnknownIncidentClass)."""
-    import yaml
-
     from alerts.generate import render
-    from alerts.spec import DEFAULT_SPEC_PATH, SpecError, load_spec, parse_spec
+    from alerts.spec import DEFAULT_SPEC_PATH, SpecError, load_spec, parse_spec, read_spec_document
     from diag.rules.classes import INCIDENT_CLASSES
 
     path = slo or DEFAULT_SPEC_PATH
     if metrics_url is None:
         spec = load_spec(path)
     else:
-        load_spec(path)  # file and YAML errors first, with their own messages
+        load_spec(path)  # file, YAML and catalog errors first, with their own messages
         try:
-            spec = parse_spec(yaml.safe_load(path.read_text()), _live_buckets(metrics_url))
-        except SpecError:
-            raise
+            spec = parse_spec(read_spec_document(path), _live_buckets(metrics_url))
+        except SpecError as exc:
+            raise SpecError(f"{path}: {exc}") from None
     source = "alerts/slo.yaml" if slo is None else path.name
     return render(spec, INCIDENT_CLASSES, source)
 
@@ -112,14 +110,20 @@ def alerts(
     for warning in generated.warnings:
         typer.secho(f"diag alerts: warning: {warning}", err=True, fg=typer.colors.YELLOW)
     if check:
-        bad = stale(generated, target)
+        try:
+            bad = stale(generated, target)
+        except OSError as exc:
+            _fail(f"--out {target}: cannot read: {exc.strerror or exc} ({exc.filename or target})")
         if bad:
             typer.secho(f"diag alerts: {target} is stale ({', '.join(bad)}); run `diag alerts` and commit", err=True,
                         fg=typer.colors.RED)  # fmt: skip
             raise typer.Exit(1)
         typer.echo(f"diag alerts: {target} is up to date ({len(generated.files)} files)", err=True)
         return
-    write(generated, target)
+    try:
+        write(generated, target)
+    except OSError as exc:  # not writable, a file where a directory goes, disk full
+        _fail(f"--out {target}: cannot write: {exc.strerror or exc} ({exc.filename or target})")
     typer.echo(f"diag alerts: wrote {len(generated.files)} files to {target}", err=True)
 
 

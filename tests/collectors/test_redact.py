@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from collectors import redact as redact_module
 from collectors.redact import REDACTED, is_secret_name, redact_argv, redact_argv_counts, redact_text
 
 CANARY = "CANARYs3cr3tVALUE9876"
@@ -411,3 +414,74 @@ def test_redaction_work_grows_linearly(unit: str) -> None:
 def test_linear_engine_agrees_on_edge_cases(text: str) -> None:
     assert redact_text(text) == REFERENCE.redact_text(text)
     assert redact_argv_counts(text.split(" ")) == REFERENCE.redact_argv_counts(text.split(" "))
+
+
+# Settings glued densely, with the values the one-split path must hand to the general loop (a scheme word, an
+# unclosed or lone quote, a value already redacted) and more distinct secret names than that path takes.
+_setting = st.tuples(
+    st.sampled_from(["", " ", "\n", "&", ",", "{", '"', "'", "--", "-", "9", "x.", "a=", "_", "é", "K"]),
+    st.sampled_from(
+        ["token", "api_key", "password", "max_tokens", "Authorization", "auth_type", "PWD", "cookie", "k", "Token",
+         "x-token", "9token", ".key", "apiKey", "secret", *(f"token{i}" for i in range(20))]
+    ),
+    st.sampled_from(["=", ": ", '": ', "= ", " ", "\t", '="', "='", ":", "'=", '" : ', "=\t"]),
+    st.one_of(
+        st.sampled_from(["Bearer", "Basic", "NEGOTIATE z", "<redacted>", "<redacted>x", "Bearer <redacted>",
+                         "token <redacted>", '"', "'", "", "x y", '"x"', "'x'", '"x\n', '"bearer"', "\"'bearer'\"",
+                         "sk-" + "a" * 22]),
+        st.text(max_size=10),
+    ),
+).map("".join)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _one_split_path(forced: bool):
+    """Force the one-split settings path (normally taken only when a text holds many settings per name)."""
+    saved = redact_module._FAST_MIN_SETTINGS_PER_NAME
+    redact_module._FAST_MIN_SETTINGS_PER_NAME = 0 if forced else saved
+    try:
+        yield
+    finally:
+        redact_module._FAST_MIN_SETTINGS_PER_NAME = saved
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_setting, max_size=40).map("".join), st.booleans())
+def test_dense_settings_give_the_old_output_and_counts(text: str, forced: bool) -> None:
+    with _one_split_path(forced):
+        assert redact_text(text) == REFERENCE.redact_text(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "token=abc&" * 50,  # one name many times: the one-split path
+        '"password": "x", ' * 50,
+        "token=Bearer abc&token=x",  # a scheme word: the general loop
+        "token=<redacted>&token=x",  # already redacted: left as is, the next one still goes
+        "token=\"abc\ntoken='x'",  # unclosed quote
+        "token='",  # a lone quote at the end
+        "".join(f"token{i}=v{i}&" for i in range(40)),  # more distinct names than the one-split path takes
+        "monkey=password=x&token=y",  # a non-secret name's value still holds a secret setting
+        "apiKey=1 api_key=2 API_KEY=3 9token=4 .key=5",
+        "Authorization: Bearer <redacted>\nAuthorization: Bearer x",  # a scheme before a redacted secret is left
+        "auth=Basic <redacted>token=x",  # ... unless the value runs on into another setting
+        "auth=Basic <redacted>",
+        "auth=Basic  <redacted> auth=Basic <redacted>, auth=token <redacted>&",
+        "auth=Basic <redacted>auth=x",
+    ],
+)
+@pytest.mark.parametrize("forced", [False, True])
+def test_settings_paths_agree_with_the_old_engine(text: str, forced: bool) -> None:
+    with _one_split_path(forced):
+        assert redact_text(text) == REFERENCE.redact_text(text)
+
+
+@pytest.mark.parametrize("name", ["token", "a" * 100 + "token", "a" * 10_000 + "token"])
+def test_settings_work_grows_linearly(name: str) -> None:
+    """Many settings of one (possibly very long) secret name: the same 9x bound as above for 4x the input."""
+    texts = [(f"{name}=x&" * (n // (len(name) + 3) + 1))[:n] for n in (20_000, 80_000)]
+    _cpu(redact_text, texts[0], reps=1)
+    times = [_cpu(redact_text, t) for t in texts]
+    assert times[1] <= 9 * max(times[0], 1e-4), (name[-10:], times)
+    assert all("x&" not in redact_text(t)[0] for t in texts)
