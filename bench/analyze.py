@@ -359,9 +359,11 @@ def main() -> None:
         if rows and rows[-1][0] == 16:
             res = rows[-1][1]
             total = res["load_s"] + res["analyze_s"]
-            print(f"full size: {total:.2f} s wall, {res['load_cpu_s'] + res['analyze_cpu_s']:.2f} s CPU "
-                  f"(target <= 10 s: {'met' if total <= 10 else 'MISSED'}), "
-                  f"peak RSS {res['hwm'] / GIB:.2f} GiB (target <= 1 GiB: {'met' if res['hwm'] <= GIB else 'MISSED'})")
+            print(
+                f"full size: {total:.2f} s wall, {res['load_cpu_s'] + res['analyze_cpu_s']:.2f} s CPU "
+                f"(target <= 10 s: {'met' if total <= 10 else 'MISSED'}), "
+                f"peak RSS {res['hwm'] / GIB:.2f} GiB (target <= 1 GiB: {'met' if res['hwm'] <= GIB else 'MISSED'})"
+            )
     finally:
         if tmp is not None:
             tmp.cleanup()

@@ -415,12 +415,26 @@ AGENT_SAMPLER_ERRORS = _declare(
         "collectors.agent",
     )
 )
-AGENT_RESIDENT_MEMORY = _declare(MetricSpec(
-    "llmdiag_agent_resident_memory_bytes", "gauge", "Resident memory of the agent itself (it must stay small).", (),
-    "bytes", "collectors.agent"))
-AGENT_CPU = _declare(MetricSpec(
-    "llmdiag_agent_cpu_seconds_total", "counter", "User + system CPU time of the agent itself.", (), "seconds",
-    "collectors.agent"))
+AGENT_RESIDENT_MEMORY = _declare(
+    MetricSpec(
+        "llmdiag_agent_resident_memory_bytes",
+        "gauge",
+        "Resident memory of the agent itself (it must stay small).",
+        (),
+        "bytes",
+        "collectors.agent",
+    )
+)
+AGENT_CPU = _declare(
+    MetricSpec(
+        "llmdiag_agent_cpu_seconds_total",
+        "counter",
+        "User + system CPU time of the agent itself.",
+        (),
+        "seconds",
+        "collectors.agent",
+    )
+)
 RECORDER_SIZE = _declare(
     MetricSpec(
         "llmdiag_recorder_size_bytes",
@@ -441,24 +455,48 @@ RECORDER_WRITE_ERRORS = _declare(
         "collectors.recorder",
     )
 )
-RECORDER_RESETS = _declare(MetricSpec(
-    "llmdiag_recorder_resets_total", "counter",
-    "Times the agent started a fresh flight recorder, by reason: corrupt (the file was not a database; it was "
-    "moved aside as <name>.corrupt-<time>), deleted or replaced (the path no longer named the open file).",
-    ("reason",), "", "collectors.agent"))
-RECORDER_DISK_FULL = _declare(MetricSpec(
-    "llmdiag_recorder_disk_full_total", "counter",
-    "Writes that met a full disk; each time the oldest rows were deleted to make room before retrying.",
-    (), "", "collectors.recorder"))
-WATCH_TARGETS_ASKED = _declare(MetricSpec(
-    "llmdiag_watch_targets", "gauge",
-    "Targets given with --pid/--cgroup, by kind (pid|cgroup); compare with llmdiag_watch_targets_found.",
-    ("kind",), "", "collectors.agent"))
-WATCH_TARGETS_FOUND = _declare(MetricSpec(
-    "llmdiag_watch_targets_found", "gauge",
-    "Of the --pid/--cgroup targets, how many exist at the last sample, by kind (pid|cgroup). Below "
-    "llmdiag_watch_targets: the service is not there (yet); the agent keeps looking every sample.",
-    ("kind",), "", "collectors.agent"))
+RECORDER_RESETS = _declare(
+    MetricSpec(
+        "llmdiag_recorder_resets_total",
+        "counter",
+        "Times the agent started a fresh flight recorder, by reason: corrupt (the file was not a database; it was "
+        "moved aside as <name>.corrupt-<time>), deleted or replaced (the path no longer named the open file).",
+        ("reason",),
+        "",
+        "collectors.agent",
+    )
+)
+RECORDER_DISK_FULL = _declare(
+    MetricSpec(
+        "llmdiag_recorder_disk_full_total",
+        "counter",
+        "Writes that met a full disk; each time the oldest rows were deleted to make room before retrying.",
+        (),
+        "",
+        "collectors.recorder",
+    )
+)
+WATCH_TARGETS_ASKED = _declare(
+    MetricSpec(
+        "llmdiag_watch_targets",
+        "gauge",
+        "Targets given with --pid/--cgroup, by kind (pid|cgroup); compare with llmdiag_watch_targets_found.",
+        ("kind",),
+        "",
+        "collectors.agent",
+    )
+)
+WATCH_TARGETS_FOUND = _declare(
+    MetricSpec(
+        "llmdiag_watch_targets_found",
+        "gauge",
+        "Of the --pid/--cgroup targets, how many exist at the last sample, by kind (pid|cgroup). Below "
+        "llmdiag_watch_targets: the service is not there (yet); the agent keeps looking every sample.",
+        ("kind",),
+        "",
+        "collectors.agent",
+    )
+)
 
 # --------------------------------------------------------------------------- in-process tracker
 
@@ -682,16 +720,19 @@ CADVISOR_MEMORY: dict[str, ExternalFamily] = {
     "limit": _external("container_spec_memory_limit_bytes", "gauge", "cAdvisor", "0.4x", "Memory limit; 0 = unlimited."),
 }
 CADVISOR_PSI_WAITING = _external(
-    "container_pressure_memory_waiting_seconds_total", "counter", "cAdvisor", "0.50+", "cgroup2 PSI some.")
+    "container_pressure_memory_waiting_seconds_total", "counter", "cAdvisor", "0.50+", "cgroup2 PSI some."
+)
 CADVISOR_PSI_STALLED = _external(
-    "container_pressure_memory_stalled_seconds_total", "counter", "cAdvisor", "0.50+", "cgroup2 PSI full.")
+    "container_pressure_memory_stalled_seconds_total", "counter", "cAdvisor", "0.50+", "cgroup2 PSI full."
+)
 VLLM_RUNNING = _external("vllm:num_requests_running", "gauge", "vLLM", "v1 engine (0.9+)", "Requests in the running batch.")
 VLLM_WAITING = _external("vllm:num_requests_waiting", "gauge", "vLLM", "v1 engine (0.9+)", "Requests waiting.")
 VLLM_QUEUE_TIME = _external("vllm:request_queue_time_seconds", "histogram", "vLLM", "v1 engine", "Time in WAITING.")
 VLLM_INFERENCE_TIME = _external("vllm:request_inference_time_seconds", "histogram", "vLLM", "v1 engine", "Time in RUNNING.")
 VLLM_E2E = _external("vllm:e2e_request_latency_seconds", "histogram", "vLLM", "v1 engine", "End-to-end latency.")
-VLLM_SUCCESS = _external("vllm:request_success_total", "counter", "vLLM", "v1 engine",
-                         "Finished requests by finished_reason (stop, length, abort).")
+VLLM_SUCCESS = _external(
+    "vllm:request_success_total", "counter", "vLLM", "v1 engine", "Finished requests by finished_reason (stop, length, abort)."
+)
 DCGM_FB_USED = _external("DCGM_FI_DEV_FB_USED", "gauge", "dcgm-exporter", "3.x/4.x", "Framebuffer used, MiB.")
 DCGM_FB_FREE = _external("DCGM_FI_DEV_FB_FREE", "gauge", "dcgm-exporter", "3.x/4.x", "Framebuffer free, MiB.")
 PROMETHEUS_UP = _external("up", "gauge", "Prometheus", "any", "Per scrape target: 1 when its last scrape succeeded.")
@@ -704,6 +745,7 @@ def external(name: str) -> ExternalFamily:
         if fam.name == name:
             return fam
     raise KeyError(name)
+
 
 _NAME_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
 _UNIT_SUFFIX = {"bytes": "_bytes", "seconds": "_seconds", "ratio": "_ratio"}
@@ -731,6 +773,7 @@ def validate_catalog(catalog: dict[str, MetricSpec] | None = None) -> list[str]:
         if not spec.help.strip():
             problems.append(f"{name}: help text is required")
     return problems
+
 
 # Request-phase histograms the Prometheus loader reads for the queue-vs-thrash test where no per-request rows exist.
 VLLM_PREFILL_TIME = _external("vllm:request_prefill_time_seconds", "histogram", "vLLM", "v1 engine", "Prefill phase time.")

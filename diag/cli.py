@@ -194,9 +194,7 @@ def _collect_plan(
 
 @app.command()
 def collect(
-    interval: Annotated[
-        str | None, typer.Option(help="Sampling interval, e.g. 1s, 500ms, 5s (10ms to 1h). Default: 1s.")
-    ] = None,
+    interval: Annotated[str | None, typer.Option(help="Sampling interval, e.g. 1s, 500ms, 5s (10ms to 1h). Default: 1s.")] = None,
     listen: Annotated[
         str | None,
         typer.Option(
@@ -342,9 +340,7 @@ def _analysis_source(
 
 @app.command()
 def analyze(
-    recorder: Annotated[
-        Path | None, typer.Option(readable=False, help="Flight recorder to read (default: the agent's).")
-    ] = None,
+    recorder: Annotated[Path | None, typer.Option(readable=False, help="Flight recorder to read (default: the agent's).")] = None,
     bundle: Annotated[
         Path | None,
         typer.Option(readable=False, help="Analyse an incident bundle instead: its folder or its .tar.gz (read in place)."),
@@ -354,9 +350,7 @@ def analyze(
         str | None,
         typer.Option(help='With --prometheus: label matchers for the service, e.g. \'job="llm",instance="10.0.0.5:9464"\'.'),
     ] = None,
-    since: Annotated[
-        str | None, typer.Option(help="How far back to look, e.g. 30m, 2h (default 1h; not with --bundle).")
-    ] = None,
+    since: Annotated[str | None, typer.Option(help="How far back to look, e.g. 30m, 2h (default 1h; not with --bundle).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="The documented JSON document instead of text.")] = False,
 ) -> None:
     """Classify what the records show: the verdict first, findings with evidence, and what could not be evaluated.

@@ -400,4 +400,3 @@ def _run_doc(run: Run, writer: BundleWriter) -> dict[str, Any]:
     if len(files) == 1:
         doc["sha256"] = files[0].sha256
     return doc
-

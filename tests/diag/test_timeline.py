@@ -115,7 +115,6 @@ def test_recorder_and_bundle_loaders_agree(tmp_path: Path) -> None:
         load_bundle(tmp_path)
 
 
-
 def test_the_watch_scope_in_force_before_the_window_is_kept(tmp_path: Path) -> None:
     """The agent writes a watch scope at start-up and on change only: a later window must still know it."""
     from collectors.records import HostSnapshot, WatchScope
