@@ -6,15 +6,20 @@
   tier without the mark, so a new unmarked live test fails loudly as root instead of skipping
   silently for everyone else.
 - Shared helpers live in helper modules (``tests/livecg.py``, ``tests/promserver.py``,
-  ``tests/paths.py``, ``tests/diag/*_builders.py``, ``tests/bundle/helpers.py``); test modules never
-  import each other (``tests/test_import_cycles.py`` checks it).
+  ``tests/paths.py``, ``tests/sharedruns.py``, ``tests/diag/*_builders.py``, ``tests/bundle/helpers.py``);
+  test modules never import each other (``tests/test_import_cycles.py`` checks it).
+- Expensive live runs that several modules check are session fixtures here, made lazily by the first
+  test that asks (``leak_scenario``: tests/sharedruns.py says why).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests import livecg
+from tests.sharedruns import SharedScenario
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -24,3 +29,16 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     livecg.current_test = None
+
+
+@pytest.fixture(scope="session")
+def scenario_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One weights folder for every scenario run of the session (made on the first run, reused after)."""
+    return tmp_path_factory.mktemp("scenario-weights")
+
+
+@pytest.fixture(scope="session")
+def leak_scenario(tmp_path_factory: pytest.TempPathFactory, scenario_weights: Path) -> SharedScenario:
+    """The ``leak`` scenario's real runs, made once per session (live tests only: they need root and cgroups)."""
+    livecg.require_live()
+    return SharedScenario("leak", scenario_weights, tmp_path_factory.mktemp("leak-scenario"))

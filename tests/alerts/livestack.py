@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -23,9 +20,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from tests import procs
 from tests.promserver import free_port
 
 ALERTMANAGER = "prometheus-alertmanager"
@@ -91,28 +88,6 @@ def webhook_sink() -> Iterator[Sink]:
         server.server_close()
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: exited with {proc.returncode}: {log.read_text(errors='replace')[-2000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1.0, trust_env=False).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} not ready after {timeout_s} s: {log.read_text(errors='replace')[-2000:]}")
-
-
 @contextlib.contextmanager
 def alertmanager(config_yaml: str, folder: Path) -> Iterator[str]:
     binary = shutil.which(ALERTMANAGER) or shutil.which("alertmanager")
@@ -127,10 +102,10 @@ def alertmanager(config_yaml: str, folder: Path) -> Iterator[str]:
                                  f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"],
                                 stdout=fh, stderr=subprocess.STDOUT, cwd=folder)  # fmt: skip
     try:
-        _wait_ready(f"http://127.0.0.1:{port}/-/ready", proc, log)
+        procs.wait_http(f"http://127.0.0.1:{port}/-/ready", proc, 30, log)
         yield f"127.0.0.1:{port}"
     finally:
-        _stop(proc)
+        procs.stop(proc)
 
 
 @contextlib.contextmanager
@@ -155,10 +130,10 @@ def prometheus_with_rules(rule_files: Sequence[Path], jobs: dict[str, str], aler
                                  f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
                                 stdout=fh, stderr=subprocess.STDOUT, cwd=folder)  # fmt: skip
     try:
-        _wait_ready(f"http://127.0.0.1:{port}/-/ready", proc, log)
+        procs.wait_http(f"http://127.0.0.1:{port}/-/ready", proc, 30, log)
         yield f"http://127.0.0.1:{port}"
     finally:
-        _stop(proc)
+        procs.stop(proc)
 
 
 @contextlib.contextmanager
@@ -172,16 +147,7 @@ def agent(recorder: Path, cgroups: Sequence[str], folder: Path, diagnose_every: 
     with log.open("wb") as fh:
         proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 60
-        addr = None
-        while addr is None and time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"agent exited: {log.read_text(errors='replace')}")
-            m = re.search(r"http://(127\.0\.0\.1:\d+)/metrics", log.read_text(errors="replace"))
-            addr = m.group(1) if m else None
-            time.sleep(0.1)
-        if addr is None:
-            raise RuntimeError(f"agent did not start: {log.read_text(errors='replace')}")
+        addr = procs.agent_address(log, proc, 60)
         yield addr, proc.pid
     finally:
-        _stop(proc)
+        procs.stop(proc)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import os
 import re
 import shutil
 import signal
@@ -31,6 +30,7 @@ import httpx
 from dashboards.definitions import all_dashboards
 from dashboards.promql import SLO_RULES, metric_names, series_known
 from dashboards.synthetic import exposition
+from tests import procs
 from tests.livecg import memory_cgroup
 from tests.promserver import PromServer, free_port, require_prometheus
 
@@ -72,40 +72,6 @@ class Live:
     node_exporter: bool
     rules: list[Path]
     backfilled: set[str] = field(default_factory=set)
-
-
-def _stop(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-
-
-def _agent_port(log: Path, proc: subprocess.Popen, timeout_s: float = 30.0) -> int:  # type: ignore[type-arg]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        m = re.search(r"http://127\.0\.0\.1:(\d+)/metrics", log.read_text(errors="replace"))
-        if m:
-            return int(m.group(1))
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    raise RuntimeError(f"the agent did not start: {log.read_text(errors='replace')[-1500:]}")
-
-
-def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 90.0) -> None:  # type: ignore[type-arg]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: process exited with {proc.returncode}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1.0, trust_env=False).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} not up after {timeout_s} s")
 
 
 def backfill(data_dir: Path, families: set[str], start: float, end: float, work: Path) -> None:
@@ -156,10 +122,10 @@ def prometheus_with(data_dir: Path, jobs: dict[str, str], rules: list[Path], fol
         )  # fmt: skip
     try:
         server = PromServer(f"http://127.0.0.1:{port}", proc.pid, folder)
-        _wait_http(f"{server.url}/-/ready", proc, 30)
+        procs.wait_http(f"{server.url}/-/ready", proc, 30, folder / "prometheus.log")
         yield server
     finally:
-        _stop(proc)
+        procs.stop(proc)
 
 
 def _load(url: str, stop: threading.Event, seed: int) -> None:
@@ -202,9 +168,9 @@ def live_stack(load_s: float = 40.0) -> Iterator[Live]:
                 "--expert-capacity-factor", "1.0", "--batching", "tokens", "--max-concurrency", "2", "--queue-size", "3",
                 "--weights-mb", "16", "--weights-dir", str(work / "weights"), "--no-access-log", "--log-level", "warning",
             ], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-            stack.callback(_stop, serve)
+            stack.callback(procs.stop, serve)
             serve_url = f"http://127.0.0.1:{serve_port}"
-            _wait_http(f"{serve_url}/healthz", serve)
+            procs.wait_http(f"{serve_url}/healthz", serve, 90)
             log = work / "agent.log"
             with log.open("wb") as fh:
                 agent = subprocess.Popen(
@@ -212,8 +178,8 @@ def live_stack(load_s: float = 40.0) -> Iterator[Live]:
                      "--no-gpu", "--cgroup", serve_group.path, "--cgroup", hog_group.path],
                     stdout=subprocess.DEVNULL, stderr=fh,
                 )  # fmt: skip
-            stack.callback(_stop, agent)
-            jobs = {"llmdiag-agent": f"127.0.0.1:{_agent_port(log, agent)}", "llmdiag-demo": f"127.0.0.1:{serve_port}"}
+            stack.callback(procs.stop, agent)
+            jobs = {"llmdiag-agent": f"127.0.0.1:{procs.agent_port(log, agent, 30)}", "llmdiag-demo": f"127.0.0.1:{serve_port}"}
             if node:
                 node_port = free_port()
                 node_proc = subprocess.Popen(
@@ -221,7 +187,7 @@ def live_stack(load_s: float = 40.0) -> Iterator[Live]:
                      "--collector.meminfo", "--collector.pressure", "--collector.vmstat"],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 )  # fmt: skip
-                stack.callback(_stop, node_proc)
+                stack.callback(procs.stop, node_proc)
                 jobs["node"] = f"127.0.0.1:{node_port}"
             prom = stack.enter_context(prometheus_with(data, jobs, fast_rules(rules, work), work))
             assert prom.wait_for('up{job="llmdiag-agent"} == 1', bool, 60), prom.log_tail()

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import re
 import shutil
 import signal
 import subprocess
@@ -32,6 +30,7 @@ from collectors.recorder import FlightRecorder
 from collectors.records import CgroupSnapshot, HostSnapshot
 from diag.rules.engine import analyze
 from diag.sources.prometheus import _ooms_from, _Result, default_step, load_prometheus
+from tests import procs
 from tests.livecg import LiveGroup, live_selected, memory_cgroup, skip_reason
 from tests.promserver import PromServer, ScrapeJob, free_port, prometheus, require_prometheus
 
@@ -133,28 +132,6 @@ class Stack:
     node_exporter: bool
 
 
-def _stop(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-
-
-def _agent_port(log: Path, proc: subprocess.Popen, timeout_s: float = 20.0) -> int:  # type: ignore[type-arg]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        m = re.search(r"http://127\.0\.0\.1:(\d+)/metrics", log.read_text(errors="replace"))
-        if m:
-            return int(m.group(1))
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    raise RuntimeError(f"the agent did not start: {log.read_text(errors='replace')[-1500:]}")
-
-
 def _samples(prom: PromServer, expr: str) -> float:
     result = prom.query(expr)
     return float(result[0]["value"][1]) if result else 0.0
@@ -177,16 +154,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
         argv += ["--cgroup", group.path] if group else ["--no-kmsg"]
         with log.open("wb") as fh:
             agent = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=fh)
-        stack.callback(_stop, agent)
+        stack.callback(procs.stop, agent)
         app = subprocess.Popen([sys.executable, "-c", APP], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        stack.callback(_stop, app)
+        stack.callback(procs.stop, app)
         assert app.stdout is not None
         app_port = int(app.stdout.readline())
         jobs = []
         for fmt in ("openmetrics", "text"):
             ext = subprocess.Popen([sys.executable, "-c", EXTERNAL_APP, fmt], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                    text=True)  # fmt: skip
-            stack.callback(_stop, ext)
+            stack.callback(procs.stop, ext)
             assert ext.stdout is not None
             jobs.append(ScrapeJob(f"ext-app-{fmt}", [f"127.0.0.1:{int(ext.stdout.readline())}"]))
         node = shutil.which(NODE_EXPORTER)
@@ -197,9 +174,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
                  "--collector.meminfo", "--collector.pressure", "--collector.vmstat"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
-            stack.callback(_stop, node_proc)
+            stack.callback(procs.stop, node_proc)
             jobs.append(ScrapeJob("ext-node", [f"127.0.0.1:{node_port}"]))
-        agent_port = _agent_port(log, agent)
+        agent_port = procs.agent_port(log, agent, 20)
         prom = stack.enter_context(
             prometheus([
                 ScrapeJob("llm-host", [f"127.0.0.1:{agent_port}"]),

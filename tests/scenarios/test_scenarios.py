@@ -36,17 +36,21 @@ from diag.demo.scenarios.library import SCENARIOS
 from diag.demo.scenarios.load import check_loopback
 from diag.demo.scenarios.runner import ScenarioResult, run_scenario
 from tests.livecg import require_live
+from tests.sharedruns import ATTEMPTS, verdict_problems
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "scenarios"
 # Set to re-record tests/fixtures/scenarios/<name>.jsonl.gz from the runs whose fault left its signature.
 RECORD_ENV = "LLMDIAG_RECORD_SCENARIO_FIXTURES"
-ATTEMPTS = int(os.environ.get("LLMDIAG_SCENARIO_ATTEMPTS", "2"))
+
+
+# Scenarios whose runs other modules check too: made once per session (tests/conftest.py), attempts included.
+SHARED_RUNS = {"leak": "leak_scenario"}
 
 
 @pytest.fixture(scope="module")
-def weights_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("scenario-weights")
+def weights_dir(scenario_weights: Path) -> Path:
+    return scenario_weights
 
 
 def _procs_in(leaf: str) -> list[int]:
@@ -87,43 +91,37 @@ def _explain(result: ScenarioResult) -> str:
     return "\n".join(lines)
 
 
-def _verdict_problems(name: str, result: ScenarioResult) -> list[str]:
-    """What is wrong with a run's signature or verdict ([] when it reproduced its incident)."""
-    problems = [f"the fault did not leave its signature: {p}" for p in result.signal_problems]
-    if name == "healthy":
-        strong = [f"{f.cls} {f.confidence:.2f}" for f in result.analysis.findings if f.confidence >= 0.5]
-        if strong:
-            problems.append(f"healthy run with strong findings: {strong}")
-    if result.primary != SCENARIOS[name].expected:
-        problems.append(f"primary {result.primary}, expected {SCENARIOS[name].expected}")
-    return problems
-
-
 @pytest.mark.live
 @pytest.mark.parametrize("name", SCENARIO_NAMES)
-def test_scenario_reproduces_its_incident(name: str, weights_dir: Path, tmp_path: Path) -> None:
+def test_scenario_reproduces_its_incident(name: str, weights_dir: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """Each scenario, run for real, leaves its signature and gets its verdict -- and leaves nothing behind.
 
     Cleanup is asserted after every attempt. The verdict gets one second attempt (``ATTEMPTS``):
     these runs share a 2-core host with whatever else runs there, and a neighbour's burst can
     legitimately change what a 45-60 s recording shows. A first failure is printed in full, so a
-    pass on the second attempt is visible in the output, never silent.
+    pass on the second attempt is visible in the output, never silent. A scenario in ``SHARED_RUNS``
+    takes its attempts from the session's runs (another module checks them too; tests/sharedruns.py).
     """
     require_live()
     problems: list[str] = []
     for attempt in range(1, ATTEMPTS + 1):
         t0 = time.monotonic()
         export = tmp_path / f"{name}-{attempt}.jsonl.gz"
-        result = run_scenario(
-            name, weights_dir=weights_dir, fixture=export, progress=lambda m, t0=t0: print(f"[{time.monotonic() - t0:5.1f}] {m}")
-        )
+        if name in SHARED_RUNS:
+            shared = request.getfixturevalue(SHARED_RUNS[name]).attempt(attempt)
+            result, export = shared.result, shared.export
+        else:
+            result = run_scenario(
+                name, weights_dir=weights_dir, fixture=export,
+                progress=lambda m, t0=t0: print(f"[{time.monotonic() - t0:5.1f}] {m}"),
+            )  # fmt: skip
         print(_explain(result))
         print(f"wall time {result.wall_s:.1f} s (attempt {attempt})")
 
         assert result.cleanup["leftover_groups"] == [] and result.cleanup["server_pids_alive"] == []
         assert_cleaned_up(result.cleanup["groups"])
 
-        problems = _verdict_problems(name, result)
+        problems = verdict_problems(name, result)
         if not problems:
             break
         print(f"ATTEMPT {attempt} OF {ATTEMPTS} FAILED: {problems}")

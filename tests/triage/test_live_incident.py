@@ -1,9 +1,11 @@
 """A live incident end to end: a real fault on the reference backend, the alert delivered by a real Alertmanager
 pair, and the stored diagnosis naming the scenario's class.
 
-The fault: ``diag demo --scenario leak`` runs ``diag demo serve`` with a deliberate per-request leak inside a
-real memory cgroup with a limit (the product's own ScenarioCgroups: created, filled, killed by PID, removed),
-recorded by the real host agent into a flight recorder kept with ``--keep-recorder``. The alert is then
+The fault: the ``leak`` scenario (what ``diag demo --scenario leak`` runs) runs ``diag demo serve`` with a
+deliberate per-request leak inside a real memory cgroup with a limit (the product's own ScenarioCgroups: created,
+filled, killed by PID, removed), recorded by the real host agent into a flight recorder kept as
+``--keep-recorder`` keeps it. The run is the session's (``leak_scenario`` in tests/conftest.py): tests/scenarios
+asserts its cleanup and verdict, this module its triage. The alert is then
 injected with ``amtool alert add`` into both Alertmanager peers (the Prometheus rules that would fire it are
 built elsewhere); the receiver diagnoses from that recorder over [startsAt - 30 min, now].
 """
@@ -11,8 +13,6 @@ built elsewhere); the receiver diagnoses from that recorder over [startsAt - 30 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import httpx
@@ -21,38 +21,35 @@ import pytest
 from diag.demo.scenarios.library import SCENARIOS
 from tests.livecg import skip_reason
 from tests.triage.amcluster import AlertmanagerPair, binaries
-from tests.triage.helpers import REPO, ReceiverProcess
+from tests.triage.helpers import ReceiverProcess
 
 pytestmark = pytest.mark.live
 SCENARIO = "leak"
 
 
 @pytest.fixture(scope="module")
-def fault(tmp_path_factory):
+def fault(tmp_path_factory, leak_scenario):
+    """The session's real ``leak`` run (tests/conftest.py): the first that reproduced the leak, as tests/scenarios
+    judged it (a run that a busy host kept from leaving its signature would test the scenario, not triage)."""
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
     binaries()
-    folder = tmp_path_factory.mktemp("live")
-    recorder = folder / "recorder.db"
-    started = time.time()
-    proc = subprocess.run(
-        [sys.executable, "-m", "diag.cli", "demo", "--scenario", SCENARIO, "--keep-recorder", str(recorder), "--json"],
-        capture_output=True, text=True, timeout=600, cwd=REPO,
-    )  # fmt: skip
-    assert proc.returncode in (0, 1), proc.stderr[-3000:]  # 1 = the scenario's own analysis concluded otherwise
-    assert recorder.exists()
-    return folder, recorder, started
+    run = leak_scenario.reproduced()
+    assert run.name == SCENARIO
+    assert run.recorder.exists()
+    return tmp_path_factory.mktemp("live"), run.recorder, run.started, run.finished
 
 
 def test_live_fault_alert_delivered_and_diagnosed_as_the_scenario_class(fault):
-    folder, recorder, started = fault
+    folder, recorder, started, finished = fault
     rx = ReceiverProcess(folder / "triage.db", "--recorder", str(recorder)).start()
     pair = None
     try:
         pair = AlertmanagerPair(folder, f"{rx.url}/webhook")
         labels = {"alertname": "ServiceMemoryGrowing", "job": "llm-demo", "instance": "127.0.0.1:8000", "severity": "page"}
-        pair.add(labels, start=time.time(), summary="llm-demo memory keeps growing")
+        # the alert fired while the leak ran (the run may have been made minutes before this test)
+        pair.add(labels, start=finished, summary="llm-demo memory keeps growing")
         deadline = time.monotonic() + 300
         incident = None
         while time.monotonic() < deadline:
