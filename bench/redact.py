@@ -161,6 +161,9 @@ def adversarial(chars: int) -> dict[str, str]:
         "key=value chain (secret)": run("token=abc&"),
         "JSON settings (secret)": run('"password": "x", '),
         "40 distinct secret names": run("".join(f"token{i}=abc&" for i in range(40))),
+        # Every setting a different secret name (token0=, token1=, ...): more names than the one-split pattern takes,
+        # so each goes through the per-setting loop -- the slowest shape known.
+        "distinct secret names, none repeated": "".join(f"token{i}=abc&" for i in range(chars))[:chars],
         "'Authorization: Bearer x' lines": run("Authorization: Bearer abcdef\n"),
         "already redacted settings": run("token=<redacted>&"),
         "inline JSON config arg": '{"model": "m", "opts": {' + run('"k": 1, ')[: chars - 30] + '"z": 2}}',
