@@ -63,6 +63,19 @@ def _check_member(archive: Path, member: tarfile.TarInfo) -> None:
         raise BundleArchiveError(f"{archive}: refused: member {name!r} is not a regular file or folder")
 
 
+def _open_stream(archive: Path) -> tarfile.TarFile:
+    """``tarfile.open(mode="r|*")``, with one more way a cut archive fails turned into ``tarfile.ReadError``.
+
+    CPython's streaming gzip reader calls ``ord()`` on a byte it could not read when the file ends inside the gzip
+    header's FEXTRA field, so a truncated archive raises ``TypeError`` there. Caught only around the open: inside the
+    reading loop a TypeError would be a bug of ours, not the archive's.
+    """
+    try:
+        return tarfile.open(archive, mode="r|*")
+    except TypeError as exc:
+        raise tarfile.ReadError(f"gzip header cut short ({exc})") from None
+
+
 def read_timeline(
     archive: Path,
     *,
@@ -80,7 +93,7 @@ def read_timeline(
     total = 0
     found = False
     try:
-        with tarfile.open(archive, mode="r|*") as tar:
+        with _open_stream(archive) as tar:
             for member in tar:
                 members += 1
                 if members > max_members:

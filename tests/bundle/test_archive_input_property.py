@@ -140,6 +140,17 @@ def test_an_archive_without_records_is_not_a_bundle(tmp_path: Path) -> None:
         load_bundle(archive)
 
 
+@pytest.mark.parametrize("extra", [b"", b"\x05", b"\x05\x00ab"])
+def test_an_archive_cut_inside_its_gzip_extra_field_is_a_clear_error(tmp_path: Path, extra: bytes) -> None:
+    """The gzip header's FEXTRA flag set and the file ending before (or inside) the field: Python's tarfile raised
+    TypeError from ``ord(b"")`` there (found by the property test below)."""
+    path = tmp_path / "cut.tar.gz"
+    path.write_bytes(b"\x1f\x8b\x08\x04" + b"\x00" * 6 + extra)
+    with pytest.raises(BundleArchiveError) as caught:
+        load_bundle(path)
+    assert str(path) in str(caught.value) and "\n" not in str(caught.value)
+
+
 @SETTINGS
 @given(data=st.binary(max_size=4096), cut=st.integers(0, 100_000), flips=st.lists(st.integers(0, 100_000), max_size=6))
 def test_garbled_or_truncated_archives_give_a_clear_error_or_records(
