@@ -4,8 +4,15 @@ The service is the real reference backend (``diag demo serve``) with ONE inferen
 memory cgroup, its tracker writing RequestTiming/ServiceConfig records into a temp flight recorder;
 a real agent (``diag collect``) samples host, cgroup and processes into the same recorder. Load:
 one request at a time, then 16 clients at once on the single slot -- a queue backlog (waits of
-seconds, inference flat). While the
-service is still up, ``diag bundle`` runs as its own process from outside the service's cgroup.
+seconds, inference flat). While the service is still up, ``diag bundle`` runs as its own process
+from outside the service's cgroup, over this test's own window (``--since`` = its age): the kernel
+log is host-wide, and an earlier test's memcg OOM kill is not part of this incident.
+
+"Inference flat" is the premise, and on a shared 2-core host it is made true rather than hoped
+for: the service runs at nice -15, so another process's CPU burst during the load phase cannot
+slow its one inference thread (measured: two CPU hogs started with the burst inflated inference
+3.9x at nice 0, 1.3x at nice -10), which the rules would rightly read as "the queue is partly a
+symptom" and downgrade the verdict.
 
 Canaries, one random hex shared by all so one byte search finds any of them:
 - in a tracked process's *environment* (``OPENAI_API_KEY``, ``HF_TOKEN``: values shaped so that no
@@ -80,6 +87,7 @@ def _host_disturbance(tl: Timeline) -> str | None:
 
 def test_bundle_of_a_live_queue_backlog(tmp_path: Path) -> None:
     require_live()
+    began = time.monotonic()
     canary = uuid.uuid4().hex
     rec = tmp_path / "recorder.db"
     out = tmp_path / "out"
@@ -90,7 +98,7 @@ def test_bundle_of_a_live_queue_backlog(tmp_path: Path) -> None:
     with memory_cgroup(1536 * MiB, name="llmdiag-bundle-svc") as group:
         srv = start_demo(
             ["--max-concurrency", "1", "--queue-size", "64", "--queue-timeout", "120", "--request-timeout", "60"],
-            weights_mb=16, weights_dir=tmp_path / "weights", log_dir=tmp_path, recorder=rec, cgroup=group,
+            weights_mb=16, weights_dir=tmp_path / "weights", log_dir=tmp_path, recorder=rec, cgroup=group, nice=-15,
         )  # fmt: skip
         agent = subprocess.Popen(
             [sys.executable, "-m", "diag.cli", "collect", "--interval", "1s", "--listen", "off", "--recorder", str(rec),
@@ -113,8 +121,9 @@ def test_bundle_of_a_live_queue_backlog(tmp_path: Path) -> None:
             burst = post_all(srv.url, [body("all at once", i) for i in range(140)], concurrency=16)
             assert {r.status_code for r in calm + canary_reply + burst} == {200}
             time.sleep(2.5)  # the tracker's writer and the agent flush
+            age = f"{time.monotonic() - began + 5:.0f}s"
             run = run_bundle(
-                "--since", "10m", "--recorder", str(rec), "--pid", str(srv.worker_pids[0]), "--pid", str(secret.pid),
+                "--since", age, "--recorder", str(rec), "--pid", str(srv.worker_pids[0]), "--pid", str(secret.pid),
                 "--include", str(include), "--deadline", "60s", out=out,
             )  # fmt: skip
         finally:
