@@ -22,8 +22,10 @@ import pytest
 from collectors import catalog as cat
 from collectors.recorder import FlightRecorder
 from diag import signals
+from diag.bundle.report import WHY_MISSING, why_missing
 from diag.demo.scenarios.recording import read_jsonl_gz
-from diag.rules.engine import analyze
+from diag.rules.base import RULES
+from diag.rules.engine import analyze, load_rules
 from diag.sources import prometheus as prom_source
 from diag.sources.bundle import load_bundle
 from diag.sources.recorder import load_recorder
@@ -274,3 +276,13 @@ def test_every_series_a_rule_reads_is_in_the_registry(monkeypatch: pytest.Monkey
     assert _unknown(asked) == []
     # The watch does see the rules' reads, on every scope (an empty set would pass by itself).
     assert {"host:memory.available", "cgroup:working_set", "process:rss", "service:queue_depth"} <= asked
+
+
+def test_the_reports_why_missing_words_name_registry_signals() -> None:
+    scopes = tuple(signals.FILLED)
+    for prefix, _ in WHY_MISSING:
+        assert prefix.startswith(scopes) or any(t.startswith(prefix) for t in signals.TABLES), prefix
+    load_rules()
+    for r in RULES.values():
+        for name in (*r.needs, *r.needs_any):
+            assert why_missing(name) != "signal not present in the records", (r.id, name)
