@@ -5,12 +5,17 @@ Why a registry: the Timeline names signals (``Timeline.signals()``), each rule d
 fill -- four places that must spell a signal the same way. A rule that asks for a name not listed
 here fails at import (``diag.rules.base.rule``), so a typo can no longer leave a rule silently
 "not evaluated"; and the "why missing" text comes from here, so it names the collector to turn on.
+The Prometheus loader writes every series key through the constants below (``FILLED``/``FAMILIES``:
+what a source may fill), and ``tests/diag/test_signal_vocabulary.py`` checks that every source's
+Timeline and every series a rule reads stay inside this vocabulary.
 
 Names: ``host:<series>``, ``cgroup:<series>``, ``process:<series>``, ``service:<series>``,
 ``gpu:<series>`` for sampled series (see ``diag.timeline``), bare names for event tables and lists.
 """
 
 from __future__ import annotations
+
+from collectors.catalog import MEMINFO_FIELDS, PSI_RESOURCES, VMSTAT_FIELDS
 
 # Event tables and lists (one row/record per event).
 TABLES: dict[str, str] = {
@@ -85,6 +90,126 @@ SERIES: frozenset[str] = frozenset(
         "service:queue_depth",
     }
 )
+
+
+# --------------------------------------------------------------------------- what the sources fill
+# The key a source writes under each scope -- ``Timeline.host[key]``, ``Timeline.cgroups[path][key]``,
+# ``ProcessTrack.series[key]``, ``Timeline.gpus[index][key]``, ``Timeline.service[key]`` -- whose signal
+# is ``<scope>:<key>``. Spelt once here so a Prometheus-built Timeline names a signal exactly as a
+# recorder-built one does: a source that misspells one fills a series no rule ever reads.
+
+# host: ``memory.<snake>`` per meminfo field and ``vmstat.<field>`` per vmstat counter the collectors read
+# (the catalog's lists: the agent samples exactly those, and node_exporter's families are declared by them).
+HOST_MEMORY = "memory."
+HOST_VMSTAT = "vmstat."
+
+# Pressure stall information, host-wide (the catalog's resources) and per cgroup (``memory``).
+PSI_KINDS: tuple[str, ...] = ("some", "full")
+PSI_AVG10 = "avg10"
+PSI_TOTAL = "total_s"  # cumulative stall seconds
+PSI_FIELDS: tuple[str, ...] = (PSI_AVG10, "avg60", "avg300", PSI_TOTAL)
+
+
+def psi(resource: str, kind: str, field: str) -> str:
+    """``psi.<resource>.<some|full>.<avg10|avg60|avg300|total_s>`` (averages in percent)."""
+    return f"psi.{resource}.{kind}.{field}"
+
+
+# cgroup: memory counters (bytes), and the open memory.stat / memory.events families.
+CG_USAGE = "usage"
+CG_WORKING_SET = "working_set"
+CG_PEAK = "peak"
+CG_LIMIT = "limit"
+CG_HIGH = "high"
+CG_LOW = "low"
+CG_MIN = "min"
+CG_SWAP = "swap"
+CG_UNDER_OOM = "under_oom"
+CG_STAT = "stat."
+CG_EVENTS = "events."
+CG_EVENTS_LOCAL = "events_local."
+
+# process tracks.
+PROC_RSS = "rss"
+PROC_PSS = "pss"
+PROC_USS = "uss"
+PROC_SWAP = "swap"
+PROC_MAJOR_FAULTS = "major_faults"
+PROC_MINOR_FAULTS = "minor_faults"
+
+# GPUs: memory (bytes) and utilisation (0-1) of the GPU and of its memory.
+GPU_TOTAL = "total"
+GPU_USED = "used"
+GPU_FREE = "free"
+GPU_RESERVED = "reserved"
+GPU_UTIL_GPU = "util_gpu"
+GPU_UTIL_MEMORY = "util_memory"
+
+# service (aggregated request side, Prometheus path): latencies as <stem>_<stat>_s, rates, gauges.
+LATENCY_QUEUE_WAIT = "queue_wait"
+LATENCY_INFERENCE = "inference"
+LATENCY_E2E = "e2e"
+LATENCY_PREFILL = "prefill"
+LATENCY_DECODE = "decode"
+LATENCY_STEMS: tuple[str, ...] = (LATENCY_QUEUE_WAIT, LATENCY_INFERENCE, LATENCY_E2E, LATENCY_PREFILL, LATENCY_DECODE)
+LATENCY_STATS: tuple[str, ...] = ("p50", "p95", "mean")
+
+
+def latency(stem: str, stat: str) -> str:
+    """``<stem>_<p50|p95|mean>_s``, e.g. ``queue_wait_p50_s`` (seconds)."""
+    return f"{stem}_{stat}_s"
+
+
+SVC_REQUESTS_RPS = "requests_rps"
+SVC_THROUGHPUT_RPS = "throughput_rps"
+SVC_ERROR_RPS = "error_rps"
+SVC_TIMEOUT_RPS = "timeout_rps"
+SVC_REJECTED_RPS = "rejected_rps"
+SVC_ACTIVE_INFERENCES = "active_inferences"
+SVC_QUEUE_DEPTH = "queue_depth"
+SVC_MODEL_PROCESSES = "model_processes:"  # + the model path: how many processes hold it (this host)
+
+# Per scope: the exact keys, and the open families (prefixes) a source may fill.
+_HOST = frozenset(
+    {psi(r, k, f) for r in PSI_RESOURCES for k in PSI_KINDS for f in PSI_FIELDS}
+    | {HOST_MEMORY + snake for snake in MEMINFO_FIELDS.values()}
+    | {HOST_VMSTAT + field for field in VMSTAT_FIELDS}
+)
+_CG_PSI = frozenset(psi("memory", k, f) for k in PSI_KINDS for f in PSI_FIELDS)
+_SERVICE = frozenset(
+    {latency(stem, stat) for stem in LATENCY_STEMS for stat in LATENCY_STATS}
+    | {SVC_REQUESTS_RPS, SVC_THROUGHPUT_RPS, SVC_ERROR_RPS, SVC_TIMEOUT_RPS, SVC_REJECTED_RPS}
+    | {SVC_ACTIVE_INFERENCES, SVC_QUEUE_DEPTH}
+)
+FILLED: dict[str, frozenset[str]] = {
+    "host:": _HOST,
+    "cgroup:": frozenset({CG_USAGE, CG_WORKING_SET, CG_PEAK, CG_LIMIT, CG_HIGH, CG_LOW, CG_MIN, CG_SWAP, CG_UNDER_OOM}) | _CG_PSI,
+    "process:": frozenset({PROC_RSS, PROC_PSS, PROC_USS, PROC_SWAP, PROC_MAJOR_FAULTS, PROC_MINOR_FAULTS}),
+    "gpu:": frozenset({GPU_TOTAL, GPU_USED, GPU_FREE, GPU_RESERVED, GPU_UTIL_GPU, GPU_UTIL_MEMORY}),
+    "service:": _SERVICE,
+}
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "host:": (),
+    "cgroup:": (CG_STAT, CG_EVENTS, CG_EVENTS_LOCAL),
+    "process:": (),
+    "gpu:": (),
+    "service:": (SVC_MODEL_PROCESSES,),
+}
+
+
+def fillable(name: str) -> bool:
+    """Whether a source may produce the signal ``name``: a table, an exact key of its scope, or a family member.
+
+    Wider than ``known``: it admits every series a source can fill (and any key of the open memory.stat and
+    memory.events families of a cgroup), which a rule must still list in ``SERIES`` to ask for.
+    """
+    if name in TABLES:
+        return True
+    for scope, keys in FILLED.items():
+        if name.startswith(scope):
+            key = name[len(scope) :]
+            return key in keys or any(key.startswith(p) and len(key) > len(p) for p in FAMILIES[scope])
+    return False
 
 
 def known(name: str) -> bool:

@@ -16,6 +16,7 @@ risk to line up with a memory peak, an overflow or failures.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -314,12 +315,42 @@ def _group_spread(count: np.ndarray, tokens: np.ndarray) -> float:
 _EARLY = ("error", "rejected")  # outcomes that, without an inference start, are a cap or admission refusing early
 
 
-@rule("batching.oversized_context", "oversized_context", needs=("requests", "requests:prompt_tokens"))
-def oversized_context(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
-    """Failures (errors, timeouts) concentrate in the longest prompts, and memory peaks coincide with them."""
-    req = tl.requests
-    if not len(req) or "prompt_tokens" not in req:
-        return None
+@dataclass
+class PromptSplit:
+    """Requests with a prompt length, split into the longest decile and the rest, with their failures."""
+
+    has: np.ndarray  # requests with prompt, arrival and finish
+    p: np.ndarray  # their prompt tokens
+    long_: np.ndarray  # the longest decile (of ``has``)
+    early: np.ndarray  # refused before inference (a cap or admission): not a failure of the prompt
+    started: np.ndarray
+    cut: float
+    med_long: float
+    med_rest: float
+    f_long: int
+    n_long: int
+    f_rest: int
+    n_rest: int
+
+    @property
+    def ratio_len(self) -> float:
+        return self.med_long / self.med_rest if self.med_rest > 0 else math.inf
+
+    @property
+    def rate_long(self) -> float:
+        return self.f_long / self.n_long if self.n_long else 0.0
+
+    @property
+    def rate_rest(self) -> float:
+        return self.f_rest / self.n_rest if self.n_rest else 0.0
+
+
+def _split_prompts(req: Any) -> PromptSplit | None:
+    """The longest decile of prompts against the rest (None when either side has under 3 requests).
+
+    Why refusals are left out of the failure counts: a prompt cap answering 413 before inference is the
+    remedy working, not the long prompt failing; counting it would blame the cap's own success.
+    """
     prompt = req["prompt_tokens"]
     has = np.isfinite(prompt) & np.isfinite(req["arrival"]) & np.isfinite(req["finish"])
     if has.sum() < MIN_PROMPTS:
@@ -334,32 +365,19 @@ def oversized_context(tl: Timeline, ac: AnalysisContext | None = None) -> Findin
         long_ = p > cut
     if long_.sum() < 3 or (~long_).sum() < 3:
         return None
-    med_long, med_rest = float(np.median(p[long_])), float(np.median(p[~long_]))
-    ratio_len = med_long / med_rest if med_rest > 0 else math.inf
     failed = (outcome != "ok") & ~early
     counted = ~early
-    f_long, n_long = int((failed & long_).sum()), int((counted & long_).sum())
-    f_rest, n_rest = int((failed & ~long_).sum()), int((counted & ~long_).sum())
-    rate_long = f_long / n_long if n_long else 0.0
-    rate_rest = f_rest / n_rest if n_rest else 0.0
-    p_fisher = _fisher(f_long, n_long - f_long, f_rest, n_rest - f_rest)
-    concentrated = (
-        f_long >= 3 and rate_long >= FAIL_RATE_LONG and rate_long >= FAIL_RATIO * max(rate_rest, 1e-9) and p_fisher < FISHER_P
-    )
-    # Memory peaks vs long prompts in flight.
-    begin = np.where(started, req["start"][has], req["arrival"][has])
-    finish = req["finish"][has]
-    ctx = service_context(tl, ac)
-    mem = memory_series(tl, ctx)
-    coincide, peak_share, time_share, n_peaks = _peaks_in(mem[1] if mem else None, begin[long_], finish[long_])
-    ooms = _oom_times(tl)
-    lag = _sample_lag(mem[1]) if mem else 1.0
-    ooms_long = int((covered_time(begin[long_], finish[long_] + lag, ooms - 1e-3, ooms + 1e-3) > 0).sum()) if ooms.size else 0
-    settings = _latest_settings(tl)
-    cap = settings.get("max_prompt_tokens", "absent") if settings else "absent"
-    unbounded = bool(settings) and (cap is None or (isinstance(cap, (int, float)) and cap >= HUGE_PROMPT_CAP))
-    early_long = int((early & long_).sum())
+    return PromptSplit(
+        has, p, long_, early, started, cut, float(np.median(p[long_])), float(np.median(p[~long_])),
+        int((failed & long_).sum()), int((counted & long_).sum()), int((failed & ~long_).sum()), int((counted & ~long_).sum()),
+    )  # fmt: skip
 
+
+def _oversized_confidence(concentrated: bool, coincide: bool, ooms_long: int, unbounded: bool, ratio_len: float) -> float | None:
+    """Failures concentrated in long prompts make a finding; memory peaks alone only a suspect; similar lengths a note.
+
+    None when neither failures nor memory peaks point at the long prompts.
+    """
     if concentrated:
         conf = 0.5
     elif coincide:
@@ -375,16 +393,52 @@ def oversized_context(tl: Timeline, ac: AnalysisContext | None = None) -> Findin
         conf = min(conf, 0.35)
     if not concentrated:
         conf = min(conf, 0.45)
-    conf = min(conf, 0.9)
+    return min(conf, 0.9)
+
+
+@rule("batching.oversized_context", "oversized_context", needs=("requests", "requests:prompt_tokens"))
+def oversized_context(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
+    """Failures (errors, timeouts) concentrate in the longest prompts, and memory peaks coincide with them."""
+    req = tl.requests
+    if not len(req) or "prompt_tokens" not in req:
+        return None
+    sp = _split_prompts(req)
+    if sp is None:
+        return None
+    has, p, long_ = sp.has, sp.p, sp.long_
+    ratio_len, rate_long, rate_rest = sp.ratio_len, sp.rate_long, sp.rate_rest
+    p_fisher = _fisher(sp.f_long, sp.n_long - sp.f_long, sp.f_rest, sp.n_rest - sp.f_rest)
+    concentrated = (
+        sp.f_long >= 3 and rate_long >= FAIL_RATE_LONG and rate_long >= FAIL_RATIO * max(rate_rest, 1e-9) and p_fisher < FISHER_P
+    )
+    # Memory peaks vs long prompts in flight.
+    begin = np.where(sp.started, req["start"][has], req["arrival"][has])
+    finish = req["finish"][has]
+    ctx = service_context(tl, ac)
+    mem = memory_series(tl, ctx)
+    coincide, peak_share, time_share, n_peaks = _peaks_in(mem[1] if mem else None, begin[long_], finish[long_])
+    ooms = _oom_times(tl)
+    lag = _sample_lag(mem[1]) if mem else 1.0
+    ooms_long = int((covered_time(begin[long_], finish[long_] + lag, ooms - 1e-3, ooms + 1e-3) > 0).sum()) if ooms.size else 0
+    settings = _latest_settings(tl)
+    cap = settings.get("max_prompt_tokens", "absent") if settings else "absent"
+    unbounded = bool(settings) and (cap is None or (isinstance(cap, (int, float)) and cap >= HUGE_PROMPT_CAP))
+    early_long = int((sp.early & long_).sum())
+
+    conf = _oversized_confidence(concentrated, coincide, ooms_long, unbounded, ratio_len)
+    if conf is None:
+        return None
     t_lo, t_hi = float(req["arrival"][has].min()), float(finish.max())
     evidence = [
         Evidence("requests with prompt token counts", int(has.sum()), "requests", t_lo, t_hi),
-        Evidence(f"longest decile: prompts >= {cut:.0f} tokens, median", round(med_long), "tokens"),
-        Evidence("median prompt of the rest", round(med_rest), "tokens"),
+        Evidence(f"longest decile: prompts >= {sp.cut:.0f} tokens, median", round(sp.med_long), "tokens"),
+        Evidence("median prompt of the rest", round(sp.med_rest), "tokens"),
         Evidence(
-            "failure rate, longest decile (errors/timeouts after admission)", round(rate_long, 3), f"ratio ({f_long}/{n_long})"
+            "failure rate, longest decile (errors/timeouts after admission)",
+            round(rate_long, 3),
+            f"ratio ({sp.f_long}/{sp.n_long})",
         ),
-        Evidence("failure rate, the rest", round(rate_rest, 3), f"ratio ({f_rest}/{n_rest})"),
+        Evidence("failure rate, the rest", round(rate_rest, 3), f"ratio ({sp.f_rest}/{sp.n_rest})"),
         Evidence("Fisher exact test p (failures over-represented in long prompts)", float(f"{p_fisher:.3g}"), "p"),
         Evidence("prompt tokens per request over time", int(p.max()), "tokens", series=excerpt(req["arrival"][has], p)),
     ]
@@ -417,7 +471,7 @@ def oversized_context(tl: Timeline, ac: AnalysisContext | None = None) -> Findin
         rule="batching.oversized_context",
         confidence=conf,
         summary=(
-            f"The longest prompts (>= {cut:.0f} tokens, {ratio_len:.0f}x the typical) fail {rate_long:.0%} of the time vs "
+            f"The longest prompts (>= {sp.cut:.0f} tokens, {ratio_len:.0f}x the typical) fail {rate_long:.0%} of the time vs "
             f"{rate_rest:.0%} for the rest" + ("; memory peaks coincide with them" if coincide else "")
         ),
         evidence=evidence,

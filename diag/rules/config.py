@@ -24,7 +24,7 @@ from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext
 from diag.rules.requests import analyse_requests, memory_series, service_context
 from diag.rules.stats import limit_for
-from diag.timeline import Timeline
+from diag.timeline import Series, Timeline
 
 GIB = float(1 << 30)
 HUGE_PROMPT_CAP = 100_000
@@ -81,16 +81,28 @@ def _footprint(tl: Timeline, ac: AnalysisContext | None = None) -> Footprint | N
     return Footprint(float(res.slope), float(res.intercept), mem[0], int(keep.sum()), float(c.n_service.max()))
 
 
-@rule("config.unsafe", "unsafe_config", needs=("config",))
-def unsafe_config(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
-    """workers x concurrency x per-request memory vs the limit; unbounded queue/concurrency/prompts; no timeouts or guard."""
-    if not tl.configs:
-        return None
-    cfg = tl.configs[-1]
-    s = dict(cfg.settings)
-    workers = int(_num(s, "workers") or 1)
+@dataclass
+class Projection:
+    """The memory arithmetic of a configuration: what its full configured load needs against the limit."""
+
+    limit: float | None
+    limit_src: str
+    fp: Footprint | None
+    copies: int  # resident copies of the weights (workers with per-worker preload, else one)
+    weights_total: float | None
+    idle: float  # the footprint with no request in flight (weights included)
+    projected: float | None = None  # memory at full configured concurrency (or the idle footprint when that alone is over)
+    reach: float | None = None  # in-flight requests at which an unbounded service hits the limit
+    exceeds: bool = False
+
+
+def _risky_settings(s: dict[str, Any], workers: int, preload: str) -> list[Issue]:
+    """Each setting judged on its own, as a checklist: a major one can cause an incident, a minor one only worsens it.
+
+    Why apart from the arithmetic: these hold whatever the load was, so they are reported even when the
+    records are too thin to estimate memory per request.
+    """
     issues: list[Issue] = []
-    conc = _num(s, "max_concurrency")
     if "max_concurrency" in s and s["max_concurrency"] is None:
         issues.append(Issue("max_concurrency is unbounded: nothing stops memory growing with load", True))
     if "queue_size" in s:
@@ -103,7 +115,6 @@ def unsafe_config(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | 
         issues.append(Issue("no queue or request timeout: stuck requests hold slots and memory forever", True))
     elif no_timeouts:
         issues.append(Issue(f"{no_timeouts[0]} is unset", False))
-    preload = str(s.get("preload") or "")
     weights = _num(s, "weights_bytes")
     if preload == "per-worker" and workers > 1:
         extra = f" ({workers} x {weights / GIB:.2f} GiB)" if weights else ""
@@ -116,42 +127,59 @@ def unsafe_config(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | 
         issues.append(Issue("refresh=every-request: the model is re-read inside every request", True))
     if str(s.get("batching") or "") == "requests":
         issues.append(Issue("batching by request count, not by a token budget", False))
+    return issues
 
+
+def _project(tl: Timeline, ac: AnalysisContext | None, s: dict[str, Any], workers: int, preload: str) -> Projection:
+    """Weights plus workers x concurrency x memory per request, against the limit.
+
+    Why the idle footprint first: when the weights alone do not fit, no load is needed to exceed the
+    limit; with unbounded concurrency there is no "full load", so the answer is how many requests in
+    flight reach the limit, judged against what the records saw.
+    """
     limit, limit_src = _limit(tl, ac)
     fp = _footprint(tl, ac)
+    weights = _num(s, "weights_bytes")
     copies = workers if preload == "per-worker" else 1
     weights_total = weights * copies if weights else None
-    projected = None
-    exceeds = False
-    reach = None  # in-flight requests at which an unbounded service hits the limit
-    idle = weights_total or 0.0
+    p = Projection(limit, limit_src, fp, copies, weights_total, idle=weights_total or 0.0)
     if fp is not None:
         # A shared mmap's weights are page cache, not anon: add them to an anon-based idle footprint.
         # Private per-worker copies are anon already, so the intercept includes them.
         shared_file = preload != "per-worker" and fp.source.endswith("stat.anon")
-        idle = fp.idle + (weights_total or 0.0) if shared_file else max(fp.idle, weights_total or 0.0)
-    if limit and idle >= limit:
-        exceeds, projected = True, idle  # the idle footprint (weights) alone does not fit
+        p.idle = fp.idle + (weights_total or 0.0) if shared_file else max(fp.idle, weights_total or 0.0)
+    conc = _num(s, "max_concurrency")
+    if limit and p.idle >= limit:
+        p.exceeds, p.projected = True, p.idle  # the idle footprint (weights) alone does not fit
     elif limit and fp is not None:
         if conc is not None:
-            projected = idle + fp.per_request * workers * conc
-            exceeds = projected > limit
+            p.projected = p.idle + fp.per_request * workers * conc
+            p.exceeds = p.projected > limit
         elif "max_concurrency" in s and s["max_concurrency"] is None:
-            reach = (limit - idle) / fp.per_request
-            exceeds = reach <= UNBOUNDED_REACH * max(fp.peak_in_flight, 1.0)
-    if not issues and not exceeds:
-        return None
+            p.reach = (limit - p.idle) / fp.per_request
+            p.exceeds = p.reach <= UNBOUNDED_REACH * max(fp.peak_in_flight, 1.0)
+    return p
 
-    mem = memory_series(tl, service_context(tl, ac))
-    peak = float(np.nanmax(mem[1].values)) if mem is not None and len(mem[1]) else math.nan
-    near = bool(limit and np.isfinite(peak) and peak >= NEAR_LIMIT * limit)
+
+def _confidence(issues: list[Issue], p: Projection, corroborated: bool) -> float:
+    """Risky settings alone stay below 0.5 (a risk, not a cause); the arithmetic exceeding the limit reaches it.
+
+    ``corroborated``: memory came near the limit, or something was OOM-killed, in the window.
+    """
     majors = sum(i.major for i in issues)
     conf = (0.25 + 0.05 * (majors - 1) if majors else 0.15) if issues else 0.0
     conf = min(conf, 0.45)
-    if exceeds:
+    if p.exceeds:
         conf = 0.6
-        conf += 0.1 if (near or tl.ooms or tl.cuda_ooms) else 0.0
-        conf += 0.1 if projected and limit and projected >= 1.5 * limit else 0.0
+        conf += 0.1 if corroborated else 0.0
+        conf += 0.1 if p.projected and p.limit and p.projected >= 1.5 * p.limit else 0.0
+    return conf
+
+
+def _evidence(
+    s: dict[str, Any], workers: int, issues: list[Issue], p: Projection, mem: tuple[str, Series] | None, peak: float
+) -> list[Evidence]:
+    """The settings as configured, then the arithmetic's terms in the order it adds them up, then what was observed."""
     evidence = [Evidence("workers", workers, "processes")]
     for key in ("max_concurrency", "queue_size", "queue_timeout_s", "request_timeout_s", "max_prompt_tokens", "memory_guard"):
         if key in s:
@@ -166,14 +194,15 @@ def unsafe_config(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | 
             evidence.append(Evidence(key, str(s[key]), ""))
     for issue in issues:
         evidence.append(Evidence("risky setting" if issue.major else "minor setting", issue.text, ""))
-    if weights_total:
+    if p.weights_total:
         evidence.append(
-            Evidence(f"model weights resident ({copies} cop{'y' if copies == 1 else 'ies'})", int(weights_total), "bytes")
+            Evidence(f"model weights resident ({p.copies} cop{'y' if p.copies == 1 else 'ies'})", int(p.weights_total), "bytes")
         )
-    if limit:
-        evidence.append(Evidence(limit_src, int(limit), "bytes"))
+    if p.limit:
+        evidence.append(Evidence(p.limit_src, int(p.limit), "bytes"))
     else:
         evidence.append(Evidence("memory limit", None, "bytes"))
+    fp = p.fp
     if fp is not None:
         evidence.append(
             Evidence(
@@ -184,22 +213,47 @@ def unsafe_config(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | 
         )
         evidence.append(Evidence("idle footprint (slope intercept)", int(fp.idle), "bytes"))
         evidence.append(Evidence("load buckets the slope rests on", fp.buckets, "buckets"))
-    if projected is not None:
-        evidence.append(Evidence("projected memory at full configured concurrency", int(projected), "bytes"))
-    if reach is not None:
-        evidence.append(Evidence("requests in flight at which memory reaches the limit", round(reach, 1), "requests"))
+    if p.projected is not None:
+        evidence.append(Evidence("projected memory at full configured concurrency", int(p.projected), "bytes"))
+    if p.reach is not None:
+        evidence.append(Evidence("requests in flight at which memory reaches the limit", round(p.reach, 1), "requests"))
     if np.isfinite(peak):
         evidence.append(Evidence(f"observed peak ({mem[0] if mem else ''})", int(peak), "bytes"))
-    if exceeds and projected is not None and limit and projected == idle:
-        head = f"the idle footprint with the model weights ({idle / GIB:.2f} GiB) alone exceeds the {limit / GIB:.2f} GiB limit"
-    elif exceeds and projected and limit:
-        head = f"at full load memory reaches {projected / GIB:.2f} GiB against a {limit / GIB:.2f} GiB limit"
-    elif exceeds and reach is not None and limit:
-        head = f"with unbounded concurrency memory reaches the {limit / GIB:.2f} GiB limit at ~{reach:.0f} requests in flight"
-    else:
-        head = f"{len(issues)} risky setting(s)"
-    rules_out = [] if exceeds else ["the arithmetic does not put full load over the limit: a risk, not a cause"]
-    if fp is None:
+    return evidence
+
+
+def _headline(issues: list[Issue], p: Projection) -> str:
+    """The one number that matters: what exceeds the limit and by how much, else how many settings are risky."""
+    limit = p.limit
+    if p.exceeds and p.projected is not None and limit and p.projected == p.idle:
+        return f"the idle footprint with the model weights ({p.idle / GIB:.2f} GiB) alone exceeds the {limit / GIB:.2f} GiB limit"
+    if p.exceeds and p.projected and limit:
+        return f"at full load memory reaches {p.projected / GIB:.2f} GiB against a {limit / GIB:.2f} GiB limit"
+    if p.exceeds and p.reach is not None and limit:
+        return f"with unbounded concurrency memory reaches the {limit / GIB:.2f} GiB limit at ~{p.reach:.0f} requests in flight"
+    return f"{len(issues)} risky setting(s)"
+
+
+@rule("config.unsafe", "unsafe_config", needs=("config",))
+def unsafe_config(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
+    """workers x concurrency x per-request memory vs the limit; unbounded queue/concurrency/prompts; no timeouts or guard."""
+    if not tl.configs:
+        return None
+    cfg = tl.configs[-1]
+    s = dict(cfg.settings)
+    workers = int(_num(s, "workers") or 1)
+    preload = str(s.get("preload") or "")
+    issues = _risky_settings(s, workers, preload)
+    p = _project(tl, ac, s, workers, preload)
+    if not issues and not p.exceeds:
+        return None
+
+    mem = memory_series(tl, service_context(tl, ac))
+    peak = float(np.nanmax(mem[1].values)) if mem is not None and len(mem[1]) else math.nan
+    near = bool(p.limit and np.isfinite(peak) and peak >= NEAR_LIMIT * p.limit)
+    conf = _confidence(issues, p, bool(near or tl.ooms or tl.cuda_ooms))
+    rules_out = [] if p.exceeds else ["the arithmetic does not put full load over the limit: a risk, not a cause"]
+    if p.fp is None:
         rules_out.append(
             "per-request memory could not be estimated from the records (too little load variation or no memory series)"
         )
@@ -214,9 +268,9 @@ def unsafe_config(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | 
         cls="unsafe_config",
         rule="config.unsafe",
         confidence=conf,
-        summary=f"Configuration of {cfg.service or 'the service'}: {head}"
+        summary=f"Configuration of {cfg.service or 'the service'}: {_headline(issues, p)}"
         + (f"; {'; '.join(i.text for i in issues[:3])}" if issues else ""),
-        evidence=evidence,
+        evidence=_evidence(s, workers, issues, p, mem, peak),
         rules_out=rules_out,
         remediation=remediation,
         start=tl.start,

@@ -21,6 +21,7 @@ wait are what separate it from the bug, so such a timeline stays quiet.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext
 from diag.rules.requests import excerpt, ms
 from diag.rules.usl import covered_time
-from diag.timeline import Timeline
+from diag.timeline import Table, Timeline
 
 MIN_ON_PATH = 3  # fewer on-path loads is an anecdote, not a pattern
 SHARE_QUIET = 0.05  # below this share of queue wait AND ...
@@ -36,12 +37,29 @@ RATE_QUIET = 0.1  # ... this many loads per request, the loads are background no
 RATE_PER_REQUEST = 0.5  # >= one load per two requests: a refresh in (nearly) every request
 
 
-@rule("loader.blocking_refresh", "blocking_loader_refresh", needs=("loader", "requests"))
-def blocking_loader_refresh(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
-    """Model/registry loads run inside requests' arrival -> start windows, often enough to explain the waiting."""
-    ld, req = tl.loader, tl.requests
-    if not len(ld) or not len(req):
-        return None
+@dataclass
+class OnPath:
+    """Loads matched against the requests' wait windows (arrival -> start, or -> finish if never started)."""
+
+    ls: np.ndarray  # load start
+    le: np.ndarray  # load end
+    dur: np.ndarray  # load duration (0 where unknown)
+    valid: np.ndarray  # requests with an arrival and a finish
+    a: np.ndarray  # their arrivals
+    w_end: np.ndarray  # and the end of their wait
+    l_pid: np.ndarray
+    r_pid: np.ndarray
+    flagged: np.ndarray  # loads the tracker flagged as on the request path
+    on_path: np.ndarray  # flagged, or overlapping some request's wait in the same process
+
+
+def _match_loads(ld: Table, req: Table) -> OnPath | None:
+    """Which loads sat on the request path: flagged by the tracker, or overlapping a wait window.
+
+    Loads and requests are matched per process where both name one: worker A's reload does not block
+    worker B's requests. Rows without a pid are matched against everything. None without a request
+    that has both an arrival and a finish.
+    """
     ls = ld["start"] if "start" in ld else ld["ts"]
     dur = np.nan_to_num(ld["duration_s"], nan=0.0) if "duration_s" in ld else np.zeros(len(ld))
     le = ls + dur
@@ -51,16 +69,41 @@ def blocking_loader_refresh(tl: Timeline, ac: AnalysisContext | None = None) -> 
         return None
     wait_end = np.where(np.isfinite(start), start, finish)  # a request that never started waited until it gave up
     a, w_end = arrival[valid], wait_end[valid]
-
-    # Loads and requests are matched per process where both name one: worker A's reload does not
-    # block worker B's requests. Rows without a pid are matched against everything.
     l_pid = ld["pid"] if "pid" in ld else np.full(len(ld), np.nan)
     r_pid = req["pid"][valid] if "pid" in req else np.full(a.size, np.nan)
     flagged = (ld["in_request_path"] > 0) if "in_request_path" in ld else np.zeros(len(ld), bool)
     overlaps = np.zeros(len(ld), bool)
     for lsel, rsel in _pid_groups(l_pid, r_pid):
         overlaps[lsel] = _overlaps_wait(ls[lsel], le[lsel], a[rsel], w_end[rsel])
-    on_path = flagged | overlaps
+    return OnPath(ls, le, dur, valid, a, w_end, l_pid, r_pid, flagged, flagged | overlaps)
+
+
+def _loader_confidence(share: float, rate: float, bimodal: bool, miss_share: float, any_flagged: bool) -> float:
+    """Mostly how much of the waiting the loads explain, then how often they run; the rest only corroborates.
+
+    Why share first: a backlog that coincides with a background refresh has loads on the path too, but
+    they explain little of the wait -- more slots would fix that one, and not this one.
+    """
+    conf = 0.3
+    conf += 0.3 if share >= 0.5 else 0.2 if share >= 0.2 else 0.1 if share >= SHARE_QUIET else 0.0
+    conf += 0.2 if rate >= RATE_PER_REQUEST else 0.1 if rate >= RATE_QUIET else 0.0
+    conf += 0.1 if bimodal else 0.0
+    conf += 0.05 if np.isfinite(miss_share) and miss_share >= 0.8 else 0.0
+    conf += 0.05 if any_flagged else 0.0
+    return min(conf, 0.95)
+
+
+@rule("loader.blocking_refresh", "blocking_loader_refresh", needs=("loader", "requests"))
+def blocking_loader_refresh(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
+    """Model/registry loads run inside requests' arrival -> start windows, often enough to explain the waiting."""
+    ld, req = tl.loader, tl.requests
+    if not len(ld) or not len(req):
+        return None
+    m = _match_loads(ld, req)
+    if m is None:
+        return None
+    ls, le, dur, valid, a, w_end, on_path = m.ls, m.le, m.dur, m.valid, m.a, m.w_end, m.on_path
+    finish = req["finish"]
     n_on = int(on_path.sum())
     warmup = int((~on_path & (le <= a.min())).sum())
     if n_on < MIN_ON_PATH:
@@ -70,7 +113,7 @@ def blocking_loader_refresh(tl: Timeline, ac: AnalysisContext | None = None) -> 
     rate = n_on / n_req
     waits = np.clip(w_end - a, 0.0, None)
     covered = np.zeros(a.size)
-    for lsel, rsel in _pid_groups(l_pid, r_pid):
+    for lsel, rsel in _pid_groups(m.l_pid, m.r_pid):
         pick = lsel & on_path
         covered[rsel] = covered_time(ls[pick], le[pick], a[rsel], w_end[rsel])
     total_wait = float(waits.sum())
@@ -89,13 +132,7 @@ def blocking_loader_refresh(tl: Timeline, ac: AnalysisContext | None = None) -> 
     bytes_on = ld["bytes_read"][on_path] if "bytes_read" in ld else np.full(n_on, np.nan)
     bytes_total = float(np.nansum(bytes_on)) if np.isfinite(bytes_on).any() else math.nan
 
-    conf = 0.3
-    conf += 0.3 if share >= 0.5 else 0.2 if share >= 0.2 else 0.1 if share >= SHARE_QUIET else 0.0
-    conf += 0.2 if rate >= RATE_PER_REQUEST else 0.1 if rate >= RATE_QUIET else 0.0
-    conf += 0.1 if bimodal else 0.0
-    conf += 0.05 if np.isfinite(miss_share) and miss_share >= 0.8 else 0.0
-    conf += 0.05 if flagged[on_path].any() else 0.0
-    conf = min(conf, 0.95)
+    conf = _loader_confidence(share, rate, bool(bimodal), miss_share, bool(m.flagged[on_path].any()))
 
     t_on = ls[on_path]
     evidence = [

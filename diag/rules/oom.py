@@ -133,6 +133,19 @@ def _counter_increases(timeline: Timeline) -> tuple[dict[str, float], float]:
     return per_group, host.increase() if host is not None else 0.0
 
 
+# What to do, by which memory ran out (tuples: each Finding gets its own list).
+_REMEDIATION_MEMCG = (
+    "Find what filled the group before raising its limit (see the leak / duplicate-model / pressure findings).",
+    "Bound concurrency and tokens in flight, and turn on the memory guard so the service sheds load before the kernel kills.",
+    "Set memory.high a little below memory.max: the kernel reclaims and throttles there first, and the alert fires in time.",
+)
+_REMEDIATION_HOST = (
+    "Give the service (and its neighbours) memory limits so the kernel kills inside the group that overran, not anywhere.",
+    "Protect the service with memory.low/memory.min and find the host's largest consumers at the time of the kill.",
+    "Bound concurrency and turn on the memory guard so the service itself does not push the host over.",
+)
+
+
 @rule("oom.host", "host_oom", needs=("ooms",))
 def host_oom(timeline: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """Kernel OOM kills: which memory ran out (a cgroup limit or the host), who died, corroborated by counters."""
@@ -141,65 +154,73 @@ def host_oom(timeline: Timeline, ac: AnalysisContext | None = None) -> Finding |
     kills = list(timeline.ooms)
     if not kills and not per_group and host_kills <= 0:
         return None
-    remediation_memcg = [
-        "Find what filled the group before raising its limit (see the leak / duplicate-model / pressure findings).",
-        "Bound concurrency and tokens in flight, and turn on the memory guard so the service sheds load before the kernel kills.",
-        "Set memory.high a little below memory.max: the kernel reclaims and throttles there first, and the alert fires in time.",
-    ]
-    remediation_host = [
-        "Give the service (and its neighbours) memory limits so the kernel kills inside the group that overran, not anywhere.",
-        "Protect the service with memory.low/memory.min and find the host's largest consumers at the time of the kill.",
-        "Bound concurrency and turn on the memory guard so the service itself does not push the host over.",
-    ]
     if kills:
-        kills = [_attributed(timeline, e) for e in kills]
-        ranked = sorted(kills, key=lambda e: (_service_kill(e, scope), e.ts))
-        ev = ranked[-1]
-        kind = _kind(ev)
-        ours = _service_kill(ev, scope)
-        evidence, rules_out = _kill_evidence(timeline, ev, kind)
-        evidence.insert(0, Evidence("kernel OOM kills in the window", len(kills), "kills", kills[0].ts, kills[-1].ts))
-        group = ev.oom_memcg if kind == "memcg" else None
-        corroborated = (group in per_group) if group else host_kills > 0
-        if group in per_group:
-            evidence.append(
-                Evidence(f"{group} memory.events oom_kill increase", per_group[group], "kills", timeline.start, timeline.end)
-            )
-        if host_kills > 0:
-            evidence.append(Evidence("host vmstat oom_kill increase", host_kills, "kills", timeline.start, timeline.end))
-        if ours:
-            conf = 0.8 + (0.05 if corroborated else 0.0)
-        elif kind == "host":
-            conf = 0.55  # the whole host ran out: it hit someone else this time, it can hit the service next
-        else:
-            conf = 0.3  # another tenant's own limit: not the service's incident
-        what = {
-            "memcg": f"the memory cgroup {ev.oom_memcg} hit its limit",
-            "host": "the whole host ran out of memory",
-            "policy": f"a NUMA/cpuset constraint ({ev.constraint}) ran out",
-            "unknown": "the kernel did not say which memory ran out",
-        }[kind]
-        if ev.pid is None and not ev.task:
-            victim = "a process of it (the kernel log naming the victim was not available)"
-        else:
-            victim = f"{ev.task or '?'} (pid {ev.pid}, anon RSS {format_bytes(ev.anon_rss_bytes)})"
-        summary = f"Kernel OOM kill: {what}; it killed {victim}"
-        if not ours:
-            summary += " -- not one of the service's processes"
-        if len(kills) > 1:
-            summary += f" ({len(kills)} kills in the window)"
-        return Finding(
-            "host_oom",
-            "oom.host",
-            conf,
-            summary,
-            evidence,
-            rules_out,
-            remediation_memcg if kind == "memcg" else remediation_host,
-            ev.ts,
-            ev.ts,
+        return _from_kernel_lines(timeline, scope, [_attributed(timeline, e) for e in kills], per_group, host_kills)
+    return _from_counters(timeline, scope, per_group, host_kills)
+
+
+def _from_kernel_lines(
+    timeline: Timeline, scope: stats.Scope, kills: list[OomEvent], per_group: dict[str, float], host_kills: float
+) -> Finding:
+    """The kill to report (the service's own, else the latest), judged by whose memory ran out.
+
+    Why the service's kill ranks first: a neighbour killed inside its own limit is not the service's
+    incident (a low confidence), while a host-wide exhaustion can hit the service next (in between).
+    """
+    ranked = sorted(kills, key=lambda e: (_service_kill(e, scope), e.ts))
+    ev = ranked[-1]
+    kind = _kind(ev)
+    ours = _service_kill(ev, scope)
+    evidence, rules_out = _kill_evidence(timeline, ev, kind)
+    evidence.insert(0, Evidence("kernel OOM kills in the window", len(kills), "kills", kills[0].ts, kills[-1].ts))
+    group = ev.oom_memcg if kind == "memcg" else None
+    corroborated = (group in per_group) if group else host_kills > 0
+    if group in per_group:
+        evidence.append(
+            Evidence(f"{group} memory.events oom_kill increase", per_group[group], "kills", timeline.start, timeline.end)
         )
-    # no kernel line (kmsg unreadable, or the kill scrolled away): the counters still say it happened
+    if host_kills > 0:
+        evidence.append(Evidence("host vmstat oom_kill increase", host_kills, "kills", timeline.start, timeline.end))
+    if ours:
+        conf = 0.8 + (0.05 if corroborated else 0.0)
+    elif kind == "host":
+        conf = 0.55  # the whole host ran out: it hit someone else this time, it can hit the service next
+    else:
+        conf = 0.3  # another tenant's own limit: not the service's incident
+    what = {
+        "memcg": f"the memory cgroup {ev.oom_memcg} hit its limit",
+        "host": "the whole host ran out of memory",
+        "policy": f"a NUMA/cpuset constraint ({ev.constraint}) ran out",
+        "unknown": "the kernel did not say which memory ran out",
+    }[kind]
+    if ev.pid is None and not ev.task:
+        victim = "a process of it (the kernel log naming the victim was not available)"
+    else:
+        victim = f"{ev.task or '?'} (pid {ev.pid}, anon RSS {format_bytes(ev.anon_rss_bytes)})"
+    summary = f"Kernel OOM kill: {what}; it killed {victim}"
+    if not ours:
+        summary += " -- not one of the service's processes"
+    if len(kills) > 1:
+        summary += f" ({len(kills)} kills in the window)"
+    return Finding(
+        "host_oom",
+        "oom.host",
+        conf,
+        summary,
+        evidence,
+        rules_out,
+        list(_REMEDIATION_MEMCG if kind == "memcg" else _REMEDIATION_HOST),
+        ev.ts,
+        ev.ts,
+    )
+
+
+def _from_counters(timeline: Timeline, scope: stats.Scope, per_group: dict[str, float], host_kills: float) -> Finding:
+    """No kernel line (kmsg unreadable, or the kill scrolled away): the counters still say a kill happened, and where.
+
+    Why the watched groups' own counters matter: when they were sampled and stayed flat, the host's
+    kill happened in someone else's group -- a note, not a suspect; without them it may have been ours.
+    """
     evidence = [
         Evidence(f"{g} memory.events oom_kill increase", n, "kills", timeline.start, timeline.end) for g, n in per_group.items()
     ]
@@ -214,12 +235,10 @@ def host_oom(timeline: Timeline, ac: AnalysisContext | None = None) -> Finding |
             f"OOM kills inside {', '.join(ours)} (memory.events oom_kill); the kernel log with the victim was not available",
             evidence,
             ["gpu_oom: these are kernel kills for host memory"],
-            remediation_memcg,
+            list(_REMEDIATION_MEMCG),
             timeline.start,
             timeline.end,
         )
-    # The service's own groups count their kills too: when those counters were watched and stayed flat, the host's
-    # kill happened in someone else's group -- a note, not a suspect. Without them it may still have been ours.
     own_counted = [
         g for g in scope.cgroups if (c := timeline.cgroups.get(g, {}).get("events.oom_kill")) is not None and len(c.valid()) >= 2
     ]
@@ -231,7 +250,7 @@ def host_oom(timeline: Timeline, ac: AnalysisContext | None = None) -> Finding |
         + (f" (their own oom_kill counters stayed flat: {', '.join(own_counted)})" if own_counted else ""),
         evidence,
         [],
-        remediation_host,
+        list(_REMEDIATION_HOST),
         timeline.start,
         timeline.end,
     )

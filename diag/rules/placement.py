@@ -165,6 +165,7 @@ def _judge(
     gpu_n: int,
     gpu_ev: list[Evidence],
 ) -> Finding | None:
+    """A finding for one model file held by several processes, or None when the copies are shared or too cheap."""
     n = len(holders)
     start, end = (float(when[0]), float(when[-1])) if when.size else (timeline.start, timeline.end)
     sum_pss = float(np.nansum([h.pss for h in holders]))
@@ -190,47 +191,15 @@ def _judge(
     # copy); with private copies only the interpreter's shared libraries (tens of MiB).
     shared_part = float(np.nansum([h.pss - h.uss for h in holders if math.isfinite(h.pss) and math.isfinite(h.uss)]))
     ev.append(Evidence("summed shared share of the holders (PSS - USS)", round(shared_part), "bytes", start, end))
-    if size:
-        ev.append(Evidence(f"one copy ({size_source})", round(size), "bytes", start, end))
-        sharing = shared_part >= SHARED_COPY_SHARE * size
-        private = [h for h in holders if math.isfinite(h.uss) and h.uss >= PRIVATE_COPY_SHARE * size]
-        copies = 0 if sharing else len(private)  # a shared copy: the holders' USS is interpreter, not weights
-        if copies >= 2 or gpu_n >= 2:
-            ev.append(Evidence("summed PSS / one copy", round(sum_pss / size, 2), "copies", start, end))
-            conf = 0.75
-            if copies == n:
-                conf += 0.1
-            if sum_pss >= 0.9 * copies * size:
-                conf += 0.05
-            if gpu_n >= 2:
-                conf += 0.05
-            copies = max(copies, gpu_n)
-            waste = (copies - 1) * size
-            if limit and waste < MATERIAL_WASTE_OF_LIMIT * limit:
-                conf = min(conf, 0.4)  # real duplication, but too cheap to be anyone's incident
-        else:
-            return None  # one private copy at most: a shared mmap (or a single loader) -- not duplication
-    else:
-        ratios = [h.uss / h.rss for h in holders if math.isfinite(h.uss) and h.rss > 0]
-        private = [h for h in holders if math.isfinite(h.uss) and h.rss > 0 and h.uss / h.rss >= PRIVATE_DOMINANT]
-        if private and shared_part >= SHARED_COPY_SHARE * float(np.median([h.uss for h in private])):
-            private = []  # as much shared as private: a shared mapping carries the weights
-        uss = [h.uss for h in private]
-        copies = len(private)
-        similar = copies >= 2 and min(uss) >= 0.5 * max(uss)
-        waste = (copies - 1) * float(np.median(uss)) if copies >= 2 else 0.0
-        material = bool(limit) and waste >= MATERIAL_WASTE_OF_LIMIT * limit
-        if ratios:
-            ev.append(Evidence("median USS / RSS of the holders", round(float(np.median(ratios)), 3), "ratio", start, end))
-        if not ((similar and material) or gpu_n >= 2):
-            return None
-        copies = max(copies, gpu_n)
-        conf = 0.6
-        ev.append(
-            Evidence(
-                "one copy", "unknown: no ServiceConfig weights_bytes or loader reads; private memory used instead", "", start, end
-            )
-        )
+    counted = (
+        _copies_of_known_size(holders, size, size_source, shared_part, sum_pss, gpu_n, limit, (start, end))
+        if size
+        else _copies_by_private_share(holders, shared_part, gpu_n, limit, (start, end))
+    )
+    if counted is None:
+        return None
+    copies, waste, conf, copy_ev = counted
+    ev += copy_ev
     ev += gpu_ev
     if limit:
         ev.append(Evidence(f"extra copies' cost vs {limit_source}", round(waste / limit, 3), "ratio", start, end))
@@ -256,6 +225,76 @@ def _judge(
         start,
         end,
     )
+
+
+def _copies_of_known_size(
+    holders: list[Holder],
+    size: float,
+    size_source: str,
+    shared_part: float,
+    sum_pss: float,
+    gpu_n: int,
+    limit: float | None,
+    span: tuple[float, float],
+) -> tuple[int, float, float, list[Evidence]] | None:
+    """(copies, bytes spent on extra copies, confidence, evidence) when one copy's size is known.
+
+    Why the shared share decides first: with one shared mmap the holders' PSS - USS holds the model,
+    and their private memory (USS) is interpreter, not weights -- so no holder counts as a copy.
+    None: one private copy at most (a shared mmap or a single loader), which is not duplication.
+    """
+    start, end = span
+    ev = [Evidence(f"one copy ({size_source})", round(size), "bytes", start, end)]
+    sharing = shared_part >= SHARED_COPY_SHARE * size
+    private = [h for h in holders if math.isfinite(h.uss) and h.uss >= PRIVATE_COPY_SHARE * size]
+    copies = 0 if sharing else len(private)  # a shared copy: the holders' USS is interpreter, not weights
+    if not (copies >= 2 or gpu_n >= 2):
+        return None
+    ev.append(Evidence("summed PSS / one copy", round(sum_pss / size, 2), "copies", start, end))
+    conf = 0.75
+    if copies == len(holders):
+        conf += 0.1
+    if sum_pss >= 0.9 * copies * size:
+        conf += 0.05
+    if gpu_n >= 2:
+        conf += 0.05
+    copies = max(copies, gpu_n)
+    waste = (copies - 1) * size
+    if limit and waste < MATERIAL_WASTE_OF_LIMIT * limit:
+        conf = min(conf, 0.4)  # real duplication, but too cheap to be anyone's incident
+    return copies, waste, conf, ev
+
+
+def _copies_by_private_share(
+    holders: list[Holder], shared_part: float, gpu_n: int, limit: float | None, span: tuple[float, float]
+) -> tuple[int, float, float, list[Evidence]] | None:
+    """(copies, bytes spent on extra copies, confidence, evidence) when one copy's size is unknown.
+
+    Without a size, a copy is a holder whose private memory dominates its RSS, the holders' private
+    sizes are similar, and the extra copies cost a material share of the limit; a lower confidence
+    than with a known size, since an interpreter's private heap looks the same. None otherwise.
+    """
+    start, end = span
+    ev = []
+    ratios = [h.uss / h.rss for h in holders if math.isfinite(h.uss) and h.rss > 0]
+    private = [h for h in holders if math.isfinite(h.uss) and h.rss > 0 and h.uss / h.rss >= PRIVATE_DOMINANT]
+    if private and shared_part >= SHARED_COPY_SHARE * float(np.median([h.uss for h in private])):
+        private = []  # as much shared as private: a shared mapping carries the weights
+    uss = [h.uss for h in private]
+    copies = len(private)
+    similar = copies >= 2 and min(uss) >= 0.5 * max(uss)
+    waste = (copies - 1) * float(np.median(uss)) if copies >= 2 else 0.0
+    material = bool(limit) and waste >= MATERIAL_WASTE_OF_LIMIT * limit
+    if ratios:
+        ev.append(Evidence("median USS / RSS of the holders", round(float(np.median(ratios)), 3), "ratio", start, end))
+    if not ((similar and material) or gpu_n >= 2):
+        return None
+    ev.append(
+        Evidence(
+            "one copy", "unknown: no ServiceConfig weights_bytes or loader reads; private memory used instead", "", start, end
+        )
+    )
+    return max(copies, gpu_n), waste, 0.6, ev
 
 
 # --------------------------------------------------------------------------- noisy neighbour

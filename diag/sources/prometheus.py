@@ -4,7 +4,9 @@ Why: at fleet scale nobody copies flight recorders around -- the agent's and the
 ``/metrics`` are already scraped into Prometheus, so ``diag analyze --prometheus URL --selector
 'job="llm"'`` rebuilds the same Timeline from there and the same rules run on it. Metric names come
 only from ``collectors.catalog`` (ours, and the external families declared there); below they are
-named by their catalog entries (``cat.X``).
+named by their catalog entries (``cat.X``). The series keys they fill are spelt by ``diag.signals``
+(``sig.X``), the vocabulary the rules ask in, so a Prometheus-built Timeline names a signal exactly
+as a recorder-built one does.
 
 What is filled, and from what (ours first; the external family only where ours is absent):
 
@@ -88,6 +90,7 @@ import numpy as np
 
 from collectors import catalog as cat
 from collectors.records import OomEvent
+from diag import signals as sig
 from diag.timeline import ProcessTrack, Series, Table, Timeline
 
 log = logging.getLogger(__name__)
@@ -98,6 +101,24 @@ DEFAULT_SCRAPE_S = 15.0  # assumed when no sample is found to measure the scrape
 PROBE_WINDOW_S = 600.0  # how far back the scrape-interval probe looks
 MIB = float(1 << 20)
 _NAME_OK = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*$")
+
+# Catalog keys -> the signal keys of diag.signals (the catalog's words for a part are not the Timeline's
+# spelling; tests/diag/test_signal_vocabulary.py checks every catalog key has its entry here).
+_CADVISOR_KEYS = {"usage": sig.CG_USAGE, "working_set": sig.CG_WORKING_SET, "swap": sig.CG_SWAP, "limit": sig.CG_LIMIT}
+_GPU_MEMORY_KEYS = {"total": sig.GPU_TOTAL, "used": sig.GPU_USED, "free": sig.GPU_FREE, "reserved": sig.GPU_RESERVED}
+_GPU_UTIL_KEYS = {"gpu": sig.GPU_UTIL_GPU, "memory": sig.GPU_UTIL_MEMORY}  # by the ``resource`` label
+# Latency histograms of the request side: ours first, then vLLM's, then TGI's.
+_LATENCY_FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (sig.LATENCY_QUEUE_WAIT, (cat.REQUEST_QUEUE_WAIT.name, cat.VLLM_QUEUE_TIME.name, cat.TGI_QUEUE_TIME.name)),
+    (sig.LATENCY_INFERENCE, (cat.REQUEST_INFERENCE.name, cat.VLLM_INFERENCE_TIME.name, cat.TGI_INFERENCE_TIME.name)),
+    (sig.LATENCY_E2E, (cat.REQUEST_E2E.name, cat.VLLM_E2E.name)),
+    (sig.LATENCY_PREFILL, (cat.VLLM_PREFILL_TIME.name,)),
+    (sig.LATENCY_DECODE, (cat.VLLM_DECODE_TIME.name,)),
+)
+_QUANTILES = ((0.5, "p50"), (0.95, "p95"))  # (quantile, the stat of diag.signals.latency)
+# Request outcomes (the tracker's ``outcome`` label) -> the service rate filled from that outcome alone.
+_OUTCOME_RATES = {"ok": sig.SVC_THROUGHPUT_RPS, "error": sig.SVC_ERROR_RPS, "rejected": sig.SVC_REJECTED_RPS}
+_TIMEOUT_OUTCOMES = ("queue_timeout", "inference_timeout")  # summed into SVC_TIMEOUT_RPS
 
 
 def default_step(since_s: float, scrape_s: float = 1.0) -> float:
@@ -325,19 +346,19 @@ class _Queries:
     def host(self, out: _Loaded) -> None:
         ours: dict[str, tuple[str, float]] = {}
         for snake, spec in cat.HOST_MEMORY.items():
-            ours[spec.name] = (f"memory.{snake}", 1.0)
+            ours[spec.name] = (sig.HOST_MEMORY + snake, 1.0)
         for r, spec in cat.HOST_PSI_WAITING.items():
-            ours[spec.name] = (f"psi.{r}.some.total_s", 1.0)
+            ours[spec.name] = (sig.psi(r, "some", sig.PSI_TOTAL), 1.0)
         for r, spec in cat.HOST_PSI_STALLED.items():
-            ours[spec.name] = (f"psi.{r}.full.total_s", 1.0)
+            ours[spec.name] = (sig.psi(r, "full", sig.PSI_TOTAL), 1.0)
         for f, spec in cat.HOST_VMSTAT.items():
-            ours[spec.name] = (f"vmstat.{f}", 1.0)
+            ours[spec.name] = (sig.HOST_VMSTAT + f, 1.0)
         found: set[str] = set()
         for res in self.names([*ours, cat.HOST_PSI_AVG10.name]):
             if res.name == cat.HOST_PSI_AVG10.name:
                 resource, kind = res.labels.get("resource"), res.labels.get("kind")
                 if resource and kind:
-                    key = f"psi.{resource}.{kind}.avg10"
+                    key = sig.psi(resource, kind, sig.PSI_AVG10)
                     out.host.append((res, key, 100.0))
                     found.add(key)
             elif res.name in ours:
@@ -347,13 +368,13 @@ class _Queries:
         # node_exporter for whatever ours lacks
         node: dict[str, str] = {}
         for snake, fam in cat.NODE_MEMORY.items():
-            node[fam.name] = f"memory.{snake}"
+            node[fam.name] = sig.HOST_MEMORY + snake
         for r, fam in cat.NODE_PSI_WAITING.items():
-            node[fam.name] = f"psi.{r}.some.total_s"
+            node[fam.name] = sig.psi(r, "some", sig.PSI_TOTAL)
         for r, fam in cat.NODE_PSI_STALLED.items():
-            node[fam.name] = f"psi.{r}.full.total_s"
+            node[fam.name] = sig.psi(r, "full", sig.PSI_TOTAL)
         for f, fam in cat.NODE_VMSTAT.items():
-            node[fam.name] = f"vmstat.{f}"
+            node[fam.name] = sig.HOST_VMSTAT + f
         wanted = {name: key for name, key in node.items() if key not in found}
         if wanted:
             for res in self.names(wanted):
@@ -364,8 +385,8 @@ class _Queries:
         for kind, families in (("some", cat.NODE_PSI_WAITING), ("full", cat.NODE_PSI_STALLED)):
             for r, fam in families.items():
                 ours_total = cat.HOST_PSI_WAITING.get(r) if kind == "some" else cat.HOST_PSI_STALLED.get(r)
-                key = f"psi.{r}.{kind}.avg10"
-                if key in found or f"psi.{r}.{kind}.total_s" not in found:
+                key = sig.psi(r, kind, sig.PSI_AVG10)
+                if key in found or sig.psi(r, kind, sig.PSI_TOTAL) not in found:
                     continue
                 for name in (ours_total.name if ours_total else None, fam.name):
                     if name is None:
@@ -380,12 +401,13 @@ class _Queries:
 
     def cgroups(self, out: _Loaded) -> None:
         simple = {
-            cat.CGROUP_USAGE.name: "usage", cat.CGROUP_WORKING_SET.name: "working_set", cat.CGROUP_LIMIT.name: "limit",
-            cat.CGROUP_HIGH.name: "high", cat.CGROUP_PEAK.name: "peak", cat.CGROUP_SWAP.name: "swap",
-            cat.CGROUP_UNDER_OOM.name: "under_oom", cat.CGROUP_PSI_WAITING.name: "psi.memory.some.total_s",
-            cat.CGROUP_PSI_STALLED.name: "psi.memory.full.total_s",
-            **{spec.name: f"stat.{key}" for key, spec in cat.CGROUP_STAT_BYTES.items()},
-            **{spec.name: f"stat.{key}" for key, spec in cat.CGROUP_STAT_COUNTERS.items()},
+            cat.CGROUP_USAGE.name: sig.CG_USAGE, cat.CGROUP_WORKING_SET.name: sig.CG_WORKING_SET,
+            cat.CGROUP_LIMIT.name: sig.CG_LIMIT, cat.CGROUP_HIGH.name: sig.CG_HIGH, cat.CGROUP_PEAK.name: sig.CG_PEAK,
+            cat.CGROUP_SWAP.name: sig.CG_SWAP, cat.CGROUP_UNDER_OOM.name: sig.CG_UNDER_OOM,
+            cat.CGROUP_PSI_WAITING.name: sig.psi("memory", "some", sig.PSI_TOTAL),
+            cat.CGROUP_PSI_STALLED.name: sig.psi("memory", "full", sig.PSI_TOTAL),
+            **{spec.name: sig.CG_STAT + key for key, spec in cat.CGROUP_STAT_BYTES.items()},
+            **{spec.name: sig.CG_STAT + key for key, spec in cat.CGROUP_STAT_COUNTERS.items()},
         }  # fmt: skip
         for res in self.names([*simple, cat.CGROUP_EVENTS.name]):
             path = res.labels.get("cgroup")
@@ -394,21 +416,22 @@ class _Queries:
             if res.name == cat.CGROUP_EVENTS.name:
                 event, scope = res.labels.get("event"), res.labels.get("scope", "hierarchical")
                 if event:
-                    out.cgroups.append((res, path, f"{'events_local' if scope == 'local' else 'events'}.{event}", 1.0))
+                    family = sig.CG_EVENTS_LOCAL if scope == "local" else sig.CG_EVENTS
+                    out.cgroups.append((res, path, family + event, 1.0))
             elif res.name in simple:
                 out.cgroups.append((res, path, simple[res.name], 1.0))
         if out.cgroups:
             self._cgroup_psi_avg(out, "cgroup", cat.CGROUP_PSI_WAITING.name, cat.CGROUP_PSI_STALLED.name)
             return
-        cadvisor = {fam.name: key for key, fam in cat.CADVISOR_MEMORY.items()}
-        cadvisor[cat.CADVISOR_PSI_WAITING.name] = "psi.memory.some.total_s"
-        cadvisor[cat.CADVISOR_PSI_STALLED.name] = "psi.memory.full.total_s"
+        cadvisor = {fam.name: _CADVISOR_KEYS[key] for key, fam in cat.CADVISOR_MEMORY.items()}
+        cadvisor[cat.CADVISOR_PSI_WAITING.name] = sig.psi("memory", "some", sig.PSI_TOTAL)
+        cadvisor[cat.CADVISOR_PSI_STALLED.name] = sig.psi("memory", "full", sig.PSI_TOTAL)
         for res in self.names(cadvisor):
             path = res.labels.get("id")
             key = cadvisor.get(res.name)
             if not path or key is None:
                 continue
-            if key == "limit":  # 0 means unlimited in cAdvisor: absent, as in our convention
+            if key == sig.CG_LIMIT:  # 0 means unlimited in cAdvisor: absent, as in our convention
                 keep = res.values > 0
                 if not keep.any():
                     continue
@@ -423,19 +446,19 @@ class _Queries:
         """
         have = {key for _, _, key, _ in out.cgroups}
         for kind, name in (("some", some), ("full", full)):
-            if f"psi.memory.{kind}.total_s" not in have:
+            if sig.psi("memory", kind, sig.PSI_TOTAL) not in have:
                 continue
             for res in self.range(f"rate({self.prom.sel(name)}[{self.w}]) * 100"):
                 path = res.labels.get(label)
                 if path:
-                    out.cgroups.append((res, path, f"psi.memory.{kind}.avg10", 1.0))
+                    out.cgroups.append((res, path, sig.psi("memory", kind, sig.PSI_AVG10), 1.0))
 
     # ---- processes and model holders
 
     def processes(self, out: _Loaded) -> None:
         names = {
-            cat.PROCESS_RSS.name: "rss", cat.PROCESS_PSS.name: "pss", cat.PROCESS_USS.name: "uss",
-            cat.PROCESS_SWAP.name: "swap", cat.PROCESS_MAJOR_FAULTS.name: "major_faults",
+            cat.PROCESS_RSS.name: sig.PROC_RSS, cat.PROCESS_PSS.name: sig.PROC_PSS, cat.PROCESS_USS.name: sig.PROC_USS,
+            cat.PROCESS_SWAP.name: sig.PROC_SWAP, cat.PROCESS_MAJOR_FAULTS.name: sig.PROC_MAJOR_FAULTS,
         }  # fmt: skip
         for res in self.names([*names, cat.MODEL_PROCESSES.name]):
             if res.name == cat.MODEL_PROCESSES.name:
@@ -447,7 +470,7 @@ class _Queries:
     # ---- GPUs
 
     def gpus(self, out: _Loaded) -> None:
-        parts = {spec.name: part for part, spec in cat.GPU_MEMORY.items()}
+        parts = {spec.name: _GPU_MEMORY_KEYS[part] for part, spec in cat.GPU_MEMORY.items()}
         extra = [cat.GPU_UTILIZATION.name, cat.GPU_AVAILABLE.name, cat.GPU_PROCESS_MEMORY.name]
         for res in self.names([*parts, *extra]):
             if res.name == cat.GPU_AVAILABLE.name:
@@ -460,14 +483,14 @@ class _Queries:
             if index is None:
                 continue
             if res.name == cat.GPU_UTILIZATION.name:
-                resource = res.labels.get("resource")
-                if resource in ("gpu", "memory"):
-                    out.gpus.append((res, index, f"util_{resource}", 1.0))
+                key = _GPU_UTIL_KEYS.get(res.labels.get("resource") or "")
+                if key is not None:
+                    out.gpus.append((res, index, key, 1.0))
             elif res.name in parts:
                 out.gpus.append((res, index, parts[res.name], 1.0))
         if out.gpus:
             return
-        dcgm = {cat.DCGM_FB_USED.name: "used", cat.DCGM_FB_FREE.name: "free"}
+        dcgm = {cat.DCGM_FB_USED.name: sig.GPU_USED, cat.DCGM_FB_FREE.name: sig.GPU_FREE}
         for res in self.names(dcgm):
             index = _int(res.labels.get("gpu"))
             if index is not None and res.name in dcgm:
@@ -487,26 +510,20 @@ class _Queries:
 
     def service(self, out: _Loaded) -> None:
         svc = out.service
-        for key, families in (
-            ("queue_wait", (cat.REQUEST_QUEUE_WAIT.name, cat.VLLM_QUEUE_TIME.name, cat.TGI_QUEUE_TIME.name)),
-            ("inference", (cat.REQUEST_INFERENCE.name, cat.VLLM_INFERENCE_TIME.name, cat.TGI_INFERENCE_TIME.name)),
-            ("e2e", (cat.REQUEST_E2E.name, cat.VLLM_E2E.name)),
-            ("prefill", (cat.VLLM_PREFILL_TIME.name,)),
-            ("decode", (cat.VLLM_DECODE_TIME.name,)),
-        ):
+        for stem, families in _LATENCY_FAMILIES:
             for family in families:
                 got = {}
-                for q, label in ((0.5, "p50"), (0.95, "p95")):
+                for q, stat in _QUANTILES:
                     expr = f"histogram_quantile({q}, sum by (le) (rate({self.prom.sel(family + '_bucket')}[{self.w}])))"
                     series = _single(self.range(expr))
                     if series is not None:
-                        got[f"{key}_{label}_s"] = series
+                        got[sig.latency(stem, stat)] = series
                 if got:
                     # The mean per step (rate of the sum over rate of the count) is exact where buckets are coarse.
                     sel_sum, sel_count = self.prom.sel(family + "_sum"), self.prom.sel(family + "_count")
                     mean = _single(self.range(f"sum(rate({sel_sum}[{self.w}])) / sum(rate({sel_count}[{self.w}]))"))
                     if mean is not None:
-                        got[f"{key}_mean_s"] = mean
+                        got[sig.latency(stem, "mean")] = mean
                     svc.update(got)
                     break
         by_outcome = {res.labels.get("outcome", ""): res for res in
@@ -514,22 +531,22 @@ class _Queries:
         if by_outcome:
             total = _single(self.range(f"sum(rate({self.prom.sel(cat.REQUESTS.name)}[{self.w}]))"))
             if total is not None:
-                svc["requests_rps"] = total
-            for outcome, key in (("ok", "throughput_rps"), ("error", "error_rps"), ("rejected", "rejected_rps")):
+                svc[sig.SVC_REQUESTS_RPS] = total
+            for outcome, key in _OUTCOME_RATES.items():
                 if outcome in by_outcome:
                     svc[key] = _series(by_outcome[outcome])
-            timeouts = [by_outcome[o] for o in ("queue_timeout", "inference_timeout") if o in by_outcome]
+            timeouts = [by_outcome[o] for o in _TIMEOUT_OUTCOMES if o in by_outcome]
             if timeouts:
-                svc["timeout_rps"] = _sum_aligned(timeouts)
+                svc[sig.SVC_TIMEOUT_RPS] = _sum_aligned(timeouts)
         else:
             ok = _single(self.range(f"sum(rate({self.prom.sel(cat.VLLM_SUCCESS.name)}[{self.w}]))"))
             if ok is not None:
-                svc["throughput_rps"] = ok
-        for key, ours, vllm in (
-            ("active_inferences", cat.ACTIVE_INFERENCES.name, cat.VLLM_RUNNING.name),
-            ("queue_depth", cat.QUEUE_DEPTH.name, cat.VLLM_WAITING.name),
+                svc[sig.SVC_THROUGHPUT_RPS] = ok
+        for key, families in (
+            (sig.SVC_ACTIVE_INFERENCES, (cat.ACTIVE_INFERENCES.name, cat.VLLM_RUNNING.name)),
+            (sig.SVC_QUEUE_DEPTH, (cat.QUEUE_DEPTH.name, cat.VLLM_WAITING.name, cat.TGI_QUEUE_SIZE.name)),
         ):
-            for family in (ours, vllm, *((cat.TGI_QUEUE_SIZE.name,) if key == "queue_depth" else ())):
+            for family in families:
                 series = _single(self.range(f"sum({self.prom.sel(family)})"))
                 if series is not None:
                     svc[key] = series
@@ -684,7 +701,7 @@ def _assemble(loaded: _Loaded, url: str, selector: str, start: float, end: float
     timeline.service = dict(loaded.service)
     for res in loaded.model_processes:
         if mine(res):
-            timeline.service[f"model_processes:{res.labels['model']}"] = _series(res)
+            timeline.service[sig.SVC_MODEL_PROCESSES + res.labels["model"]] = _series(res)
     counts["prometheus_series"] = (
         len(timeline.host) + sum(len(s) for s in timeline.cgroups.values())
         + sum(len(t.series) for t in procs.values()) + sum(len(s) for s in timeline.gpus.values()) + len(timeline.service)
