@@ -59,6 +59,7 @@ LIMIT_EVENTS_NEAR = 0.80
 FOLLOWS_LOAD_RHO = 0.5
 STATIC_RHO = 0.3
 THRASH_MAJFAULT_PER_S = 50.0
+STALL_THRASHING_MIN = 0.6  # the stall-only thrashing rule's confidence once page-ins back its stalls (0.65+)
 
 
 @dataclass
@@ -508,6 +509,20 @@ def _thrashing(full: Series, majflt: Series | None) -> bool:
     return bool(len(r) and float(np.percentile(r.values, 90)) >= THRASH_MAJFAULT_PER_S)
 
 
+def _stalls_say_thrashing(timeline: Timeline, ac: AnalysisContext | None) -> bool:
+    """The stall-only thrashing rule found sustained full stalls *with* page-ins (its 0.65+ case).
+
+    Pressure is the broader, weaker class: when the specific one stands on its own evidence -- often
+    refaults of evicted page cache rather than major faults, which the check above looks for -- the
+    verdict must name the specific one. Stalls without page-ins (0.35-0.4) are reclaim, not thrashing,
+    and leave pressure as it is.
+    """
+    from diag.rules.stalls import thrashing_from_stalls  # the stalls rule builds on requests; pressure sits below it
+
+    found = shared(ac, timeline, "stalls.thrashing", lambda: thrashing_from_stalls(timeline, ac))
+    return isinstance(found, Finding) and found.confidence >= STALL_THRASHING_MIN
+
+
 @rule(
     "memory.pressure",
     "memory_pressure",
@@ -592,6 +607,9 @@ def memory_pressure(timeline: Timeline, ac: AnalysisContext | None = None) -> Fi
     if view.thrash:
         conf = min(conf, 0.45)
         notes.append("stalls are at thrashing level (PSI full >= 5 % with major faults): see the thrashing finding")
+    elif _stalls_say_thrashing(timeline, ac):
+        conf = min(conf, 0.45)
+        notes.append("sustained full stalls with page-ins (refaults, faults or swap): see the thrashing finding")
     conf = min(conf, 0.9)
     start, end = (
         (float(view.mem.ts[0]), float(view.mem.ts[-1]))
