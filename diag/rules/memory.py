@@ -59,6 +59,7 @@ LIMIT_EVENTS_NEAR = 0.80
 FOLLOWS_LOAD_RHO = 0.5
 STATIC_RHO = 0.3
 THRASH_MAJFAULT_PER_S = 50.0
+FIRM_OOM_KILL = 0.6  # the OOM rule's confidence once the kill is the service's own
 STALL_THRASHING_MIN = 0.6  # the stall-only thrashing rule's confidence once page-ins back its stalls (0.65+)
 
 
@@ -523,6 +524,19 @@ def _stalls_say_thrashing(timeline: Timeline, ac: AnalysisContext | None) -> boo
     return isinstance(found, Finding) and found.confidence >= STALL_THRASHING_MIN
 
 
+def _firm_oom_kill(timeline: Timeline, ac: AnalysisContext | None) -> float | None:
+    """The OOM rule's confidence when it firmly found a kill of the service's own (0.6+), else None.
+
+    Pressure that ended in an OOM kill is an OOM incident to the person on call: the kill is what they
+    must act on, and the pressure is how it got there. Pressure stays a contributing finding, ranked
+    just under the kill. A kill the OOM rule could not tie to the service (0.3) changes nothing.
+    """
+    from diag.rules.oom import host_oom  # the OOM rule reads the same scope; pressure only asks its result
+
+    found = shared(ac, timeline, "oom.host", lambda: host_oom(timeline, ac))
+    return found.confidence if isinstance(found, Finding) and found.confidence >= FIRM_OOM_KILL else None
+
+
 @rule(
     "memory.pressure",
     "memory_pressure",
@@ -610,6 +624,10 @@ def memory_pressure(timeline: Timeline, ac: AnalysisContext | None = None) -> Fi
     elif _stalls_say_thrashing(timeline, ac):
         conf = min(conf, 0.45)
         notes.append("sustained full stalls with page-ins (refaults, faults or swap): see the thrashing finding")
+    killed = _firm_oom_kill(timeline, ac)
+    if killed is not None and conf >= killed:
+        conf = killed - 0.05
+        notes.append("the kernel OOM-killed in this window: see the OOM finding (pressure is how it got there)")
     conf = min(conf, 0.9)
     start, end = (
         (float(view.mem.ts[0]), float(view.mem.ts[-1]))
