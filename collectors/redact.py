@@ -112,7 +112,6 @@ _DESCRIPTOR_TAILS = frozenset(
 # Whole names that contain a secret word but are well-known non-secrets (the shell's working directory).
 _NOT_SECRET_NAMES = frozenset({"pwd", "oldpwd"})
 _AUTH_SCHEMES = frozenset({"bearer", "basic", "token", "digest", "negotiate"})
-_LONGEST_SCHEME = max(len(s) for s in _AUTH_SCHEMES)
 
 _WORD_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 
@@ -192,10 +191,27 @@ _TOKEN_SHAPES: tuple[tuple[str, tuple[str, ...], re.Pattern[str]], ...] = (
 )
 # Settings: a *name run* (letters, digits, ``_ . -``) directly followed by the separator (an optional
 # closing quote of a JSON key, then ``:`` or ``=``). The name is the run from its first letter or ``_``.
-# The value is found by hand after the separator so that a non-secret ``a=b`` never swallows a secret
-# ``password=x`` that follows it.
-_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
-_NAME_START_RE = re.compile(r"[0-9.\-]*+(?=[A-Za-z_])")
+# The value follows the separator; a non-secret ``a=b`` never swallows a secret ``password=x`` after it,
+# because only settings with a secret name are matched at all.
+#
+# Whether a run names a secret is itself a regular expression (``_SECRET_RUN``), built from the word lists
+# above, so a whole text of settings is redacted by one ``split`` with no Python per setting, whatever the
+# names. It reads the run word by word exactly as ``_words`` splits it, each word once, and gives the same
+# answer as ``is_secret_name`` on the name (tests compare the two on generated names):
+#
+# * words are ``[A-Z]+(?![a-z])`` (atomic, as ``findall`` takes it), ``[A-Z]?[a-z]+``, digits, or a lone
+#   ``_ . -`` that separates them;
+# * the words before the first secret one are consumed (possessively) while each is checked not to be
+#   secret, then one secret word, then the rest of the run while each word is checked not to be a
+#   descriptor that only ``_ . -`` and digits follow (the last word);
+# * a secret word is one of ``_SECRET_WORDS`` in one of the three spellings a word can have (lower,
+#   Capitalized, UPPER), or a word that ends in a strong suffix (a look-behind after the word);
+# * the name (after digits, ``.`` and ``-`` that lead the run) is not one of ``_NOT_SECRET_NAMES``.
+#
+# Linear: every word is read a fixed number of times (once to consume it, once per look-ahead at its
+# start, whose alternatives fail on their first letters), and nothing is retried after a failure.
+_NAME_CHAR = r"[A-Za-z0-9_.\-]"
+_NOT_NAME_CHAR_AFTER = r"(?![A-Za-z0-9_.\-])"
 # Every secret-looking name contains one of these (case-insensitively): a text without any is left alone.
 _SECRET_ROOTS = ("key", "token", "secret", "pass", "pwd", "cred", "auth", "bearer", "cookie")
 
@@ -206,43 +222,101 @@ def _any_case(word: str) -> str:
     return "".join(f"[{c}{c.upper()}]" for c in word)
 
 
-def _setting_re(roots: str, name_char: str) -> re.Pattern[str]:
-    """The last secret word of a name run, the rest of the run, then the separator.
+def _spellings(words: frozenset[str] | tuple[str, ...]) -> tuple[str, str, str]:
+    """Alternations of ``words`` as a word of a name can be spelled: lower, Capitalized, UPPER."""
 
-    Only the *last* secret word of a run can match (the run after it may not start another one), so a run
-    yields at most one match and a failed match never rescans the run: each character is looked at a fixed
-    number of times, however many secret words a run holds. The pattern starts with the words' first
-    letters, so the regex engine skips ahead between them in C."""
-    return re.compile(rf"(?:{roots})(?:(?!{roots}){name_char})*+([\"']?[ \t]*+[:=][ \t]*)")
+    def alternation(ws: list[str]) -> str:
+        return "|".join(sorted(ws, key=len, reverse=True))
+
+    return (
+        alternation([w.lower() for w in words]),
+        alternation([w.capitalize() for w in words]),
+        alternation([w.upper() for w in words]),
+    )
 
 
-# ASCII text is searched in its lower-cased copy (same positions); other text in itself (``_any_case``).
-_SETTING_LOW_RE = _setting_re("|".join(_SECRET_ROOTS), r"[a-z0-9_.\-]")
-_SETTING_ANY_RE = _setting_re("|".join(map(_any_case, _SECRET_ROOTS)), r"[A-Za-z0-9_.\-]")
-_UNQUOTED_VALUE_RE = re.compile(r"[^\s\"',;&}\])]+")
+def _ends_with(words: list[str]) -> str:
+    """Look-behinds (one per length: each must be fixed-width) that hold when the text so far ends with a word."""
+    by_length: dict[int, list[str]] = {}
+    for w in words:
+        by_length.setdefault(len(w), []).append(w)
+    return "|".join(f"(?<={'|'.join(sorted(ws))})" for _, ws in sorted(by_length.items()))
 
+
+_WORD = r"(?>[A-Z]+(?![a-z]))|[A-Z]?[a-z]++|[0-9]++|[_.\-]"
+_SECRET_LOW, _SECRET_CAP, _SECRET_UP = _spellings(_SECRET_WORDS)
+# At the start of a word: the word is secret. An UPPER word ends where no lower-case letter follows and
+# the next capital does not continue it (``KEYAb`` is KEY, Ab; ``KEYS`` is one word).
+_SECRET_WORD_AT = (
+    rf"(?:(?:{_SECRET_LOW}|{_SECRET_CAP})(?![a-z])"
+    rf"|(?:{_SECRET_UP})(?![a-z])(?![A-Z](?![a-z]))"
+    rf"|[A-Z]?[a-z]++(?:{_ends_with(list(_STRONG_SUFFIXES))})"
+    rf"|(?>[A-Z]+(?![a-z]))(?:{_ends_with([s.upper() for s in _STRONG_SUFFIXES])}))"
+)
+_TAIL_LOW, _TAIL_CAP, _TAIL_UP = _spellings(_DESCRIPTOR_TAILS)
+# At the start of a word: the word is a descriptor and the last word of the run.
+_LAST_WORD_DESCRIBES_AT = rf"(?:{_TAIL_LOW}|{_TAIL_CAP}|{_TAIL_UP})[0-9_.\-]*+{_NOT_NAME_CHAR_AFTER}"
+_SECRET_RUN = (
+    r"[0-9.\-]*+"
+    rf"(?!(?:{'|'.join(map(_any_case, sorted(_NOT_SECRET_NAMES)))}){_NOT_NAME_CHAR_AFTER})"
+    rf"(?:(?!{_SECRET_WORD_AT})(?:{_WORD}))*+"
+    rf"(?={_SECRET_WORD_AT})(?:{_WORD})"
+    rf"(?:(?!{_LAST_WORD_DESCRIBES_AT})(?:{_WORD}))*+"
+    rf"{_NOT_NAME_CHAR_AFTER}"
+)
+_SECRET_RUN_RE = re.compile(_SECRET_RUN)
+
+# The separator, then the value, in groups that say what becomes of it (the order of the alternatives is
+# the order of the decisions): a value that starts with REDACTED was redacted before and is left alone; an
+# auth scheme (``Authorization: Bearer x``) keeps the scheme and loses the word after it, unless that word
+# is REDACTED or missing; a closed quoted value keeps its quotes; an unquoted value, or a quoted one left
+# open (to the end of its line), goes whole; a lone quote at the end of a line is left.
+# Groups: 1 name and separator, 2 scheme and space (kept), 3 the word after it, 4 "...", 5 '...', 6 the rest.
+_UNQUOTED = r"""[^\s"',;&}\])]"""
+_UNQUOTED_ENDS = rf"(?!{_UNQUOTED})"
+# ``value.lower()`` is the test: the Kelvin sign lowers to "k" (a test checks no other character lowers into
+# an ASCII letter).
+_SCHEME = "|".join(
+    "".join("[kK\u212a]" if c == "k" else f"[{c}{c.upper()}]" for c in s) for s in sorted(_AUTH_SCHEMES)
+)
+_SCHEME_VALUE = rf"(?:(?:{_SCHEME}){_UNQUOTED_ENDS}|\"'*+(?:{_SCHEME})'*+\"|'\"*+(?:{_SCHEME})\"*+')"
+_SCHEME_VALUE_ALONE = (
+    rf"(?:{_SCHEME}){_UNQUOTED_ENDS}|\"'*+(?:{_SCHEME})'*+(?:[\"\n]|\Z)|'\"*+(?:{_SCHEME})\"*+(?:['\n]|\Z)"
+)
+_REDACTED_ESC = re.escape(REDACTED)
+_SEPARATOR = r"[\"']?[ \t]*+[:=][ \t]*+"
+_VALUE = (
+    rf"(?:(?={_REDACTED_ESC})"
+    rf"|({_SCHEME_VALUE} )(?!{_REDACTED_ESC}{_UNQUOTED_ENDS})({_UNQUOTED}++)"
+    rf"|(?={_SCHEME_VALUE_ALONE})"
+    rf"|(\"[^\"\n]*+\")|('[^'\n]*+')|({_UNQUOTED}++|\"[^\"\n]++|'[^'\n]++))?"
+)
+_GROUPS = 6
+# Any secret setting, judged by the pattern: it starts at the start of a run (a look-behind) that a separator
+# follows (a quick look-ahead before the words are read). The regex engine tries every position here, so
+# this pattern serves texts whose names are many or new; known names take ``_named_settings_re``.
+_SECRET_SETTING_RE = re.compile(
+    rf"((?<!{_NAME_CHAR})(?={_NAME_CHAR}++[\"']?[ \t]*+[:=]){_SECRET_RUN}{_SEPARATOR}){_VALUE}"
+)
 
 # The name runs followed by a separator, found backwards: in the reversed text a setting starts at its
 # separator (a character the regex engine skips to in C) and its name run is read whole, so one ``findall``
 # gives every such name with no Python per setting; only the distinct names are then looked at.
 _SETTING_NAMES_REVERSED_RE = re.compile(r"[:=][ \t]*+[\"']?([A-Za-z0-9_.\-]++)")
-_ANY_ROOT_RE = re.compile("|".join(map(_any_case, _SECRET_ROOTS)))
-# At most this many distinct secret names, none longer than this, take the one-split path, and only when the
-# text has this many settings per name (compiling the pattern must pay off); others go through the general
-# loop. Why: the split tries every name at each position where one could start, so its cost grows with their
-# number and length.
-_FAST_NAMES_MAX = 64
+# Names judged one by one (one match of ``_SECRET_RUN_RE`` each, then remembered) when a text brings at most
+# this many new ones; a text with more goes straight to ``_SECRET_SETTING_RE``, which judges them in C.
+_NEW_NAMES_JUDGED_MAX = 32
+# A pattern made of the text's secret names (literals first, so the regex engine skips between them) is
+# faster than ``_SECRET_SETTING_RE``; it is compiled (about half a millisecond a name) only for at most this
+# many names, none longer than this, and only when the text has this many settings per name, or it is cached.
+_FAST_NAMES_MAX = 16
 _FAST_NAME_LEN_MAX = 64
 _FAST_MIN_SETTINGS_PER_NAME = 32
 _fast_patterns: dict[frozenset[str], re.Pattern[str]] = {}
-# A setting's value: a quoted string up to its closing quote (or, unclosed, to the end of its line; a lone
-# opening quote is taken too and then left alone), else an unquoted run.
-_VALUE_RE = re.compile(r"\"[^\"\n]*+\"?|'[^'\n]*+'?|[^\s\"',;&}\])]+")
 # "-" first (fast literal scan); "(?<!\S-)" = the dash starts a whitespace-separated argument.
 _FLAG_RE = re.compile(r"(?P<flag>-(?<!\S-)-?[A-Za-z][A-Za-z0-9_.\-]*+)(?P<sep>[ \t]++)(?P<value>[^\s\-][^\s]*)")
 _NAME_CACHE_MAX = 4096
 _secret_name_cache: dict[str, bool] = {}
-_run_cache: dict[str, bool] = {}
 # Setting names (reversed, as the settings scan reads them) already judged, and those found secret.
 _judged_reversed: set[str] = set()
 _secret_reversed: set[str] = set()
@@ -379,25 +453,16 @@ def _bearer(t: _Text, counts: dict[str, int]) -> None:
 
 def _run_is_secret(run: str) -> bool:
     """Whether a name run (letters, digits, ``_ . -``) names a secret: its name starts at the first letter or ``_``."""
-    hit = _run_cache.get(run)
-    if hit is None:
-        lead = _NAME_START_RE.match(run)
-        # every secret name holds a secret word: the search spares is_secret_name on most names
-        hit = lead is not None and _ANY_ROOT_RE.search(run) is not None and is_secret_name(run[lead.end() :])
-        if len(run) <= 256 and len(_run_cache) < _NAME_CACHE_MAX:
-            _run_cache[run] = hit
-    return hit
+    return _SECRET_RUN_RE.fullmatch(run) is not None
 
 
 def _key_value(t: _Text, counts: dict[str, int]) -> None:
     """``name=value`` settings whose name is secret-looking: the value goes.
 
-    Why two paths: a text made of nothing but secret settings (``token=x&token=y&...``) must not cost
-    Python work per setting. The fast path finds the distinct names with one ``findall``; when none is
-    secret the text is done, and when a few are, one split on a pattern made of exactly those names does
-    every redaction in C. A value the fast path cannot judge on its own (a scheme word as in
-    ``Authorization: Bearer x``, an unclosed quote, a value already redacted) sends the text to the
-    general loop, which gives the same result one setting at a time."""
+    Why two patterns: one made of the text's secret names lets the regex engine skip from name to name, but
+    needs the names judged first (cheap for names seen before) and compiled; the other judges every name
+    itself, which suits a text full of names never seen (``token0=x&token1=x&...``). Both give the same
+    output, with no Python per setting."""
     text = t.text
     if "=" not in text and ":" not in text:
         return  # no separator, no setting (a cheap check that spares the scans below)
@@ -406,42 +471,38 @@ def _key_value(t: _Text, counts: dict[str, int]) -> None:
     found = _SETTING_NAMES_REVERSED_RE.findall(text[::-1])
     reversed_names = set(found)
     # Set operations in C against the names already judged; Python only for names never seen before.
-    for name in reversed_names - _judged_reversed:
-        if len(_judged_reversed) >= _NAME_CACHE_MAX:
-            break  # the rest are judged below, one at a time
-        _judged_reversed.add(name)
-        if _run_is_secret(name[::-1]):
-            _secret_reversed.add(name)
+    new = reversed_names - _judged_reversed
+    if new:
+        if len(new) > _NEW_NAMES_JUDGED_MAX or len(_judged_reversed) + len(new) > _NAME_CACHE_MAX:
+            _redact_settings(t, counts, _SECRET_SETTING_RE)
+            return
+        for name in new:
+            _judged_reversed.add(name)
+            if _run_is_secret(name[::-1]):
+                _secret_reversed.add(name)
     secret_reversed = reversed_names & _secret_reversed
-    if len(_judged_reversed) >= _NAME_CACHE_MAX:
-        secret_reversed |= {r for r in reversed_names - _judged_reversed if _run_is_secret(r[::-1])}
     if not secret_reversed:
         return
     secret = frozenset(r[::-1] for r in secret_reversed)
-    # The one-split path compiles a pattern for this set of names (about half a millisecond a name): worth it
-    # when the pattern is cached or the text holds many settings per name, else the general loop is cheaper.
-    fast = secret in _fast_patterns or (
+    pattern = _fast_patterns.get(secret)
+    if pattern is None and (
         len(secret) <= _FAST_NAMES_MAX
         and max(map(len, secret)) <= _FAST_NAME_LEN_MAX
         and len(found) >= _FAST_MIN_SETTINGS_PER_NAME * len(secret)
-    )
-    if not fast or not _key_value_fast(t, counts, secret):
-        _key_value_general(t, counts)
+    ):
+        pattern = _named_settings_re(secret)
+    _redact_settings(t, counts, pattern or _SECRET_SETTING_RE)
 
 
-def _secret_settings_re(names: frozenset[str]) -> re.Pattern[str]:
-    """A pattern for settings of exactly these names: groups (name and separator)(unquoted value)(quoted value)
-    (a quote that opens no closed value). Each name is checked to start a run by a look-behind placed after
-    it, so the pattern still starts with literals."""
+def _named_settings_re(names: frozenset[str]) -> re.Pattern[str]:
+    """The settings of exactly these (secret) names, in ``_SECRET_SETTING_RE``'s groups. Each name is checked
+    to be a whole run by a look-behind placed after it, so the pattern still starts with literals."""
     pattern = _fast_patterns.get(names)
     if pattern is None:
         alternatives = "|".join(
-            f"{re.escape(n)}(?<![A-Za-z0-9_.\\-]{re.escape(n)})" for n in sorted(names, key=len, reverse=True)
+            f"{re.escape(n)}(?<!{_NAME_CHAR}{re.escape(n)})" for n in sorted(names, key=len, reverse=True)
         )
-        pattern = re.compile(
-            rf"((?:{alternatives})[\"']?[ \t]*+[:=][ \t]*+)"
-            r"(?:([^\s\"',;&}\])]++)|(\"[^\"\n]*+\"|'[^'\n]*+')|([\"']))?"
-        )
+        pattern = re.compile(rf"((?:{alternatives}){_SEPARATOR}){_VALUE}")
         if len(_fast_patterns) >= 64:
             _fast_patterns.clear()
         _fast_patterns[names] = pattern
@@ -452,110 +513,37 @@ _DOUBLE_QUOTED_REDACTED = f'"{REDACTED}"'
 _SINGLE_QUOTED_REDACTED = f"'{REDACTED}'"
 
 
-def _key_value_fast(t: _Text, counts: dict[str, int], names: frozenset[str]) -> bool:
-    """Redact the settings of ``names`` with one split; False (text untouched) when a value needs the
-    general loop's judgement."""
-    pieces = _secret_settings_re(names).split(t.text)
-    # pieces: [text, head, unquoted, quoted, lone quote, text, head, ...]
-    found = len(pieces) // 5
-    unquoted, quoted, lone = pieces[2::5], pieces[3::5], pieces[4::5]
-    if lone.count(None) != found:
-        return False
-    # Values left as they are, uncounted, as the general loop leaves them: exactly REDACTED (redacted before),
-    # and a scheme word whose secret after it was redacted already (``Authorization: Bearer <redacted>``).
-    kept = {REDACTED}
-    for value in set(unquoted):
-        if value is None or value == REDACTED:
-            continue
-        if value.startswith(REDACTED):
-            return False  # it may hold another setting, which the general loop finds
-        if len(value) <= _LONGEST_SCHEME and value.lower() in _AUTH_SCHEMES:
-            kept.add(value)
-    if len(kept) > 1:
-        last = len(pieces) - 1
-        for k, value in enumerate(unquoted):
-            if value in kept and value != REDACTED and not _redacted_follows(pieces[5 * k + 5], 5 * k + 5 == last):
-                return False  # a scheme word before a secret: the general loop redacts the word after it
-    for value in set(quoted):
-        if value is not None and value.strip("\"'").lower() in _AUTH_SCHEMES:
-            return False
-    fired = 2 * found - quoted.count(None) - sum(unquoted.count(v) for v in (None, *kept))
-    if fired:
-        pieces[2::5] = ["" if v is None else v if v in kept else REDACTED for v in unquoted]
-        pieces[3::5] = ["" if v is None else _DOUBLE_QUOTED_REDACTED if v[0] == '"' else _SINGLE_QUOTED_REDACTED for v in quoted]
-        pieces[4::5] = [""] * found
-        counts["key_value"] = counts.get("key_value", 0) + fired
-        t.set("".join(pieces))
-    return True
+def _filled(values: list[str | None], replacement: str | None) -> list[str]:
+    """``values`` with None as "" and every other value as ``replacement`` (kept as is when None)."""
+    missing = values.count(None)
+    if missing == len(values):
+        return [""] * len(values)
+    if replacement is None:
+        return ["" if v is None else v for v in values]
+    if not missing:
+        return [replacement] * len(values)
+    return ["" if v is None else replacement for v in values]
 
 
-_SPACE_REDACTED = " " + REDACTED
-
-
-def _redacted_follows(after: str, at_end: bool) -> bool:
-    """Whether the text after a scheme word is one space and then exactly REDACTED as a whole value (what
-    follows ends a value), so the general loop would leave the setting alone. ``after`` runs to the next
-    setting's name, or to the end of the text when ``at_end``."""
-    if not after.startswith(_SPACE_REDACTED):
-        return False
-    if len(after) == len(_SPACE_REDACTED):
-        return at_end  # else the next setting's name follows directly and the value runs on into it
-    nxt = after[len(_SPACE_REDACTED)]
-    return nxt.isspace() or nxt in "\"',;&}])"
-
-
-def _key_value_general(t: _Text, counts: dict[str, int]) -> None:
-    """The settings one at a time (see ``_setting_re``): Python runs once per setting, never per character."""
-    text = t.text
-    matches = _SETTING_LOW_RE.finditer(t.low) if text.isascii() else _SETTING_ANY_RE.finditer(text)
-    out: list[str] = []
-    append = out.append
-    pos = search_from = 0
-    chars, run_get, value_at, redacted = _NAME_CHARS, _run_cache.get, _VALUE_RE.match, REDACTED
-    for m in matches:
-        start, sep_end = m.span()
-        if start < search_from:
-            continue  # inside a value already redacted
-        while start and text[start - 1] in chars:  # back to the start of the name run
-            start -= 1
-        run = text[start : m.start(1)]
-        secret = run_get(run)
-        if secret is None:
-            secret = _run_is_secret(run)
-        if not secret:
-            continue
-        search_from = sep_end
-        vm = value_at(text, sep_end)
-        if vm is None:
-            continue
-        value = vm.group()
-        if value.startswith(redacted):
-            continue
-        end = vm.end()
-        first = value[0]
-        if first == '"' or first == "'":
-            if len(value) == 1:
-                continue  # an opening quote at the end of the line: nothing to redact
-            replacement = f"{first}{redacted}{first}" if value[-1] == first else redacted
-            is_scheme = value.strip("\"'").lower() in _AUTH_SCHEMES
-        else:
-            replacement = redacted
-            # an unquoted value holds no quote, so it is a scheme only when it is as short as one
-            is_scheme = len(value) <= _LONGEST_SCHEME and value.lower() in _AUTH_SCHEMES
-        if is_scheme:
-            # "Authorization: Bearer x": the secret is the word after the scheme.
-            rest = _UNQUOTED_VALUE_RE.match(text, end + 1) if text.startswith(" ", end) else None
-            if rest is None or rest.group(0) == redacted:
-                continue
-            sep_end, end, replacement = rest.start(), rest.end(), redacted
-        append(text[pos:sep_end])
-        append(replacement)
-        pos = search_from = end
-    if out:
-        counts["key_value"] = counts.get("key_value", 0) + len(out) // 2
-        append(text[pos:])
-        t.set("".join(out))
-
+def _redact_settings(t: _Text, counts: dict[str, int], pattern: re.Pattern[str]) -> None:
+    """One split on a settings pattern (groups as in ``_SECRET_SETTING_RE``), then the values replaced by
+    slice assignments: C does the work, Python a few list operations per text."""
+    pieces = pattern.split(t.text)
+    stride = _GROUPS + 1
+    found = len(pieces) // stride
+    if not found:
+        return
+    after_scheme, double, single, plain = (pieces[k::stride] for k in range(3, 7))
+    fired = 4 * found - after_scheme.count(None) - double.count(None) - single.count(None) - plain.count(None)
+    if not fired:
+        return
+    pieces[2::stride] = _filled(pieces[2::stride], None)
+    pieces[3::stride] = _filled(after_scheme, REDACTED)
+    pieces[4::stride] = _filled(double, _DOUBLE_QUOTED_REDACTED)
+    pieces[5::stride] = _filled(single, _SINGLE_QUOTED_REDACTED)
+    pieces[6::stride] = _filled(plain, REDACTED)
+    counts["key_value"] = counts.get("key_value", 0) + fired
+    t.set("".join(pieces))
 
 def _flag_value(t: _Text, counts: dict[str, int]) -> None:
     if not t.has_secret_word():
