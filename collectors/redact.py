@@ -276,36 +276,37 @@ _UNQUOTED = r"""[^\s"',;&}\])]"""
 _UNQUOTED_ENDS = rf"(?!{_UNQUOTED})"
 # ``value.lower()`` is the test: the Kelvin sign lowers to "k" (a test checks no other character lowers into
 # an ASCII letter).
-_SCHEME = "|".join(
-    "".join("[kK\u212a]" if c == "k" else f"[{c}{c.upper()}]" for c in s) for s in sorted(_AUTH_SCHEMES)
-)
-_SCHEME_VALUE = rf"(?:(?:{_SCHEME}){_UNQUOTED_ENDS}|\"'*+(?:{_SCHEME})'*+\"|'\"*+(?:{_SCHEME})\"*+')"
-_SCHEME_VALUE_ALONE = (
-    rf"(?:{_SCHEME}){_UNQUOTED_ENDS}|\"'*+(?:{_SCHEME})'*+(?:[\"\n]|\Z)|'\"*+(?:{_SCHEME})\"*+(?:['\n]|\Z)"
-)
+_SCHEME = "|".join("".join("[kK\u212a]" if c == "k" else f"[{c}{c.upper()}]" for c in s) for s in sorted(_AUTH_SCHEMES))
+_SCHEME_FIRST = "".join(sorted({c for s in _AUTH_SCHEMES for c in (s[0], s[0].upper())}))
 _REDACTED_ESC = re.escape(REDACTED)
 _SEPARATOR = r"[\"']?[ \t]*+[:=][ \t]*+"
-_VALUE = (
-    rf"(?:(?={_REDACTED_ESC})"
-    rf"|({_SCHEME_VALUE} )(?!{_REDACTED_ESC}{_UNQUOTED_ENDS})({_UNQUOTED}++)"
-    rf"|(?={_SCHEME_VALUE_ALONE})"
-    rf"|(\"[^\"\n]*+\")|('[^'\n]*+')|({_UNQUOTED}++|\"[^\"\n]++|'[^'\n]++))?"
-)
+
+
+def _value(mark: str = "") -> str:
+    """The value part of a settings pattern. ``mark``: a pattern for what may stand before a name run inside
+    a value (``_key_value_marked``), so that a scheme word still reads as one when a mark precedes it."""
+    scheme = rf"{mark}(?:{_SCHEME})"
+    value = rf"(?:{scheme}{_UNQUOTED_ENDS}|\"'*+{scheme}'*+\"|'\"*+{scheme}\"*+')"
+    alone = rf"(?:{scheme}{_UNQUOTED_ENDS}|\"'*+{scheme}'*+(?:[\"\n]|\Z)|'\"*+{scheme}\"*+(?:['\n]|\Z))"
+    return (
+        rf"(?:(?={_REDACTED_ESC})"
+        rf"|(?=[\"']*+{mark}[{_SCHEME_FIRST}])"  # a quick look at the first letter spares the schemes on most values
+        rf"(?:({value} )(?!{_REDACTED_ESC}{_UNQUOTED_ENDS})({_UNQUOTED}++)|(?={alone}))"
+        rf"|(\"[^\"\n]*+\")|('[^'\n]*+')|({_UNQUOTED}++|\"[^\"\n]++|'[^'\n]++))?"
+    )
+
+
+_VALUE = _value()
 _GROUPS = 6
 # Any secret setting, judged by the pattern: it starts at the start of a run (a look-behind) that a separator
 # follows (a quick look-ahead before the words are read). The regex engine tries every position here, so
 # this pattern serves texts whose names are many or new; known names take ``_named_settings_re``.
-_SECRET_SETTING_RE = re.compile(
-    rf"((?<!{_NAME_CHAR})(?={_NAME_CHAR}++[\"']?[ \t]*+[:=]){_SECRET_RUN}{_SEPARATOR}){_VALUE}"
-)
+_SECRET_SETTING_RE = re.compile(rf"((?<!{_NAME_CHAR})(?={_NAME_CHAR}++[\"']?[ \t]*+[:=]){_SECRET_RUN}{_SEPARATOR}){_VALUE}")
 
 # The name runs followed by a separator, found backwards: in the reversed text a setting starts at its
 # separator (a character the regex engine skips to in C) and its name run is read whole, so one ``findall``
 # gives every such name with no Python per setting; only the distinct names are then looked at.
 _SETTING_NAMES_REVERSED_RE = re.compile(r"[:=][ \t]*+[\"']?([A-Za-z0-9_.\-]++)")
-# Names judged one by one (one match of ``_SECRET_RUN_RE`` each, then remembered) when a text brings at most
-# this many new ones; a text with more goes straight to ``_SECRET_SETTING_RE``, which judges them in C.
-_NEW_NAMES_JUDGED_MAX = 32
 # A pattern made of the text's secret names (literals first, so the regex engine skips between them) is
 # faster than ``_SECRET_SETTING_RE``; it is compiled (about half a millisecond a name) only for at most this
 # many names, none longer than this, and only when the text has this many settings per name, or it is cached.
@@ -313,6 +314,25 @@ _FAST_NAMES_MAX = 16
 _FAST_NAME_LEN_MAX = 64
 _FAST_MIN_SETTINGS_PER_NAME = 32
 _fast_patterns: dict[frozenset[str], re.Pattern[str]] = {}
+# The same backward scan as a split: [text, separator, name, "" (where a mark goes), text, ...].
+_SETTING_NAMES_REVERSED_SPLIT_RE = re.compile(r"([:=][ \t]*+[\"']?)([A-Za-z0-9_.\-]++)()")
+# Names one a line: each line is the name when it is secret, else "" (the second alternative eats it).
+_SECRET_RUN_LINES_RE = re.compile(rf"(?:({_SECRET_RUN})|[^\n]*+)\n")
+# Characters that mark secret settings (``_key_value_marked``); the first one a text does not hold is used.
+_MARKS = ("\x00", "\x01", "\x02", "\x03", "\ufdd0", "\ufdd1", "\ufdd2", "\ufdd3")
+_marked_patterns: dict[str, re.Pattern[str]] = {}
+
+
+def _marked_settings_re(mark: str) -> re.Pattern[str]:
+    """A setting that starts with ``mark``, in ``_SECRET_SETTING_RE``'s groups (the mark is in group 1)."""
+    pattern = _marked_patterns.get(mark)
+    if pattern is None:
+        mark_re = re.escape(mark)
+        pattern = re.compile(rf"({mark_re}{_NAME_CHAR}++{_SEPARATOR}){_value(f'{mark_re}?')}")
+        _marked_patterns[mark] = pattern
+    return pattern
+
+
 # "-" first (fast literal scan); "(?<!\S-)" = the dash starts a whitespace-separated argument.
 _FLAG_RE = re.compile(r"(?P<flag>-(?<!\S-)-?[A-Za-z][A-Za-z0-9_.\-]*+)(?P<sep>[ \t]++)(?P<value>[^\s\-][^\s]*)")
 _NAME_CACHE_MAX = 4096
@@ -459,10 +479,10 @@ def _run_is_secret(run: str) -> bool:
 def _key_value(t: _Text, counts: dict[str, int]) -> None:
     """``name=value`` settings whose name is secret-looking: the value goes.
 
-    Why two patterns: one made of the text's secret names lets the regex engine skip from name to name, but
-    needs the names judged first (cheap for names seen before) and compiled; the other judges every name
-    itself, which suits a text full of names never seen (``token0=x&token1=x&...``). Both give the same
-    output, with no Python per setting."""
+    Why this way: the names are read backwards from their separators (a scan the regex engine runs in C from
+    separator to separator), each distinct name is judged once, and the text is then redacted by one split,
+    with no Python per setting. Known secret names in a text with many settings take a pattern of literals;
+    other texts have each secret name marked by a character absent from them (``_key_value_marked``)."""
     text = t.text
     if "=" not in text and ":" not in text:
         return  # no separator, no setting (a cheap check that spares the scans below)
@@ -470,17 +490,7 @@ def _key_value(t: _Text, counts: dict[str, int]) -> None:
         return
     found = _SETTING_NAMES_REVERSED_RE.findall(text[::-1])
     reversed_names = set(found)
-    # Set operations in C against the names already judged; Python only for names never seen before.
-    new = reversed_names - _judged_reversed
-    if new:
-        if len(new) > _NEW_NAMES_JUDGED_MAX or len(_judged_reversed) + len(new) > _NAME_CACHE_MAX:
-            _redact_settings(t, counts, _SECRET_SETTING_RE)
-            return
-        for name in new:
-            _judged_reversed.add(name)
-            if _run_is_secret(name[::-1]):
-                _secret_reversed.add(name)
-    secret_reversed = reversed_names & _secret_reversed
+    secret_reversed = _secret_among(reversed_names)
     if not secret_reversed:
         return
     secret = frozenset(r[::-1] for r in secret_reversed)
@@ -491,7 +501,54 @@ def _key_value(t: _Text, counts: dict[str, int]) -> None:
         and len(found) >= _FAST_MIN_SETTINGS_PER_NAME * len(secret)
     ):
         pattern = _named_settings_re(secret)
-    _redact_settings(t, counts, pattern or _SECRET_SETTING_RE)
+    if pattern is not None:
+        _redact_settings(t, counts, pattern)
+    else:
+        _key_value_marked(t, counts, secret_reversed)
+
+
+def _secret_among(reversed_names: set[str]) -> set[str]:
+    """The secret ones among setting names (reversed, as the backward scan reads them).
+
+    Set operations in C against the names judged before; new names are judged all at once by one
+    ``findall`` over them joined by newlines (one C call however many), and remembered while there is room."""
+    new = reversed_names - _judged_reversed
+    if not new:
+        return reversed_names & _secret_reversed
+    # Joined then reversed: the names forwards, one a line (in the opposite order, which does not matter).
+    lines = ("\n".join(new))[::-1] + "\n"
+    secret_new = {name[::-1] for name in _SECRET_RUN_LINES_RE.findall(lines) if name}
+    if len(_judged_reversed) + len(new) <= _NAME_CACHE_MAX:
+        _judged_reversed.update(new)
+        _secret_reversed.update(secret_new)
+    return (reversed_names & _secret_reversed) | secret_new
+
+
+def _key_value_marked(t: _Text, counts: dict[str, int], secret_reversed: set[str]) -> None:
+    """Redact the settings of these names (reversed) by marking where each starts, then one split.
+
+    The marks are put in the reversed text, right after each secret name as the backward scan reads it (one
+    split, then a list assignment in C from a per-name table), so forwards each such setting starts with the
+    mark: the split pattern then starts with a literal the regex engine skips to. The mark is a character the
+    text does not hold, and is removed after; inside a value it is a value character, as the ``:`` or ``=``
+    after it is, so values end where they did."""
+    text = t.text
+    mark = next((m for m in _MARKS if m not in text), None)
+    if mark is None:
+        _redact_settings(t, counts, _SECRET_SETTING_RE)  # every mark in the text: the slower, mark-free pattern
+        return
+    pieces = _SETTING_NAMES_REVERSED_SPLIT_RE.split(text[::-1])
+    names = pieces[2::4]
+    mark_of = dict.fromkeys(set(names), "")
+    for name in secret_reversed:
+        mark_of[name] = mark
+    pieces[3::4] = map(mark_of.__getitem__, names)
+    marked = "".join(pieces)[::-1]
+    before = counts.get("key_value", 0)
+    m = _Text(marked)
+    _redact_settings(m, counts, _marked_settings_re(mark))
+    if counts.get("key_value", 0) != before:
+        t.set(m.text.replace(mark, ""))
 
 
 def _named_settings_re(names: frozenset[str]) -> re.Pattern[str]:
@@ -499,9 +556,7 @@ def _named_settings_re(names: frozenset[str]) -> re.Pattern[str]:
     to be a whole run by a look-behind placed after it, so the pattern still starts with literals."""
     pattern = _fast_patterns.get(names)
     if pattern is None:
-        alternatives = "|".join(
-            f"{re.escape(n)}(?<!{_NAME_CHAR}{re.escape(n)})" for n in sorted(names, key=len, reverse=True)
-        )
+        alternatives = "|".join(f"{re.escape(n)}(?<!{_NAME_CHAR}{re.escape(n)})" for n in sorted(names, key=len, reverse=True))
         pattern = re.compile(rf"((?:{alternatives}){_SEPARATOR}){_VALUE}")
         if len(_fast_patterns) >= 64:
             _fast_patterns.clear()
@@ -544,6 +599,7 @@ def _redact_settings(t: _Text, counts: dict[str, int], pattern: re.Pattern[str])
     pieces[6::stride] = _filled(plain, REDACTED)
     counts["key_value"] = counts.get("key_value", 0) + fired
     t.set("".join(pieces))
+
 
 def _flag_value(t: _Text, counts: dict[str, int]) -> None:
     if not t.has_secret_word():
