@@ -255,9 +255,18 @@ _SECRET_WORD_AT = (
 )
 _TAIL_LOW, _TAIL_CAP, _TAIL_UP = _spellings(_DESCRIPTOR_TAILS)
 # At the start of a word: the word is a descriptor and the last word of the run.
-_LAST_WORD_DESCRIBES_AT = rf"(?:{_TAIL_LOW}|{_TAIL_CAP}|{_TAIL_UP})[0-9_.\-]*+{_NOT_NAME_CHAR_AFTER}"
+# The first look-ahead (only letters, then no letter to the end of the run) spares the descriptors on every
+# word but the last ones.
+_LAST_WORD_DESCRIBES_AT = (
+    rf"(?=[A-Za-z]++[0-9_.\-]*+{_NOT_NAME_CHAR_AFTER})"
+    rf"(?:{_TAIL_LOW}|{_TAIL_CAP}|{_TAIL_UP})[0-9_.\-]*+{_NOT_NAME_CHAR_AFTER}"
+)
+# Every secret name holds a root (``_SECRET_ROOTS``): a run without one is turned down by a quick scan (one
+# character class per position) before its words are read.
+_ROOT_FIRST = "".join(sorted({c for r in _SECRET_ROOTS for c in (r[0], r[0].upper())}))
 _SECRET_RUN = (
     r"[0-9.\-]*+"
+    rf"(?=[A-Za-z0-9_.\-]*?(?=[{_ROOT_FIRST}])(?:{'|'.join(map(_any_case, _SECRET_ROOTS))}))"
     rf"(?!(?:{'|'.join(map(_any_case, sorted(_NOT_SECRET_NAMES)))}){_NOT_NAME_CHAR_AFTER})"
     rf"(?:(?!{_SECRET_WORD_AT})(?:{_WORD}))*+"
     rf"(?={_SECRET_WORD_AT})(?:{_WORD})"
@@ -371,22 +380,11 @@ class _Text:
             self._low = self.text.lower()
         return self._low
 
-    def has_secret_word(self) -> bool:
-        low = self.low
-        return any(root in low for root in _SECRET_ROOTS)
 
-
-def _sub(
-    pattern: re.Pattern[str], rule: str, repl: Callable[[re.Match[str]], str | None], needles: tuple[str, ...]
-) -> Callable[[_Text, dict], None]:
-    """A rule from a pattern and a replacement that returns None to leave a match alone.
-
-    ``needles``: literals one of which every match contains; without any of them the pass is skipped."""
+def _sub(pattern: re.Pattern[str], rule: str, repl: Callable[[re.Match[str]], str | None]) -> Callable[[_Text, dict], None]:
+    """A rule from a pattern and a replacement that returns None to leave a match alone."""
 
     def apply(t: _Text, counts: dict[str, int]) -> None:
-        if needles and not any(n in t.text for n in needles):
-            return
-
         def one(match: re.Match[str]) -> str:
             out = repl(match)
             if out is None:
@@ -399,17 +397,14 @@ def _sub(
     return apply
 
 
-def _sub_redacted(pattern: re.Pattern[str], rule: str, needles: tuple[str, ...]) -> Callable[[_Text, dict], None]:
+def _sub_redacted(pattern: re.Pattern[str], rule: str) -> Callable[[_Text, dict], None]:
     """A rule that replaces every whole match with ``REDACTED``.
 
     Why not ``_sub``: a literal replacement lets ``re.subn`` build the output in C, with no Python call per
     match, which is what keeps a text made of nothing but tokens fast."""
 
     def apply(t: _Text, counts: dict[str, int]) -> None:
-        text = t.text
-        if not any(n in text for n in needles):
-            return
-        out, n = pattern.subn(REDACTED, text)
+        out, n = pattern.subn(REDACTED, t.text)
         if n:
             counts[rule] = counts.get(rule, 0) + n
             t.set(out)
@@ -486,21 +481,19 @@ def _key_value(t: _Text, counts: dict[str, int]) -> None:
     text = t.text
     if "=" not in text and ":" not in text:
         return  # no separator, no setting (a cheap check that spares the scans below)
-    if not t.has_secret_word():
-        return
     found = _SETTING_NAMES_REVERSED_RE.findall(text[::-1])
     reversed_names = set(found)
     secret_reversed = _secret_among(reversed_names)
     if not secret_reversed:
         return
-    secret = frozenset(r[::-1] for r in secret_reversed)
-    pattern = _fast_patterns.get(secret)
-    if pattern is None and (
-        len(secret) <= _FAST_NAMES_MAX
-        and max(map(len, secret)) <= _FAST_NAME_LEN_MAX
-        and len(found) >= _FAST_MIN_SETTINGS_PER_NAME * len(secret)
-    ):
-        pattern = _named_settings_re(secret)
+    pattern = None
+    if len(secret_reversed) <= _FAST_NAMES_MAX:
+        secret = frozenset(r[::-1] for r in secret_reversed)
+        pattern = _fast_patterns.get(secret)
+        if pattern is None and (
+            max(map(len, secret)) <= _FAST_NAME_LEN_MAX and len(found) >= _FAST_MIN_SETTINGS_PER_NAME * len(secret)
+        ):
+            pattern = _named_settings_re(secret)
     if pattern is not None:
         _redact_settings(t, counts, pattern)
     else:
@@ -510,18 +503,37 @@ def _key_value(t: _Text, counts: dict[str, int]) -> None:
 def _secret_among(reversed_names: set[str]) -> set[str]:
     """The secret ones among setting names (reversed, as the backward scan reads them).
 
-    Set operations in C against the names judged before; new names are judged all at once by one
-    ``findall`` over them joined by newlines (one C call however many), and remembered while there is room."""
+    Set operations in C against the names judged before. New names are judged one by one when they are few
+    (most hold no secret root, which ``in`` tells fastest), else all at once by one ``findall`` over them
+    joined by newlines (one C call however many). They are remembered; a full memory starts afresh."""
     new = reversed_names - _judged_reversed
     if not new:
         return reversed_names & _secret_reversed
-    # Joined then reversed: the names forwards, one a line (in the opposite order, which does not matter).
-    lines = ("\n".join(new))[::-1] + "\n"
-    secret_new = {name[::-1] for name in _SECRET_RUN_LINES_RE.findall(lines) if name}
-    if len(_judged_reversed) + len(new) <= _NAME_CACHE_MAX:
+    if len(new) <= _NEW_NAMES_ONE_BY_ONE:
+        secret_new = {name for name in new if _holds_root_reversed(name) and _run_is_secret(name[::-1])}
+    else:
+        # Joined then reversed: the names forwards, one a line (in the opposite order, which does not matter).
+        lines = ("\n".join(new))[::-1] + "\n"
+        secret_new = {name[::-1] for name in _SECRET_RUN_LINES_RE.findall(lines) if name}
+    if len(_judged_reversed) + len(new) > _NAME_CACHE_MAX:
+        _judged_reversed.clear()
+        _secret_reversed.clear()
+    if len(new) <= _NAME_CACHE_MAX:
         _judged_reversed.update(new)
         _secret_reversed.update(secret_new)
     return (reversed_names & _secret_reversed) | secret_new
+
+
+_NEW_NAMES_ONE_BY_ONE = 8
+_SECRET_ROOTS_REVERSED = tuple(root[::-1] for root in _SECRET_ROOTS)
+
+
+def _holds_root_reversed(reversed_name: str) -> bool:
+    low = reversed_name.lower()
+    for root in _SECRET_ROOTS_REVERSED:  # noqa: SIM110 (a plain loop: any() over a generator costs more)
+        if root in low:
+            return True
+    return False
 
 
 def _key_value_marked(t: _Text, counts: dict[str, int], secret_reversed: set[str]) -> None:
@@ -539,9 +551,8 @@ def _key_value_marked(t: _Text, counts: dict[str, int], secret_reversed: set[str
         return
     pieces = _SETTING_NAMES_REVERSED_SPLIT_RE.split(text[::-1])
     names = pieces[2::4]
-    mark_of = dict.fromkeys(set(names), "")
-    for name in secret_reversed:
-        mark_of[name] = mark
+    mark_of = dict.fromkeys(names, "")
+    mark_of.update(dict.fromkeys(secret_reversed, mark))
     pieces[3::4] = map(mark_of.__getitem__, names)
     marked = "".join(pieces)[::-1]
     before = counts.get("key_value", 0)
@@ -602,8 +613,6 @@ def _redact_settings(t: _Text, counts: dict[str, int], pattern: re.Pattern[str])
 
 
 def _flag_value(t: _Text, counts: dict[str, int]) -> None:
-    if not t.has_secret_word():
-        return
     # [text, flag, sep, value, text, ...]: one split in C, then one cached decision per flag.
     pieces = _FLAG_RE.split(t.text)
     if len(pieces) == 1:
@@ -623,13 +632,15 @@ def _flag_value(t: _Text, counts: dict[str, int]) -> None:
         t.set("".join(pieces))
 
 
-_TEXT_RULES: tuple[Callable[[_Text, dict], None], ...] = (
-    _sub(_PRIVATE_KEY_RE, "private_key", _private_key, ("-----BEGIN ",)),
-    _url_credentials,
-    _bearer,
-    *(_sub_redacted(pattern, name, needles) for name, needles, pattern in _TOKEN_SHAPES),
-    _key_value,
-    _flag_value,
+# Each rule with the literals one of which it needs (in the text, or in its lower-cased copy): a rule whose
+# literals are all absent is not called (``in`` per literal: a C scan each, cheaper than the call).
+_TEXT_RULES: tuple[tuple[Callable[[_Text, dict], None], tuple[str, ...], bool], ...] = (
+    (_sub(_PRIVATE_KEY_RE, "private_key", _private_key), ("-----BEGIN ",), False),
+    (_url_credentials, ("://",), False),
+    (_bearer, ("bearer",), True),
+    *((_sub_redacted(pattern, name), needles, False) for name, needles, pattern in _TOKEN_SHAPES),
+    (_key_value, _SECRET_ROOTS, True),
+    (_flag_value, _SECRET_ROOTS, True),
 )
 
 
@@ -661,9 +672,6 @@ def _has_trigger(low: str) -> bool:
     return False
 
 
-_SHORT = 512
-
-
 def redact_text(text: str) -> tuple[str, dict[str, int]]:
     """Apply every rule to free text; return the redacted text and how often each rule fired.
 
@@ -672,10 +680,14 @@ def redact_text(text: str) -> tuple[str, dict[str, int]]:
     if not isinstance(text, str) or not text:
         return (text if isinstance(text, str) else ""), counts
     t = _Text(text)
-    if len(text) <= _SHORT and not _has_trigger(t.low):
-        return text, counts  # most arguments and short lines: one search instead of every rule's checks
-    for rule in _TEXT_RULES:
-        rule(t, counts)
+    if not _has_trigger(t.low):
+        return text, counts  # most arguments and lines: one scan per literal instead of every rule's checks
+    for rule, needles, lowered in _TEXT_RULES:
+        haystack = t.low if lowered else t.text
+        for needle in needles:
+            if needle in haystack:
+                rule(t, counts)
+                break
     return t.text, counts
 
 
@@ -692,9 +704,9 @@ def redact_argv_counts(argv: Sequence[str]) -> tuple[str, dict[str, int]]:
         args = [a if isinstance(a, str) else str(a) for a in argv]
         joined = " ".join(args)
     joined_low = joined.lower()
-    present = [x for x in _TRIGGERS if x in joined_low]
-    if not present:
+    if not _has_trigger(joined_low):
         return joined, counts  # no rule and no flag can fire: one search instead of one redact_text per argument
+    present = [x for x in _TRIGGERS if x in joined_low]
     # An argument without any of the literals present in the whole line is left as it is, by every rule and
     # by the flag checks below (a secret flag name, "authorization" and "bearer" each hold one).
     lows = [a.lower() for a in args]
