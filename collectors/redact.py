@@ -319,7 +319,7 @@ _SETTING_NAMES_REVERSED_RE = re.compile(r"[:=][ \t]*+[\"']?([A-Za-z0-9_.\-]++)")
 # A pattern made of the text's secret names (literals first, so the regex engine skips between them) is
 # faster than ``_SECRET_SETTING_RE``; it is compiled (about half a millisecond a name) only for at most this
 # many names, none longer than this, and only when the text has this many settings per name, or it is cached.
-_FAST_NAMES_MAX = 16
+_FAST_NAMES_MAX = 64
 _FAST_NAME_LEN_MAX = 64
 _FAST_MIN_SETTINGS_PER_NAME = 32
 _fast_patterns: dict[frozenset[str], re.Pattern[str]] = {}
@@ -515,13 +515,15 @@ def _secret_among(reversed_names: set[str]) -> set[str]:
         # Joined then reversed: the names forwards, one a line (in the opposite order, which does not matter).
         lines = ("\n".join(new))[::-1] + "\n"
         secret_new = {name[::-1] for name in _SECRET_RUN_LINES_RE.findall(lines) if name}
+    # The answer before the memory changes: a full memory is emptied, names judged before with it.
+    secret = (reversed_names & _secret_reversed) | secret_new
     if len(_judged_reversed) + len(new) > _NAME_CACHE_MAX:
         _judged_reversed.clear()
         _secret_reversed.clear()
     if len(new) <= _NAME_CACHE_MAX:
         _judged_reversed.update(new)
         _secret_reversed.update(secret_new)
-    return (reversed_names & _secret_reversed) | secret_new
+    return secret
 
 
 _NEW_NAMES_ONE_BY_ONE = 8
@@ -672,6 +674,11 @@ def _has_trigger(low: str) -> bool:
     return False
 
 
+# Longer texts skip the check above: most hold some literal, and on a long repetitive text (``sk-`` ten thousand
+# times) scanning for every literal costs more than the rules' own checks.
+_SHORT = 512
+
+
 def redact_text(text: str) -> tuple[str, dict[str, int]]:
     """Apply every rule to free text; return the redacted text and how often each rule fired.
 
@@ -680,8 +687,8 @@ def redact_text(text: str) -> tuple[str, dict[str, int]]:
     if not isinstance(text, str) or not text:
         return (text if isinstance(text, str) else ""), counts
     t = _Text(text)
-    if not _has_trigger(t.low):
-        return text, counts  # most arguments and lines: one scan per literal instead of every rule's checks
+    if len(text) <= _SHORT and not _has_trigger(t.low):
+        return text, counts  # most arguments and short lines: one scan per literal instead of every rule's checks
     for rule, needles, lowered in _TEXT_RULES:
         haystack = t.low if lowered else t.text
         for needle in needles:

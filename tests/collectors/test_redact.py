@@ -618,3 +618,21 @@ def test_every_mark_in_the_text_still_redacts() -> None:
     assert counts == {"key_value": 100}
     assert "abc" not in out
     assert (out, counts) == REFERENCE.redact_text(text)
+
+
+@pytest.mark.parametrize("cache_max", [1, 3, 8, 4096])
+@pytest.mark.parametrize("path", _PATHS)
+def test_a_full_memory_of_judged_names_loses_no_secret(monkeypatch, cache_max: int, path: str) -> None:
+    """Names judged before (remembered) next to new ones, with the memory of judged names filling up and
+    emptied on the way: each text still gives the old engine's output."""
+    monkeypatch.setattr(redact_module, "_NAME_CACHE_MAX", cache_max)
+    texts = [
+        "token=a&password=b&x=c",
+        "token=a&password=b&key1=c&key2=d&key3=e&key4=f",
+        "".join(f"token{i}=v&" for i in range(20)) + "token=a&password=b",
+        "password=b&monkey=c&token=a&" + "".join(f"name{i}=v&" for i in range(20)),
+    ]
+    with _settings_path(path):
+        for _ in range(2):
+            for text in texts:
+                assert redact_text(text) == REFERENCE.redact_text(text), (cache_max, text)
