@@ -479,8 +479,12 @@ def _key_value(t: _Text, counts: dict[str, int]) -> None:
     with no Python per setting. Known secret names in a text with many settings take a pattern of literals;
     other texts have each secret name marked by a character absent from them (``_key_value_marked``)."""
     text = t.text
-    if "=" not in text and ":" not in text:
-        return  # no separator, no setting (a cheap check that spares the scans below)
+    low = t.low
+    for root in _SECRET_ROOTS:  # every secret name holds one
+        if root in low:
+            break
+    else:
+        return
     # A text dense with separators likely takes the marked path, which needs the backward scan as a split: the
     # split then also gives the names (one scan instead of two); others take the cheaper findall.
     pieces = None
@@ -651,7 +655,7 @@ _TEXT_RULES: tuple[tuple[Callable[[_Text, dict], None], tuple[str, ...], bool], 
     (_url_credentials, ("://",), False),
     (_bearer, ("bearer",), True),
     *((_sub_redacted(pattern, name), needles, False) for name, needles, pattern in _TOKEN_SHAPES),
-    (_key_value, _SECRET_ROOTS, True),
+    (_key_value, ("=", ":"), False),  # separators first (two scans), the roots inside
     (_flag_value, _SECRET_ROOTS, True),
 )
 
