@@ -5,10 +5,12 @@ The engine before this one was quadratic on long words (one 20 000-character arg
 >= 20 MB/s on an ordinary vLLM-style log; adversarial inputs never below a quarter of that (5 MB/s).
 
     .venv/bin/python bench/redact.py [--log-mb 3] [--adversarial-chars 20000] [--reference-chars 5000]
+                                     [--compare path/to/an/other/redact.py]
 
 The old engine (``bench/redact_reference.py``, a frozen copy) is measured in the same run; on adversarial inputs
 it gets ``--reference-chars`` characters only (it is quadratic) and its MB/s is computed on that size. Prints a
-table; asserts nothing (shared machines are noisy: read the ratios).
+table; asserts nothing (shared machines are noisy: read the ratios). ``--compare`` adds a column for another copy of
+the linear engine (say the main branch's ``collectors/redact.py``), measured in the same run on the full inputs.
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from collectors import redact as new
 
 
-def load_reference() -> ModuleType:
-    """The old engine, loaded by path (bench/ is not a package)."""
-    path = Path(__file__).with_name("redact_reference.py")
-    spec = importlib.util.spec_from_file_location("redact_reference", path)
+def load_reference(path: Path | None = None, name: str = "redact_reference") -> ModuleType:
+    """The old engine (or another engine file), loaded by path (bench/ is not a package)."""
+    path = path or Path(__file__).with_name("redact_reference.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -164,10 +166,23 @@ def adversarial(chars: int) -> dict[str, str]:
         # Every setting a different secret name (token0=, token1=, ...): more names than the one-split pattern takes,
         # so each goes through the per-setting loop -- the slowest shape known.
         "distinct secret names, none repeated": "".join(f"token{i}=abc&" for i in range(chars))[:chars],
+        # The same with letters (no digit makes two names alike) and with names that only nearly hold a secret word.
+        "distinct lettered secret names": "".join(f"{_letters(i)}_token=abc&" for i in range(chars))[:chars],
+        "distinct near-miss names (not secret)": "".join(f"{_letters(i)}_tokens=abc&" for i in range(chars))[:chars],
         "'Authorization: Bearer x' lines": run("Authorization: Bearer abcdef\n"),
         "already redacted settings": run("token=<redacted>&"),
         "inline JSON config arg": '{"model": "m", "opts": {' + run('"k": 1, ')[: chars - 30] + '"z": 2}}',
     }
+
+
+def _letters(i: int) -> str:
+    """``i`` written in letters (a, b, ..., z, ba, bb, ...): distinct names without digits."""
+    out = ""
+    while True:
+        out = chr(97 + i % 26) + out
+        i //= 26
+        if not i:
+            return out
 
 
 def throughput(fn: Callable[[str], object], text: str, min_seconds: float = 0.3) -> float:
@@ -199,74 +214,83 @@ def main() -> None:
     parser.add_argument("--log-mb", type=float, default=3.0)
     parser.add_argument("--adversarial-chars", type=int, default=20_000)
     parser.add_argument("--reference-chars", type=int, default=5_000)
+    parser.add_argument("--compare", type=Path, help="another copy of collectors/redact.py to measure beside this one")
     args = parser.parse_args()
     ref = load_reference()
+    other = load_reference(args.compare, "redact_compared") if args.compare else None
     print(f"host: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}; MB/s = 10^6 characters of input per CPU second")
+    if other:
+        print(f"compared: {args.compare} (column 'cmp MB/s', same inputs as 'new')")
     log = vllm_log(int(args.log_mb * 1e6))
     assert new.redact_text(log) == ref.redact_text(log), "engines disagree on the ordinary log"
-    rows: list[tuple[str, float, float | str, str]] = []
-    rows.append(
-        (
-            f"vLLM log, {len(log) / 1e6:.1f} MB: redact_text",
-            throughput(new.redact_text, log),
-            throughput(ref.redact_text, log),
-            "",
-        )
+    # name, new MB/s, compared MB/s (or None), old MB/s, output check
+    rows: list[tuple[str, float, float | None, float, str]] = []
+
+    def row(name: str, make: Callable[[ModuleType], Callable[[str], object]], text: str, old: float, same: str) -> float:
+        mbs = throughput(make(new), text)
+        rows.append((name, mbs, throughput(make(other), text) if other else None, old, same))
+        return mbs
+
+    ordinary = row(
+        f"vLLM log, {len(log) / 1e6:.1f} MB: redact_text",
+        lambda m: m.redact_text,
+        log,
+        throughput(ref.redact_text, log),
+        "",
     )
     lines = log.splitlines()
-    rows.append(
-        (
-            "same log line by line: redact_text",
-            throughput(lambda _: [new.redact_text(x) for x in lines], log),
-            throughput(lambda _: [ref.redact_text(x) for x in lines], log),
-            "",
-        )
+    row(
+        "same log line by line: redact_text",
+        lambda m: lambda _: [m.redact_text(x) for x in lines],
+        log,
+        throughput(lambda _: [ref.redact_text(x) for x in lines], log),
+        "",
     )
     argvs = serving_argvs(20_000)
-    rows.append(
-        (
-            "20 000 serving command lines: redact_argv",
-            argv_throughput(new.redact_argv, argvs),
-            argv_throughput(ref.redact_argv, argvs),
-            "",
-        )
+    argv_chars = "x" * sum(len(" ".join(a)) for a in argvs)  # only its length counts
+    row(
+        "20 000 serving command lines: redact_argv",
+        lambda m: lambda _: [m.redact_argv(a) for a in argvs],
+        argv_chars,
+        argv_throughput(ref.redact_argv, argvs),
+        "",
     )
-    ordinary = rows[0][1]
     worst = float("inf")
     for name, text in adversarial(args.adversarial_chars).items():
-        mbs = throughput(new.redact_text, text)
-        worst = min(worst, mbs)
         small = text[: args.reference_chars]
         old = throughput(ref.redact_text, small, min_seconds=0.05)
         same = "same" if new.redact_text(small) == ref.redact_text(small) else "DIFFERENT"
-        rows.append((f"{name}: redact_text", mbs, old, same))
+        if other and new.redact_text(text) != other.redact_text(text):
+            same += ", DIFFERENT from compared"
+        worst = min(worst, row(f"{name}: redact_text", lambda m: m.redact_text, text, old, same))
     word = adversarial(args.adversarial_chars)["long base64 blob"]
     argv = ["python3", "serve.py", "--config", word]
-    mbs = throughput(lambda _: new.redact_argv(argv), word)
-    worst = min(worst, mbs)
-    rows.append(
-        (
+    worst = min(
+        worst,
+        row(
             f"argv with one {len(word)}-char argument: redact_argv",
-            mbs,
+            lambda m: lambda _: m.redact_argv(argv),
+            word,
             throughput(
                 lambda _: ref.redact_argv([*argv[:3], word[: args.reference_chars]]),
                 word[: args.reference_chars],
                 min_seconds=0.05,
             ),
             "",
-        )
+        ),
     )
     width = max(len(r[0]) for r in rows)
-    print(f"{'input':<{width}}  {'new MB/s':>9}  {'old MB/s':>9}  {'new/old':>8}  output")
-    for name, mbs, old, same in rows:
-        ratio = mbs / old if isinstance(old, float) and old > 0 else float("nan")
-        old_s = f"{old:9.3f}" if isinstance(old, float) else f"{old:>9}"
-        print(f"{name:<{width}}  {mbs:9.2f}  {old_s}  {ratio:8.1f}  {same}")
+    cmp_head = f"  {'cmp MB/s':>9}  {'new/cmp':>8}" if other else ""
+    print(f"{'input':<{width}}  {'new MB/s':>9}{cmp_head}  {'old MB/s':>9}  {'new/old':>8}  output")
+    for name, mbs, cmp, old, same in rows:
+        cmp_s = f"  {cmp:9.2f}  {mbs / cmp:8.2f}" if cmp else ""
+        print(f"{name:<{width}}  {mbs:9.2f}{cmp_s}  {old:9.3f}  {mbs / old:8.1f}  {same}")
     print(
         f"ordinary {ordinary:.1f} MB/s (target >= 20); worst adversarial {worst:.1f} MB/s "
         f"(target >= {ordinary / 4:.1f}, a quarter of ordinary; >= 5 absolute)"
     )
     print(f"old engine on adversarial rows measured on their first {args.reference_chars} characters")
+    print(f"load average at the end {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

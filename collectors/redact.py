@@ -112,7 +112,6 @@ _DESCRIPTOR_TAILS = frozenset(
 # Whole names that contain a secret word but are well-known non-secrets (the shell's working directory).
 _NOT_SECRET_NAMES = frozenset({"pwd", "oldpwd"})
 _AUTH_SCHEMES = frozenset({"bearer", "basic", "token", "digest", "negotiate"})
-_LONGEST_SCHEME = max(len(s) for s in _AUTH_SCHEMES)
 
 _WORD_RE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 
@@ -177,7 +176,7 @@ _TOKEN_SHAPES: tuple[tuple[str, tuple[str, ...], re.Pattern[str]], ...] = (
     ("token_huggingface", ("hf_",), re.compile(r"hf_(?<![A-Za-z0-9_\-]hf_)[A-Za-z0-9]{20,}")),
     (
         "token_github",
-        ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+        ("gh", "github_pat_"),  # "gh" starts every other GitHub shape: two scans instead of six
         re.compile(r"g(?<![A-Za-z0-9_\-]g)(?:h[pousr]_[A-Za-z0-9]{20,}|ithub_pat_[A-Za-z0-9_]{20,})"),
     ),
     ("token_gitlab", ("glpat-",), re.compile(r"glpat-(?<![A-Za-z0-9_\-]glpat-)[A-Za-z0-9_\-]{20,}")),
@@ -192,10 +191,27 @@ _TOKEN_SHAPES: tuple[tuple[str, tuple[str, ...], re.Pattern[str]], ...] = (
 )
 # Settings: a *name run* (letters, digits, ``_ . -``) directly followed by the separator (an optional
 # closing quote of a JSON key, then ``:`` or ``=``). The name is the run from its first letter or ``_``.
-# The value is found by hand after the separator so that a non-secret ``a=b`` never swallows a secret
-# ``password=x`` that follows it.
-_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
-_NAME_START_RE = re.compile(r"[0-9.\-]*+(?=[A-Za-z_])")
+# The value follows the separator; a non-secret ``a=b`` never swallows a secret ``password=x`` after it,
+# because only settings with a secret name are matched at all.
+#
+# Whether a run names a secret is itself a regular expression (``_SECRET_RUN``), built from the word lists
+# above, so a whole text of settings is redacted by one ``split`` with no Python per setting, whatever the
+# names. It reads the run word by word exactly as ``_words`` splits it, each word once, and gives the same
+# answer as ``is_secret_name`` on the name (tests compare the two on generated names):
+#
+# * words are ``[A-Z]+(?![a-z])`` (atomic, as ``findall`` takes it), ``[A-Z]?[a-z]+``, digits, or a lone
+#   ``_ . -`` that separates them;
+# * the words before the first secret one are consumed (possessively) while each is checked not to be
+#   secret, then one secret word, then the rest of the run while each word is checked not to be a
+#   descriptor that only ``_ . -`` and digits follow (the last word);
+# * a secret word is one of ``_SECRET_WORDS`` in one of the three spellings a word can have (lower,
+#   Capitalized, UPPER), or a word that ends in a strong suffix (a look-behind after the word);
+# * the name (after digits, ``.`` and ``-`` that lead the run) is not one of ``_NOT_SECRET_NAMES``.
+#
+# Linear: every word is read a fixed number of times (once to consume it, once per look-ahead at its
+# start, whose alternatives fail on their first letters), and nothing is retried after a failure.
+_NAME_CHAR = r"[A-Za-z0-9_.\-]"
+_NOT_NAME_CHAR_AFTER = r"(?![A-Za-z0-9_.\-])"
 # Every secret-looking name contains one of these (case-insensitively): a text without any is left alone.
 _SECRET_ROOTS = ("key", "token", "secret", "pass", "pwd", "cred", "auth", "bearer", "cookie")
 
@@ -206,43 +222,130 @@ def _any_case(word: str) -> str:
     return "".join(f"[{c}{c.upper()}]" for c in word)
 
 
-def _setting_re(roots: str, name_char: str) -> re.Pattern[str]:
-    """The last secret word of a name run, the rest of the run, then the separator.
+def _spellings(words: frozenset[str] | tuple[str, ...]) -> tuple[str, str, str]:
+    """Alternations of ``words`` as a word of a name can be spelled: lower, Capitalized, UPPER."""
 
-    Only the *last* secret word of a run can match (the run after it may not start another one), so a run
-    yields at most one match and a failed match never rescans the run: each character is looked at a fixed
-    number of times, however many secret words a run holds. The pattern starts with the words' first
-    letters, so the regex engine skips ahead between them in C."""
-    return re.compile(rf"(?:{roots})(?:(?!{roots}){name_char})*+([\"']?[ \t]*+[:=][ \t]*)")
+    def alternation(ws: list[str]) -> str:
+        return "|".join(sorted(ws, key=len, reverse=True))
+
+    return (
+        alternation([w.lower() for w in words]),
+        alternation([w.capitalize() for w in words]),
+        alternation([w.upper() for w in words]),
+    )
 
 
-# ASCII text is searched in its lower-cased copy (same positions); other text in itself (``_any_case``).
-_SETTING_LOW_RE = _setting_re("|".join(_SECRET_ROOTS), r"[a-z0-9_.\-]")
-_SETTING_ANY_RE = _setting_re("|".join(map(_any_case, _SECRET_ROOTS)), r"[A-Za-z0-9_.\-]")
-_UNQUOTED_VALUE_RE = re.compile(r"[^\s\"',;&}\])]+")
+def _ends_with(words: list[str]) -> str:
+    """Look-behinds (one per length: each must be fixed-width) that hold when the text so far ends with a word."""
+    by_length: dict[int, list[str]] = {}
+    for w in words:
+        by_length.setdefault(len(w), []).append(w)
+    return "|".join(f"(?<={'|'.join(sorted(ws))})" for _, ws in sorted(by_length.items()))
 
+
+_WORD = r"(?>[A-Z]+(?![a-z]))|[A-Z]?[a-z]++|[0-9]++|[_.\-]"
+_SECRET_LOW, _SECRET_CAP, _SECRET_UP = _spellings(_SECRET_WORDS)
+# At the start of a word: the word is secret. An UPPER word ends where no lower-case letter follows and
+# the next capital does not continue it (``KEYAb`` is KEY, Ab; ``KEYS`` is one word).
+_SECRET_WORD_AT = (
+    rf"(?:(?:{_SECRET_LOW}|{_SECRET_CAP})(?![a-z])"
+    rf"|(?:{_SECRET_UP})(?![a-z])(?![A-Z](?![a-z]))"
+    rf"|[A-Z]?[a-z]++(?:{_ends_with(list(_STRONG_SUFFIXES))})"
+    rf"|(?>[A-Z]+(?![a-z]))(?:{_ends_with([s.upper() for s in _STRONG_SUFFIXES])}))"
+)
+_TAIL_LOW, _TAIL_CAP, _TAIL_UP = _spellings(_DESCRIPTOR_TAILS)
+# At the start of a word: the word is a descriptor and the last word of the run.
+# The first look-ahead (only letters, then no letter to the end of the run) spares the descriptors on every
+# word but the last ones.
+_LAST_WORD_DESCRIBES_AT = (
+    rf"(?=[A-Za-z]++[0-9_.\-]*+{_NOT_NAME_CHAR_AFTER})"
+    rf"(?:{_TAIL_LOW}|{_TAIL_CAP}|{_TAIL_UP})[0-9_.\-]*+{_NOT_NAME_CHAR_AFTER}"
+)
+# Every secret name holds a root (``_SECRET_ROOTS``): a run without one is turned down by a quick scan (one
+# character class per position) before its words are read.
+_ROOT_FIRST = "".join(sorted({c for r in _SECRET_ROOTS for c in (r[0], r[0].upper())}))
+_SECRET_RUN = (
+    r"[0-9.\-]*+"
+    rf"(?=[A-Za-z0-9_.\-]*?(?=[{_ROOT_FIRST}])(?:{'|'.join(map(_any_case, _SECRET_ROOTS))}))"
+    rf"(?!(?:{'|'.join(map(_any_case, sorted(_NOT_SECRET_NAMES)))}){_NOT_NAME_CHAR_AFTER})"
+    rf"(?:(?!{_SECRET_WORD_AT})(?:{_WORD}))*+"
+    rf"(?={_SECRET_WORD_AT})(?:{_WORD})"
+    rf"(?:(?!{_LAST_WORD_DESCRIBES_AT})(?:{_WORD}))*+"
+    rf"{_NOT_NAME_CHAR_AFTER}"
+)
+_SECRET_RUN_RE = re.compile(_SECRET_RUN)
+
+# The separator, then the value, in groups that say what becomes of it (the order of the alternatives is
+# the order of the decisions): a value that starts with REDACTED was redacted before and is left alone; an
+# auth scheme (``Authorization: Bearer x``) keeps the scheme and loses the word after it, unless that word
+# is REDACTED or missing; a closed quoted value keeps its quotes; an unquoted value, or a quoted one left
+# open (to the end of its line), goes whole; a lone quote at the end of a line is left.
+# Groups: 1 name and separator, 2 scheme and space (kept), 3 the word after it, 4 "...", 5 '...', 6 the rest.
+_UNQUOTED = r"""[^\s"',;&}\])]"""
+_UNQUOTED_ENDS = rf"(?!{_UNQUOTED})"
+# ``value.lower()`` is the test: the Kelvin sign lowers to "k" (a test checks no other character lowers into
+# an ASCII letter).
+_SCHEME = "|".join("".join("[kK\u212a]" if c == "k" else f"[{c}{c.upper()}]" for c in s) for s in sorted(_AUTH_SCHEMES))
+_SCHEME_FIRST = "".join(sorted({c for s in _AUTH_SCHEMES for c in (s[0], s[0].upper())}))
+_REDACTED_ESC = re.escape(REDACTED)
+_SEPARATOR = r"[\"']?[ \t]*+[:=][ \t]*+"
+
+
+def _value(mark: str = "") -> str:
+    """The value part of a settings pattern. ``mark``: a pattern for what may stand before a name run inside
+    a value (``_key_value_marked``), so that a scheme word still reads as one when a mark precedes it."""
+    scheme = rf"{mark}(?:{_SCHEME})"
+    value = rf"(?:{scheme}{_UNQUOTED_ENDS}|\"'*+{scheme}'*+\"|'\"*+{scheme}\"*+')"
+    alone = rf"(?:{scheme}{_UNQUOTED_ENDS}|\"'*+{scheme}'*+(?:[\"\n]|\Z)|'\"*+{scheme}\"*+(?:['\n]|\Z))"
+    return (
+        rf"(?:(?={_REDACTED_ESC})"
+        rf"|(?=[\"']*+{mark}[{_SCHEME_FIRST}])"  # a quick look at the first letter spares the schemes on most values
+        rf"(?:({value} )(?!{_REDACTED_ESC}{_UNQUOTED_ENDS})({_UNQUOTED}++)|(?={alone}))"
+        rf"|(\"[^\"\n]*+\")|('[^'\n]*+')|({_UNQUOTED}++|\"[^\"\n]++|'[^'\n]++))?"
+    )
+
+
+_VALUE = _value()
+_GROUPS = 6
+# Any secret setting, judged by the pattern: it starts at the start of a run (a look-behind) that a separator
+# follows (a quick look-ahead before the words are read). The regex engine tries every position here, so
+# this pattern serves texts whose names are many or new; known names take ``_named_settings_re``.
+_SECRET_SETTING_RE = re.compile(rf"((?<!{_NAME_CHAR})(?={_NAME_CHAR}++[\"']?[ \t]*+[:=]){_SECRET_RUN}{_SEPARATOR}){_VALUE}")
 
 # The name runs followed by a separator, found backwards: in the reversed text a setting starts at its
 # separator (a character the regex engine skips to in C) and its name run is read whole, so one ``findall``
 # gives every such name with no Python per setting; only the distinct names are then looked at.
 _SETTING_NAMES_REVERSED_RE = re.compile(r"[:=][ \t]*+[\"']?([A-Za-z0-9_.\-]++)")
-_ANY_ROOT_RE = re.compile("|".join(map(_any_case, _SECRET_ROOTS)))
-# At most this many distinct secret names, none longer than this, take the one-split path, and only when the
-# text has this many settings per name (compiling the pattern must pay off); others go through the general
-# loop. Why: the split tries every name at each position where one could start, so its cost grows with their
-# number and length.
+# A pattern made of the text's secret names (literals first, so the regex engine skips between them) is
+# faster than ``_SECRET_SETTING_RE``; it is compiled (about half a millisecond a name) only for at most this
+# many names, none longer than this, and only when the text has this many settings per name, or it is cached.
 _FAST_NAMES_MAX = 64
 _FAST_NAME_LEN_MAX = 64
 _FAST_MIN_SETTINGS_PER_NAME = 32
 _fast_patterns: dict[frozenset[str], re.Pattern[str]] = {}
-# A setting's value: a quoted string up to its closing quote (or, unclosed, to the end of its line; a lone
-# opening quote is taken too and then left alone), else an unquoted run.
-_VALUE_RE = re.compile(r"\"[^\"\n]*+\"?|'[^'\n]*+'?|[^\s\"',;&}\])]+")
+# The same backward scan as a split: [text, separator, name, "" (where a mark goes), text, ...].
+_SETTING_NAMES_REVERSED_SPLIT_RE = re.compile(r"([:=][ \t]*+[\"']?)([A-Za-z0-9_.\-]++)()")
+# Names one a line: each line is the name when it is secret, else "" (the second alternative eats it).
+_SECRET_RUN_LINES_RE = re.compile(rf"(?:({_SECRET_RUN})|[^\n]*+)\n")
+# Characters that mark secret settings (``_key_value_marked``); the first one a text does not hold is used.
+_MARKS = ("\x00", "\x01", "\x02", "\x03", "\ufdd0", "\ufdd1", "\ufdd2", "\ufdd3")
+_marked_patterns: dict[str, re.Pattern[str]] = {}
+
+
+def _marked_settings_re(mark: str) -> re.Pattern[str]:
+    """A setting that starts with ``mark``, in ``_SECRET_SETTING_RE``'s groups (the mark is in group 1)."""
+    pattern = _marked_patterns.get(mark)
+    if pattern is None:
+        mark_re = re.escape(mark)
+        pattern = re.compile(rf"({mark_re}{_NAME_CHAR}++{_SEPARATOR}){_value(f'{mark_re}?')}")
+        _marked_patterns[mark] = pattern
+    return pattern
+
+
 # "-" first (fast literal scan); "(?<!\S-)" = the dash starts a whitespace-separated argument.
 _FLAG_RE = re.compile(r"(?P<flag>-(?<!\S-)-?[A-Za-z][A-Za-z0-9_.\-]*+)(?P<sep>[ \t]++)(?P<value>[^\s\-][^\s]*)")
 _NAME_CACHE_MAX = 4096
 _secret_name_cache: dict[str, bool] = {}
-_run_cache: dict[str, bool] = {}
 # Setting names (reversed, as the settings scan reads them) already judged, and those found secret.
 _judged_reversed: set[str] = set()
 _secret_reversed: set[str] = set()
@@ -277,22 +380,11 @@ class _Text:
             self._low = self.text.lower()
         return self._low
 
-    def has_secret_word(self) -> bool:
-        low = self.low
-        return any(root in low for root in _SECRET_ROOTS)
 
-
-def _sub(
-    pattern: re.Pattern[str], rule: str, repl: Callable[[re.Match[str]], str | None], needles: tuple[str, ...]
-) -> Callable[[_Text, dict], None]:
-    """A rule from a pattern and a replacement that returns None to leave a match alone.
-
-    ``needles``: literals one of which every match contains; without any of them the pass is skipped."""
+def _sub(pattern: re.Pattern[str], rule: str, repl: Callable[[re.Match[str]], str | None]) -> Callable[[_Text, dict], None]:
+    """A rule from a pattern and a replacement that returns None to leave a match alone."""
 
     def apply(t: _Text, counts: dict[str, int]) -> None:
-        if needles and not any(n in t.text for n in needles):
-            return
-
         def one(match: re.Match[str]) -> str:
             out = repl(match)
             if out is None:
@@ -305,17 +397,14 @@ def _sub(
     return apply
 
 
-def _sub_redacted(pattern: re.Pattern[str], rule: str, needles: tuple[str, ...]) -> Callable[[_Text, dict], None]:
+def _sub_redacted(pattern: re.Pattern[str], rule: str) -> Callable[[_Text, dict], None]:
     """A rule that replaces every whole match with ``REDACTED``.
 
     Why not ``_sub``: a literal replacement lets ``re.subn`` build the output in C, with no Python call per
     match, which is what keeps a text made of nothing but tokens fast."""
 
     def apply(t: _Text, counts: dict[str, int]) -> None:
-        text = t.text
-        if not any(n in text for n in needles):
-            return
-        out, n = pattern.subn(REDACTED, text)
+        out, n = pattern.subn(REDACTED, t.text)
         if n:
             counts[rule] = counts.get(rule, 0) + n
             t.set(out)
@@ -379,69 +468,123 @@ def _bearer(t: _Text, counts: dict[str, int]) -> None:
 
 def _run_is_secret(run: str) -> bool:
     """Whether a name run (letters, digits, ``_ . -``) names a secret: its name starts at the first letter or ``_``."""
-    hit = _run_cache.get(run)
-    if hit is None:
-        lead = _NAME_START_RE.match(run)
-        # every secret name holds a secret word: the search spares is_secret_name on most names
-        hit = lead is not None and _ANY_ROOT_RE.search(run) is not None and is_secret_name(run[lead.end() :])
-        if len(run) <= 256 and len(_run_cache) < _NAME_CACHE_MAX:
-            _run_cache[run] = hit
-    return hit
+    return _SECRET_RUN_RE.fullmatch(run) is not None
 
 
 def _key_value(t: _Text, counts: dict[str, int]) -> None:
     """``name=value`` settings whose name is secret-looking: the value goes.
 
-    Why two paths: a text made of nothing but secret settings (``token=x&token=y&...``) must not cost
-    Python work per setting. The fast path finds the distinct names with one ``findall``; when none is
-    secret the text is done, and when a few are, one split on a pattern made of exactly those names does
-    every redaction in C. A value the fast path cannot judge on its own (a scheme word as in
-    ``Authorization: Bearer x``, an unclosed quote, a value already redacted) sends the text to the
-    general loop, which gives the same result one setting at a time."""
+    Why this way: the names are read backwards from their separators (a scan the regex engine runs in C from
+    separator to separator), each distinct name is judged once, and the text is then redacted by one split,
+    with no Python per setting. Known secret names in a text with many settings take a pattern of literals;
+    other texts have each secret name marked by a character absent from them (``_key_value_marked``)."""
     text = t.text
-    if "=" not in text and ":" not in text:
-        return  # no separator, no setting (a cheap check that spares the scans below)
-    if not t.has_secret_word():
+    low = t.low
+    for root in _SECRET_ROOTS:  # every secret name holds one
+        if root in low:
+            break
+    else:
         return
-    found = _SETTING_NAMES_REVERSED_RE.findall(text[::-1])
+    # A text dense with separators likely takes the marked path, which needs the backward scan as a split: the
+    # split then also gives the names (one scan instead of two); others take the cheaper findall.
+    pieces = None
+    if (text.count("=") + text.count(":")) * _DENSE_SEPARATORS > len(text):
+        pieces = _SETTING_NAMES_REVERSED_SPLIT_RE.split(text[::-1])
+        found = pieces[2::4]
+    else:
+        found = _SETTING_NAMES_REVERSED_RE.findall(text[::-1])
     reversed_names = set(found)
-    # Set operations in C against the names already judged; Python only for names never seen before.
-    for name in reversed_names - _judged_reversed:
-        if len(_judged_reversed) >= _NAME_CACHE_MAX:
-            break  # the rest are judged below, one at a time
-        _judged_reversed.add(name)
-        if _run_is_secret(name[::-1]):
-            _secret_reversed.add(name)
-    secret_reversed = reversed_names & _secret_reversed
-    if len(_judged_reversed) >= _NAME_CACHE_MAX:
-        secret_reversed |= {r for r in reversed_names - _judged_reversed if _run_is_secret(r[::-1])}
+    secret_reversed = _secret_among(reversed_names)
     if not secret_reversed:
         return
-    secret = frozenset(r[::-1] for r in secret_reversed)
-    # The one-split path compiles a pattern for this set of names (about half a millisecond a name): worth it
-    # when the pattern is cached or the text holds many settings per name, else the general loop is cheaper.
-    fast = secret in _fast_patterns or (
-        len(secret) <= _FAST_NAMES_MAX
-        and max(map(len, secret)) <= _FAST_NAME_LEN_MAX
-        and len(found) >= _FAST_MIN_SETTINGS_PER_NAME * len(secret)
-    )
-    if not fast or not _key_value_fast(t, counts, secret):
-        _key_value_general(t, counts)
+    pattern = None
+    if len(secret_reversed) <= _FAST_NAMES_MAX:
+        secret = frozenset(r[::-1] for r in secret_reversed)
+        pattern = _fast_patterns.get(secret)
+        if pattern is None and (
+            max(map(len, secret)) <= _FAST_NAME_LEN_MAX and len(found) >= _FAST_MIN_SETTINGS_PER_NAME * len(secret)
+        ):
+            pattern = _named_settings_re(secret)
+    if pattern is not None:
+        _redact_settings(t, counts, pattern)
+    else:
+        _key_value_marked(t, counts, secret_reversed, pieces)
 
 
-def _secret_settings_re(names: frozenset[str]) -> re.Pattern[str]:
-    """A pattern for settings of exactly these names: groups (name and separator)(unquoted value)(quoted value)
-    (a quote that opens no closed value). Each name is checked to start a run by a look-behind placed after
-    it, so the pattern still starts with literals."""
+def _secret_among(reversed_names: set[str]) -> set[str]:
+    """The secret ones among setting names (reversed, as the backward scan reads them).
+
+    Set operations in C against the names judged before. New names are judged one by one when they are few
+    (most hold no secret root, which ``in`` tells fastest), else all at once by one ``findall`` over them
+    joined by newlines (one C call however many). They are remembered; a full memory starts afresh."""
+    new = reversed_names - _judged_reversed
+    if not new:
+        return reversed_names & _secret_reversed
+    if len(new) <= _NEW_NAMES_ONE_BY_ONE:
+        secret_new = {name for name in new if _holds_root_reversed(name) and _run_is_secret(name[::-1])}
+    else:
+        # Joined then reversed: the names forwards, one a line (in the opposite order, which does not matter).
+        lines = ("\n".join(new))[::-1] + "\n"
+        secret_new = {name[::-1] for name in _SECRET_RUN_LINES_RE.findall(lines) if name}
+    # The answer before the memory changes: a full memory is emptied, names judged before with it.
+    secret = (reversed_names & _secret_reversed) | secret_new
+    if len(_judged_reversed) + len(new) > _NAME_CACHE_MAX:
+        _judged_reversed.clear()
+        _secret_reversed.clear()
+    if len(new) <= _NAME_CACHE_MAX:
+        _judged_reversed.update(new)
+        _secret_reversed.update(secret_new)
+    return secret
+
+
+_NEW_NAMES_ONE_BY_ONE = 8
+# At least one separator in this many characters makes a text dense (``_key_value``).
+_DENSE_SEPARATORS = 16
+_SECRET_ROOTS_REVERSED = tuple(root[::-1] for root in _SECRET_ROOTS)
+
+
+def _holds_root_reversed(reversed_name: str) -> bool:
+    low = reversed_name.lower()
+    for root in _SECRET_ROOTS_REVERSED:  # noqa: SIM110 (a plain loop: any() over a generator costs more)
+        if root in low:
+            return True
+    return False
+
+
+def _key_value_marked(t: _Text, counts: dict[str, int], secret_reversed: set[str], pieces: list[str] | None = None) -> None:
+    """Redact the settings of these names (reversed) by marking where each starts, then one split.
+
+    The marks are put in the reversed text, right after each secret name as the backward scan reads it (one
+    split, then a list assignment in C from a per-name table), so forwards each such setting starts with the
+    mark: the split pattern then starts with a literal the regex engine skips to. The mark is a character the
+    text does not hold, and is removed after; inside a value it is a value character, as the ``:`` or ``=``
+    after it is, so values end where they did."""
+    text = t.text
+    mark = next((m for m in _MARKS if m not in text), None)
+    if mark is None:
+        _redact_settings(t, counts, _SECRET_SETTING_RE)  # every mark in the text: the slower, mark-free pattern
+        return
+    if pieces is None:
+        pieces = _SETTING_NAMES_REVERSED_SPLIT_RE.split(text[::-1])
+    names = pieces[2::4]
+    mark_of = dict.fromkeys(names, "")
+    mark_of.update(dict.fromkeys(secret_reversed, mark))
+    pieces[3::4] = map(mark_of.__getitem__, names)
+    marked = "".join(pieces)[::-1]
+    before = counts.get("key_value", 0)
+    m = _Text(marked)
+    _redact_settings(m, counts, _marked_settings_re(mark))
+    if counts.get("key_value", 0) != before:
+        t.set(m.text.replace(mark, ""))
+
+
+def _named_settings_re(names: frozenset[str]) -> re.Pattern[str]:
+    """The settings of exactly these (secret) names, in ``_SECRET_SETTING_RE``'s groups. Each name is checked
+    to be a whole run by a look-behind placed after it, so the pattern still starts with literals."""
     pattern = _fast_patterns.get(names)
     if pattern is None:
-        alternatives = "|".join(
-            f"{re.escape(n)}(?<![A-Za-z0-9_.\\-]{re.escape(n)})" for n in sorted(names, key=len, reverse=True)
-        )
-        pattern = re.compile(
-            rf"((?:{alternatives})[\"']?[ \t]*+[:=][ \t]*+)"
-            r"(?:([^\s\"',;&}\])]++)|(\"[^\"\n]*+\"|'[^'\n]*+')|([\"']))?"
-        )
+        alternatives = "|".join(f"{re.escape(n)}(?<!{_NAME_CHAR}{re.escape(n)})" for n in sorted(names, key=len, reverse=True))
+        pattern = re.compile(rf"((?:{alternatives}){_SEPARATOR}){_VALUE}")
         if len(_fast_patterns) >= 64:
             _fast_patterns.clear()
         _fast_patterns[names] = pattern
@@ -452,114 +595,40 @@ _DOUBLE_QUOTED_REDACTED = f'"{REDACTED}"'
 _SINGLE_QUOTED_REDACTED = f"'{REDACTED}'"
 
 
-def _key_value_fast(t: _Text, counts: dict[str, int], names: frozenset[str]) -> bool:
-    """Redact the settings of ``names`` with one split; False (text untouched) when a value needs the
-    general loop's judgement."""
-    pieces = _secret_settings_re(names).split(t.text)
-    # pieces: [text, head, unquoted, quoted, lone quote, text, head, ...]
-    found = len(pieces) // 5
-    unquoted, quoted, lone = pieces[2::5], pieces[3::5], pieces[4::5]
-    if lone.count(None) != found:
-        return False
-    # Values left as they are, uncounted, as the general loop leaves them: exactly REDACTED (redacted before),
-    # and a scheme word whose secret after it was redacted already (``Authorization: Bearer <redacted>``).
-    kept = {REDACTED}
-    for value in set(unquoted):
-        if value is None or value == REDACTED:
-            continue
-        if value.startswith(REDACTED):
-            return False  # it may hold another setting, which the general loop finds
-        if len(value) <= _LONGEST_SCHEME and value.lower() in _AUTH_SCHEMES:
-            kept.add(value)
-    if len(kept) > 1:
-        last = len(pieces) - 1
-        for k, value in enumerate(unquoted):
-            if value in kept and value != REDACTED and not _redacted_follows(pieces[5 * k + 5], 5 * k + 5 == last):
-                return False  # a scheme word before a secret: the general loop redacts the word after it
-    for value in set(quoted):
-        if value is not None and value.strip("\"'").lower() in _AUTH_SCHEMES:
-            return False
-    fired = 2 * found - quoted.count(None) - sum(unquoted.count(v) for v in (None, *kept))
-    if fired:
-        pieces[2::5] = ["" if v is None else v if v in kept else REDACTED for v in unquoted]
-        pieces[3::5] = ["" if v is None else _DOUBLE_QUOTED_REDACTED if v[0] == '"' else _SINGLE_QUOTED_REDACTED for v in quoted]
-        pieces[4::5] = [""] * found
-        counts["key_value"] = counts.get("key_value", 0) + fired
-        t.set("".join(pieces))
-    return True
+def _filled(values: list[str | None], replacement: str | None) -> list[str]:
+    """``values`` with None as "" and every other value as ``replacement`` (kept as is when None)."""
+    missing = values.count(None)
+    if missing == len(values):
+        return [""] * len(values)
+    if replacement is None:
+        return ["" if v is None else v for v in values]
+    if not missing:
+        return [replacement] * len(values)
+    return ["" if v is None else replacement for v in values]
 
 
-_SPACE_REDACTED = " " + REDACTED
-
-
-def _redacted_follows(after: str, at_end: bool) -> bool:
-    """Whether the text after a scheme word is one space and then exactly REDACTED as a whole value (what
-    follows ends a value), so the general loop would leave the setting alone. ``after`` runs to the next
-    setting's name, or to the end of the text when ``at_end``."""
-    if not after.startswith(_SPACE_REDACTED):
-        return False
-    if len(after) == len(_SPACE_REDACTED):
-        return at_end  # else the next setting's name follows directly and the value runs on into it
-    nxt = after[len(_SPACE_REDACTED)]
-    return nxt.isspace() or nxt in "\"',;&}])"
-
-
-def _key_value_general(t: _Text, counts: dict[str, int]) -> None:
-    """The settings one at a time (see ``_setting_re``): Python runs once per setting, never per character."""
-    text = t.text
-    matches = _SETTING_LOW_RE.finditer(t.low) if text.isascii() else _SETTING_ANY_RE.finditer(text)
-    out: list[str] = []
-    append = out.append
-    pos = search_from = 0
-    chars, run_get, value_at, redacted = _NAME_CHARS, _run_cache.get, _VALUE_RE.match, REDACTED
-    for m in matches:
-        start, sep_end = m.span()
-        if start < search_from:
-            continue  # inside a value already redacted
-        while start and text[start - 1] in chars:  # back to the start of the name run
-            start -= 1
-        run = text[start : m.start(1)]
-        secret = run_get(run)
-        if secret is None:
-            secret = _run_is_secret(run)
-        if not secret:
-            continue
-        search_from = sep_end
-        vm = value_at(text, sep_end)
-        if vm is None:
-            continue
-        value = vm.group()
-        if value.startswith(redacted):
-            continue
-        end = vm.end()
-        first = value[0]
-        if first == '"' or first == "'":
-            if len(value) == 1:
-                continue  # an opening quote at the end of the line: nothing to redact
-            replacement = f"{first}{redacted}{first}" if value[-1] == first else redacted
-            is_scheme = value.strip("\"'").lower() in _AUTH_SCHEMES
-        else:
-            replacement = redacted
-            # an unquoted value holds no quote, so it is a scheme only when it is as short as one
-            is_scheme = len(value) <= _LONGEST_SCHEME and value.lower() in _AUTH_SCHEMES
-        if is_scheme:
-            # "Authorization: Bearer x": the secret is the word after the scheme.
-            rest = _UNQUOTED_VALUE_RE.match(text, end + 1) if text.startswith(" ", end) else None
-            if rest is None or rest.group(0) == redacted:
-                continue
-            sep_end, end, replacement = rest.start(), rest.end(), redacted
-        append(text[pos:sep_end])
-        append(replacement)
-        pos = search_from = end
-    if out:
-        counts["key_value"] = counts.get("key_value", 0) + len(out) // 2
-        append(text[pos:])
-        t.set("".join(out))
+def _redact_settings(t: _Text, counts: dict[str, int], pattern: re.Pattern[str]) -> None:
+    """One split on a settings pattern (groups as in ``_SECRET_SETTING_RE``), then the values replaced by
+    slice assignments: C does the work, Python a few list operations per text."""
+    pieces = pattern.split(t.text)
+    stride = _GROUPS + 1
+    found = len(pieces) // stride
+    if not found:
+        return
+    after_scheme, double, single, plain = (pieces[k::stride] for k in range(3, 7))
+    fired = 4 * found - after_scheme.count(None) - double.count(None) - single.count(None) - plain.count(None)
+    if not fired:
+        return
+    pieces[2::stride] = _filled(pieces[2::stride], None)
+    pieces[3::stride] = _filled(after_scheme, REDACTED)
+    pieces[4::stride] = _filled(double, _DOUBLE_QUOTED_REDACTED)
+    pieces[5::stride] = _filled(single, _SINGLE_QUOTED_REDACTED)
+    pieces[6::stride] = _filled(plain, REDACTED)
+    counts["key_value"] = counts.get("key_value", 0) + fired
+    t.set("".join(pieces))
 
 
 def _flag_value(t: _Text, counts: dict[str, int]) -> None:
-    if not t.has_secret_word():
-        return
     # [text, flag, sep, value, text, ...]: one split in C, then one cached decision per flag.
     pieces = _FLAG_RE.split(t.text)
     if len(pieces) == 1:
@@ -579,13 +648,15 @@ def _flag_value(t: _Text, counts: dict[str, int]) -> None:
         t.set("".join(pieces))
 
 
-_TEXT_RULES: tuple[Callable[[_Text, dict], None], ...] = (
-    _sub(_PRIVATE_KEY_RE, "private_key", _private_key, ("-----BEGIN ",)),
-    _url_credentials,
-    _bearer,
-    *(_sub_redacted(pattern, name, needles) for name, needles, pattern in _TOKEN_SHAPES),
-    _key_value,
-    _flag_value,
+# Each rule with the literals one of which it needs (in the text, or in its lower-cased copy): a rule whose
+# literals are all absent is not called (``in`` per literal: a C scan each, cheaper than the call).
+_TEXT_RULES: tuple[tuple[Callable[[_Text, dict], None], tuple[str, ...], bool], ...] = (
+    (_sub(_PRIVATE_KEY_RE, "private_key", _private_key), ("-----BEGIN ",), False),
+    (_url_credentials, ("://",), False),
+    (_bearer, ("bearer",), True),
+    *((_sub_redacted(pattern, name), needles, False) for name, needles, pattern in _TOKEN_SHAPES),
+    (_key_value, ("=", ":"), False),  # separators first (two scans), the roots inside
+    (_flag_value, _SECRET_ROOTS, True),
 )
 
 
@@ -617,6 +688,8 @@ def _has_trigger(low: str) -> bool:
     return False
 
 
+# Longer texts skip the check above: most hold some literal, and on a long repetitive text (``sk-`` ten thousand
+# times) scanning for every literal costs more than the rules' own checks.
 _SHORT = 512
 
 
@@ -629,9 +702,13 @@ def redact_text(text: str) -> tuple[str, dict[str, int]]:
         return (text if isinstance(text, str) else ""), counts
     t = _Text(text)
     if len(text) <= _SHORT and not _has_trigger(t.low):
-        return text, counts  # most arguments and short lines: one search instead of every rule's checks
-    for rule in _TEXT_RULES:
-        rule(t, counts)
+        return text, counts  # most arguments and short lines: one scan per literal instead of every rule's checks
+    for rule, needles, lowered in _TEXT_RULES:
+        haystack = t.low if lowered else t.text
+        for needle in needles:
+            if needle in haystack:
+                rule(t, counts)
+                break
     return t.text, counts
 
 
@@ -648,9 +725,9 @@ def redact_argv_counts(argv: Sequence[str]) -> tuple[str, dict[str, int]]:
         args = [a if isinstance(a, str) else str(a) for a in argv]
         joined = " ".join(args)
     joined_low = joined.lower()
-    present = [x for x in _TRIGGERS if x in joined_low]
-    if not present:
+    if not _has_trigger(joined_low):
         return joined, counts  # no rule and no flag can fire: one search instead of one redact_text per argument
+    present = [x for x in _TRIGGERS if x in joined_low]
     # An argument without any of the literals present in the whole line is left as it is, by every rule and
     # by the flag checks below (a secret flag name, "authorization" and "bearer" each hold one).
     lows = [a.lower() for a in args]

@@ -434,21 +434,35 @@ _setting = st.tuples(
 ).map("".join)  # fmt: skip
 
 
+_PATHS = ("chosen", "named", "marked", "unmarked")
+
+
 @contextlib.contextmanager
-def _one_split_path(forced: bool):
-    """Force the one-split settings path (normally taken only when a text holds many settings per name)."""
-    saved = redact_module._FAST_MIN_SETTINGS_PER_NAME
-    redact_module._FAST_MIN_SETTINGS_PER_NAME = 0 if forced else saved
+def _settings_path(path: str):
+    """Force one way of redacting settings: "named" (a pattern of the text's secret names, normally only for
+    many settings per name), "marked" (secret settings marked by a character absent from the text, then one
+    split), "unmarked" (the pattern that judges every name itself, used when every mark is in the text), or
+    "chosen" (the engine's own choice). Judged names are forgotten first so each path judges them anew."""
+    saved = (redact_module._FAST_NAMES_MAX, redact_module._FAST_MIN_SETTINGS_PER_NAME, redact_module._MARKS)
+    for cache in (redact_module._fast_patterns, redact_module._judged_reversed, redact_module._secret_reversed):
+        cache.clear()
+    if path == "named":
+        redact_module._FAST_NAMES_MAX, redact_module._FAST_MIN_SETTINGS_PER_NAME = 10**6, 0
+    elif path in ("marked", "unmarked"):
+        redact_module._FAST_NAMES_MAX = 0
+    if path == "unmarked":
+        redact_module._MARKS = ()
     try:
         yield
     finally:
-        redact_module._FAST_MIN_SETTINGS_PER_NAME = saved
+        redact_module._FAST_NAMES_MAX, redact_module._FAST_MIN_SETTINGS_PER_NAME, redact_module._MARKS = saved
+        redact_module._fast_patterns.clear()
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(_setting, max_size=40).map("".join), st.booleans())
-def test_dense_settings_give_the_old_output_and_counts(text: str, forced: bool) -> None:
-    with _one_split_path(forced):
+@given(st.lists(_setting, max_size=40).map("".join), st.sampled_from(_PATHS))
+def test_dense_settings_give_the_old_output_and_counts(text: str, path: str) -> None:
+    with _settings_path(path):
         assert redact_text(text) == REFERENCE.redact_text(text)
 
 
@@ -471,9 +485,9 @@ def test_dense_settings_give_the_old_output_and_counts(text: str, forced: bool) 
         "auth=Basic <redacted>auth=x",
     ],
 )
-@pytest.mark.parametrize("forced", [False, True])
-def test_settings_paths_agree_with_the_old_engine(text: str, forced: bool) -> None:
-    with _one_split_path(forced):
+@pytest.mark.parametrize("path", _PATHS)
+def test_settings_paths_agree_with_the_old_engine(text: str, path: str) -> None:
+    with _settings_path(path):
         assert redact_text(text) == REFERENCE.redact_text(text)
 
 
@@ -485,3 +499,140 @@ def test_settings_work_grows_linearly(name: str) -> None:
     times = [_cpu(redact_text, t) for t in texts]
     assert times[1] <= 9 * max(times[0], 1e-4), (name[-10:], times)
     assert all("x&" not in redact_text(t)[0] for t in texts)
+
+
+# --------------------------------------------------------------------------- names judged by a pattern
+
+# Words and near-misses of secret words, in every spelling a name can have, glued by separators and digits:
+# what decides a name (a secret word, a strong suffix, a descriptor last, camelCase word breaks, "pwd").
+_NAME_PIECES = [
+    *("token", "TOKEN", "Token", "toKen", "tokens", "TOKENS", "Tokenizer", "mytoken", "MYTOKEN", "hfToken"),
+    *("key", "KEY", "Key", "apiKey", "APIKey", "APIKEY", "Apikey", "monkey", "hotkey", "keyboard", "KEYAb", "KEYS"),
+    *("password", "PASSWORD", "passwd", "pass", "word", "WORD", "pwd", "PWD", "Pwd", "old", "OLD", "oldpwd"),
+    *("secret", "SECRETS", "clientsecret", "credential", "Credentials", "creds", "cred", "passphrase"),
+    *("auth", "AUTH", "Author", "authorization", "bearer", "cookie", "Cookies", "session"),
+    *("file", "FILE", "File", "path", "id", "ID", "Id", "ids", "url", "URL", "len", "type", "enabled", "prefix"),
+    *("a", "A", "x", "X", "ab", "AB", "Ab", "e", "y", "K", "k", "s", "S"),
+    *("_", ".", "-", "0", "9", "12"),
+]
+_names = st.lists(st.sampled_from(_NAME_PIECES), min_size=1, max_size=7).map("".join)
+_name_chars = st.text(alphabet="kKeEyYtToOnNpPaAsSwWdDfFiIlLcCrRhHbB_.-09", min_size=1, max_size=16)
+
+
+def _expected_run_is_secret(run: str) -> bool:
+    """The plain reading: the name is the run from its first letter or "_", judged by is_secret_name."""
+    start = 0
+    while start < len(run) and run[start] in "0123456789.-":
+        start += 1
+    return start < len(run) and is_secret_name(run[start:])
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.one_of(_names, _name_chars))
+def test_the_name_pattern_judges_as_is_secret_name(run: str) -> None:
+    assert redact_module._run_is_secret(run) == _expected_run_is_secret(run), run
+
+
+@pytest.mark.parametrize(
+    ("run", "secret"),
+    [
+        ("token0", True),
+        ("TOKENS", False),  # one word, "tokens", not a secret word
+        ("KEYAb", True),  # KEY, Ab
+        ("KEYa", False),  # KE, Ya
+        ("password_monkey", True),  # the secret word is not the last root
+        ("tokenmonkey", False),
+        ("api_key_file", False),
+        ("keyFILE", False),
+        ("KEYFile", False),
+        ("1-pwd", False),
+        ("a1pwd", True),
+        ("oldPwd", False),
+        ("x" * 5000 + "_token", True),
+        ("token_" + "x1" * 5000, True),
+    ],
+)
+def test_the_name_pattern_on_chosen_names(run: str, secret: bool) -> None:
+    assert redact_module._run_is_secret(run) is secret
+    assert _expected_run_is_secret(run) is secret
+
+
+def test_only_the_kelvin_sign_lowers_into_an_ascii_letter() -> None:
+    """The scheme words are matched letter by letter with the characters whose ``lower()`` is that letter; the
+    pattern adds the Kelvin sign to "k" and nothing else, which is right only while no other character lowers
+    into an ASCII letter."""
+    import string
+    import sys
+
+    odd = {chr(c) for c in range(128, sys.maxunicode + 1) if chr(c).lower() in set(string.ascii_lowercase)}
+    assert odd == {"\u212a"}
+    assert redact_text("auth=to\u212aen abc") == REFERENCE.redact_text("auth=to\u212aen abc")
+
+
+# Settings with names that are secret, near misses of secret names, and all different (more than the named
+# pattern takes), next to unicode and to the characters that mark settings.
+_near_setting = st.tuples(
+    st.sampled_from(["", " ", "\n", "&", ",", "{", '"', "'", "-", "9", "x.", "a=", "é", "\u212a", "İ", "\x00", "\ufdd0"]),
+    st.one_of(_names, st.integers(0, 10**6).map(lambda i: f"token{i}"), st.sampled_from(["k", "Token", "token"])),
+    st.sampled_from(["=", ": ", '": ', "= ", " ", '="', "='", ":", "'=", '" : ', "=\t", "\x00="]),
+    st.one_of(
+        st.sampled_from(["Bearer", "to\u212aen x", "basic <redacted>", "Bearer <redacted>x", '"bearer" q', "'\"basic\"' q",
+                         '"token"', "token'", "<redacted>", '"', "'", "", "x y", '"x\n', "sk-" + "a" * 22, "\x00x"]),
+        st.text(max_size=8),
+    ),
+).map("".join)  # fmt: skip
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_near_setting, max_size=30).map("".join), st.sampled_from(_PATHS))
+def test_settings_of_near_miss_and_distinct_names_give_the_old_output(text: str, path: str) -> None:
+    with _settings_path(path):
+        assert redact_text(text) == REFERENCE.redact_text(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "token0: token'=Basic",  # a scheme that is also the name of the next setting
+        '"token10" : "token" : "x"',  # ... inside quotes
+        'token37= "token": "x.k" y',
+        "token=abc=password=x&token1=y",
+        "\x00token=x \x01password=y \ufdd0key=z",  # the first marks are in the text: the next free one is used
+        "".join(f"token{i}=abc&" for i in range(2000)),  # distinct secret names, none repeated
+        "".join(f"token{i}: Bearer x{i}\n" for i in range(300)),
+        "".join(f'"TOKENS{i}": "a", "apiKey{i}": "b", ' for i in range(300)),  # near misses next to secrets
+        "x" * 3000 + "token=" + "y" * 3000 + " password=z",
+    ],
+)
+@pytest.mark.parametrize("path", _PATHS)
+def test_settings_paths_agree_on_long_and_marked_texts(text: str, path: str) -> None:
+    with _settings_path(path):
+        assert redact_text(text) == REFERENCE.redact_text(text)
+
+
+def test_every_mark_in_the_text_still_redacts() -> None:
+    """A text holding every mark character takes the pattern that needs none."""
+    marks = "".join(redact_module._MARKS)
+    text = marks + "".join(f"token{i}=abc{i}&" for i in range(100))
+    out, counts = redact_text(text)
+    assert counts == {"key_value": 100}
+    assert "abc" not in out
+    assert (out, counts) == REFERENCE.redact_text(text)
+
+
+@pytest.mark.parametrize("cache_max", [1, 3, 8, 4096])
+@pytest.mark.parametrize("path", _PATHS)
+def test_a_full_memory_of_judged_names_loses_no_secret(monkeypatch, cache_max: int, path: str) -> None:
+    """Names judged before (remembered) next to new ones, with the memory of judged names filling up and
+    emptied on the way: each text still gives the old engine's output."""
+    monkeypatch.setattr(redact_module, "_NAME_CACHE_MAX", cache_max)
+    texts = [
+        "token=a&password=b&x=c",
+        "token=a&password=b&key1=c&key2=d&key3=e&key4=f",
+        "".join(f"token{i}=v&" for i in range(20)) + "token=a&password=b",
+        "password=b&monkey=c&token=a&" + "".join(f"name{i}=v&" for i in range(20)),
+    ]
+    with _settings_path(path):
+        for _ in range(2):
+            for text in texts:
+                assert redact_text(text) == REFERENCE.redact_text(text), (cache_max, text)
