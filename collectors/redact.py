@@ -316,6 +316,11 @@ _SECRET_SETTING_RE = re.compile(rf"((?<!{_NAME_CHAR})(?={_NAME_CHAR}++[\"']?[ \t
 # separator (a character the regex engine skips to in C) and its name run is read whole, so one ``findall``
 # gives every such name with no Python per setting; only the distinct names are then looked at.
 _SETTING_NAMES_REVERSED_RE = re.compile(r"[:=][ \t]*+[\"']?([A-Za-z0-9_.\-]++)")
+# The same scan from one separator only. A pattern that starts with a literal is searched for by a fast C scan
+# (memchr-like), one that starts with a class ``[:=]`` by testing every character (ten times slower on a log
+# line). No match holds a separator, so every separator starts its own match whichever scan reads it: the
+# names of the two one-separator scans together are exactly those of the two-separator scan.
+_SETTING_NAMES_AFTER_RE = {sep: re.compile(rf"{sep}[ \t]*+[\"']?([A-Za-z0-9_.\-]++)") for sep in ("=", ":")}
 # A pattern made of the text's secret names (literals first, so the regex engine skips between them) is
 # faster than ``_SECRET_SETTING_RE``; it is compiled (about half a millisecond a name) only for at most this
 # many names, none longer than this, and only when the text has this many settings per name, or it is cached.
@@ -325,6 +330,8 @@ _FAST_MIN_SETTINGS_PER_NAME = 32
 _fast_patterns: dict[frozenset[str], re.Pattern[str]] = {}
 # The same backward scan as a split: [text, separator, name, "" (where a mark goes), text, ...].
 _SETTING_NAMES_REVERSED_SPLIT_RE = re.compile(r"([:=][ \t]*+[\"']?)([A-Za-z0-9_.\-]++)()")
+# ... from one separator, for a text that holds only that one (literal first: the fast scan above).
+_SETTING_NAMES_AFTER_SPLIT_RE = {sep: re.compile(rf"({sep}[ \t]*+[\"']?)([A-Za-z0-9_.\-]++)()") for sep in ("=", ":")}
 # Names one a line: each line is the name when it is secret, else "" (the second alternative eats it).
 _SECRET_RUN_LINES_RE = re.compile(rf"(?:({_SECRET_RUN})|[^\n]*+)\n")
 # Characters that mark secret settings (``_key_value_marked``); the first one a text does not hold is used.
@@ -488,11 +495,18 @@ def _key_value(t: _Text, counts: dict[str, int]) -> None:
     # A text dense with separators likely takes the marked path, which needs the backward scan as a split: the
     # split then also gives the names (one scan instead of two); others take the cheaper findall.
     pieces = None
-    if (text.count("=") + text.count(":")) * _DENSE_SEPARATORS > len(text):
-        pieces = _SETTING_NAMES_REVERSED_SPLIT_RE.split(text[::-1])
+    equals = text.count("=")
+    colons = text.count(":")
+    if (equals + colons) * _DENSE_SEPARATORS > len(text):
+        pieces = _reversed_split(text)
         found = pieces[2::4]
+    elif not colons:
+        found = _SETTING_NAMES_AFTER_RE["="].findall(text[::-1])
+    elif not equals:
+        found = _SETTING_NAMES_AFTER_RE[":"].findall(text[::-1])
     else:
-        found = _SETTING_NAMES_REVERSED_RE.findall(text[::-1])
+        reverse = text[::-1]
+        found = _SETTING_NAMES_AFTER_RE["="].findall(reverse) + _SETTING_NAMES_AFTER_RE[":"].findall(reverse)
     reversed_names = set(found)
     secret_reversed = _secret_among(reversed_names)
     if not secret_reversed:
@@ -551,6 +565,16 @@ def _holds_root_reversed(reversed_name: str) -> bool:
     return False
 
 
+def _reversed_split(text: str) -> list[str]:
+    """The backward scan of ``text`` as a split: [text, separator, name, "", text, ...] (the text reversed).
+    A text with one kind of separator is read by the pattern that starts with it (a faster scan)."""
+    if ":" not in text:
+        return _SETTING_NAMES_AFTER_SPLIT_RE["="].split(text[::-1])
+    if "=" not in text:
+        return _SETTING_NAMES_AFTER_SPLIT_RE[":"].split(text[::-1])
+    return _SETTING_NAMES_REVERSED_SPLIT_RE.split(text[::-1])
+
+
 def _key_value_marked(t: _Text, counts: dict[str, int], secret_reversed: set[str], pieces: list[str] | None = None) -> None:
     """Redact the settings of these names (reversed) by marking where each starts, then one split.
 
@@ -565,7 +589,7 @@ def _key_value_marked(t: _Text, counts: dict[str, int], secret_reversed: set[str
         _redact_settings(t, counts, _SECRET_SETTING_RE)  # every mark in the text: the slower, mark-free pattern
         return
     if pieces is None:
-        pieces = _SETTING_NAMES_REVERSED_SPLIT_RE.split(text[::-1])
+        pieces = _reversed_split(text)
     names = pieces[2::4]
     mark_of = dict.fromkeys(names, "")
     mark_of.update(dict.fromkeys(secret_reversed, mark))
@@ -649,14 +673,27 @@ def _flag_value(t: _Text, counts: dict[str, int]) -> None:
 
 
 # Each rule with the literals one of which it needs (in the text, or in its lower-cased copy): a rule whose
-# literals are all absent is not called (``in`` per literal: a C scan each, cheaper than the call).
-_TEXT_RULES: tuple[tuple[Callable[[_Text, dict], None], tuple[str, ...], bool], ...] = (
-    (_sub(_PRIVATE_KEY_RE, "private_key", _private_key), ("-----BEGIN ",), False),
-    (_url_credentials, ("://",), False),
-    (_bearer, ("bearer",), True),
-    *((_sub_redacted(pattern, name), needles, False) for name, needles, pattern in _TOKEN_SHAPES),
-    (_key_value, ("=", ":"), False),  # separators first (two scans), the roots inside
-    (_flag_value, _SECRET_ROOTS, True),
+# literals are all absent is not called (``in`` per literal: a C scan each, cheaper than the call). And a
+# character the rule cannot fire without (in every literal, or in every match of its pattern), or "": a scan
+# for one character (memchr) costs a fraction of a scan for a literal, and most texts lack some of these
+# (a text of settings holds no "-", "_", "A" or "J"; a log line rarely a "J" or "B").
+_RULE_CHAR = {
+    "token_openai": "-",
+    "token_huggingface": "_",
+    "token_github": "_",  # "gh[pousr]_" or "github_pat_"
+    "token_gitlab": "-",
+    "token_aws": "A",
+    "token_slack": "-",  # "xox" then a letter then "-"
+    "token_google": "A",
+    "token_jwt": "J",
+}
+_TEXT_RULES: tuple[tuple[Callable[[_Text, dict], None], tuple[str, ...], bool, str], ...] = (
+    (_sub(_PRIVATE_KEY_RE, "private_key", _private_key), ("-----BEGIN ",), False, "B"),
+    (_url_credentials, ("://",), False, ""),
+    (_bearer, ("bearer",), True, ""),
+    *((_sub_redacted(pattern, name), needles, False, _RULE_CHAR[name]) for name, needles, pattern in _TOKEN_SHAPES),
+    (_key_value, ("=", ":"), False, ""),  # separators first (two scans), the roots inside
+    (_flag_value, _SECRET_ROOTS, True, "-"),  # every flag starts with "-"
 )
 
 
@@ -703,7 +740,9 @@ def redact_text(text: str) -> tuple[str, dict[str, int]]:
     t = _Text(text)
     if len(text) <= _SHORT and not _has_trigger(t.low):
         return text, counts  # most arguments and short lines: one scan per literal instead of every rule's checks
-    for rule, needles, lowered in _TEXT_RULES:
+    for rule, needles, lowered, char in _TEXT_RULES:
+        if char and char not in t.text:
+            continue
         haystack = t.low if lowered else t.text
         for needle in needles:
             if needle in haystack:
@@ -730,42 +769,48 @@ def redact_argv_counts(argv: Sequence[str]) -> tuple[str, dict[str, int]]:
     present = [x for x in _TRIGGERS if x in joined_low]
     # An argument without any of the literals present in the whole line is left as it is, by every rule and
     # by the flag checks below (a secret flag name, "authorization" and "bearer" each hold one).
+    # Only the hot arguments (the indices of those holding a present literal) are looked at one by one: a
+    # list of booleans per present literal is built in C-speed comprehensions, not a generator per argument.
     lows = [a.lower() for a in args]
-    hot = [any(x in low for x in present) for low in lows]
-    redact_next = [False] * len(args)
-    for i, arg in enumerate(args):
-        if i + 1 >= len(args):
+    first, *others = present
+    hot = [first in low for low in lows]
+    for x in others:
+        hot = [h or x in low for h, low in zip(hot, lows, strict=True)]
+    hot_at = [i for i, h in enumerate(hot) if h]
+    last = len(args) - 1
+    redact_next: set[int] = set()
+    for i in hot_at:
+        if i >= last:
             break
-        if not hot[i]:
-            continue
+        arg = args[i]
         lowered = lows[i]
         nxt = args[i + 1]
         if arg.startswith("-") and "=" not in arg and len(arg) > 1 and _secret_name_cached(arg):
             # "--api-key VALUE"; a following flag means this one takes no value.
             if nxt and not nxt.startswith("-"):
-                redact_next[i + 1] = True
+                redact_next.add(i + 1)
         elif lowered.rstrip(":") in ("authorization", "proxy-authorization"):
             # curl -H split by a shell: "Authorization:" "Bearer" "X" or "Authorization:" "X".
             if nxt.lower() in _AUTH_SCHEMES and i + 2 < len(args):
-                redact_next[i + 2] = True
+                redact_next.add(i + 2)
             elif nxt.lower() not in _AUTH_SCHEMES:
-                redact_next[i + 1] = True
+                redact_next.add(i + 1)
         elif lowered == "bearer":
-            redact_next[i + 1] = True
-    out: list[str] = []
-    for i, arg in enumerate(args):
-        if redact_next[i] and arg != REDACTED:
-            out.append(REDACTED)
-            rule = "bearer" if i > 0 and args[i - 1].lower() in _AUTH_SCHEMES else "flag_value"
+            redact_next.add(i + 1)
+    out = list(args)
+    for i in sorted(redact_next.union(hot_at)):
+        arg = args[i]
+        if i in redact_next and arg != REDACTED:
+            out[i] = REDACTED
+            rule = "bearer" if i > 0 and lows[i - 1] in _AUTH_SCHEMES else "flag_value"
             counts[rule] = counts.get(rule, 0) + 1
             continue
         if not hot[i]:
-            out.append(arg)
             continue
         redacted, arg_counts = redact_text(arg)
         for rule, n in arg_counts.items():
             counts[rule] = counts.get(rule, 0) + n
-        out.append(redacted)
+        out[i] = redacted
     return " ".join(out), counts
 
 

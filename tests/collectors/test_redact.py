@@ -636,3 +636,66 @@ def test_a_full_memory_of_judged_names_loses_no_secret(monkeypatch, cache_max: i
         for _ in range(2):
             for text in texts:
                 assert redact_text(text) == REFERENCE.redact_text(text), (cache_max, text)
+
+
+# --------------------------------------------------------------------------- scans from one separator, rule characters
+
+# Fewer separators than one in 16 characters: the names come from two scans, one per separator, not one split.
+_SPARSE = "x " * 200
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        _SPARSE + "token=a " + _SPARSE + "password: b " + _SPARSE,  # both separators: the names of both scans
+        _SPARSE + "password: b " + _SPARSE + "token=a " + _SPARSE,
+        _SPARSE + "password: b " + _SPARSE,  # ":" only
+        _SPARSE + "token=a " + _SPARSE,  # "=" only
+        "".join(f"key{i}: v{i}, " for i in range(50)) + "token=a",  # dense, both: the split from either separator
+        "".join(f"key{i}: v{i}, " for i in range(50)),  # dense, ":" only
+        "".join(f"key{i}=v{i}&" for i in range(50)),  # dense, "=" only
+        "token=a&" * 40 + "password: b",  # many settings of a few names (the named path), both separators
+    ],
+)
+@pytest.mark.parametrize("path", _PATHS)
+def test_names_after_either_separator_are_found(text: str, path: str) -> None:
+    """Each secret setting is redacted whichever separator it has and whichever other separators the text holds."""
+    with _settings_path(path):
+        out, counts = redact_text(text)
+        assert (out, counts) == REFERENCE.redact_text(text)
+    assert "a " not in out.replace(_SPARSE, "") and "b " not in out.replace(_SPARSE, "")
+    assert not any(f"v{i}," in out or f"v{i}&" in out for i in range(50))
+
+
+@pytest.mark.parametrize("secret", [*SHAPES, PEM])
+@pytest.mark.parametrize("context", ["{}", "{} --api-key x", "a=1 {} b: 2", "{}\n" + "ab " * 300])
+def test_each_rule_fires_with_only_its_own_characters(secret: str, context: str) -> None:
+    """A rule is skipped when a character it cannot fire without is absent: each shape, alone or among
+    characters the other rules look for, still goes."""
+    text = context.format(secret)
+    out, counts = redact_text(text)
+    assert (out, counts) == REFERENCE.redact_text(text)
+    assert secret not in out and counts
+
+
+@pytest.mark.parametrize("text", ["--token abc", "-password abc", "x --api-key abc y", "--token\tabc"])
+def test_flags_are_found_without_other_characters(text: str) -> None:
+    out, counts = redact_text(text)
+    assert (out, counts) == REFERENCE.redact_text(text)
+    assert "abc" not in out and counts == {"flag_value": 1}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--model", "m", "--api-key", "v1", "--port", "1", OPENAI, "-H", "Authorization:", "Bearer", "v2"],
+        [HF, "--port", "1", "--password", "v1", "x", "bearer", "v2"],  # the first literal present is not in every hot one
+        ["serve", "--hf-token", "v1", "--x", "Authorization:", "v2", AWS, "--secret"],
+        ["a", "b", "--token", "<redacted>", "auth=v1", "x", JWT, "--api-key"],
+    ],
+)
+def test_argv_with_several_literals_gives_the_old_output(argv: list[str]) -> None:
+    """Arguments that hold different literals (each its own): every one of them is looked at."""
+    out, counts = redact_argv_counts(argv)
+    assert (out, counts) == REFERENCE.redact_argv_counts(argv)
+    assert "v1" not in out and "v2" not in out
