@@ -764,9 +764,9 @@ def redact_argv_counts(argv: Sequence[str]) -> tuple[str, dict[str, int]]:
         args = [a if isinstance(a, str) else str(a) for a in argv]
         joined = " ".join(args)
     joined_low = joined.lower()
-    if not _has_trigger(joined_low):
-        return joined, counts  # no rule and no flag can fire: one search instead of one redact_text per argument
     present = [x for x in _TRIGGERS if x in joined_low]
+    if not present:
+        return joined, counts  # no rule and no flag can fire: one search instead of one redact_text per argument
     # An argument without any of the literals present in the whole line is left as it is, by every rule and
     # by the flag checks below (a secret flag name, "authorization" and "bearer" each hold one).
     # Only the hot arguments (the indices of those holding a present literal) are looked at one by one: a
