@@ -522,7 +522,7 @@ def _key_value(t: _Text, counts: dict[str, int]) -> None:
     if pattern is not None:
         _redact_settings(t, counts, pattern)
     else:
-        _key_value_marked(t, counts, secret_reversed, pieces)
+        _key_value_marked(t, counts, secret_reversed, pieces, every_name=len(secret_reversed) == len(reversed_names))
 
 
 def _secret_among(reversed_names: set[str]) -> set[str]:
@@ -575,8 +575,11 @@ def _reversed_split(text: str) -> list[str]:
     return _SETTING_NAMES_REVERSED_SPLIT_RE.split(text[::-1])
 
 
-def _key_value_marked(t: _Text, counts: dict[str, int], secret_reversed: set[str], pieces: list[str] | None = None) -> None:
+def _key_value_marked(
+    t: _Text, counts: dict[str, int], secret_reversed: set[str], pieces: list[str] | None = None, every_name: bool = False
+) -> None:
     """Redact the settings of these names (reversed) by marking where each starts, then one split.
+    ``every_name``: the text has no other setting names (all are marked).
 
     The marks are put in the reversed text, right after each secret name as the backward scan reads it (one
     split, then a list assignment in C from a per-name table), so forwards each such setting starts with the
@@ -591,9 +594,12 @@ def _key_value_marked(t: _Text, counts: dict[str, int], secret_reversed: set[str
     if pieces is None:
         pieces = _reversed_split(text)
     names = pieces[2::4]
-    mark_of = dict.fromkeys(names, "")
-    mark_of.update(dict.fromkeys(secret_reversed, mark))
-    pieces[3::4] = map(mark_of.__getitem__, names)
+    if every_name:
+        pieces[3::4] = [mark] * len(names)  # every setting is secret: no table to look each name up in
+    else:
+        mark_of = dict.fromkeys(names, "")
+        mark_of.update(dict.fromkeys(secret_reversed, mark))
+        pieces[3::4] = map(mark_of.__getitem__, names)
     marked = "".join(pieces)[::-1]
     before = counts.get("key_value", 0)
     m = _Text(marked)

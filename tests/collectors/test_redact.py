@@ -699,3 +699,21 @@ def test_argv_with_several_literals_gives_the_old_output(argv: list[str]) -> Non
     out, counts = redact_argv_counts(argv)
     assert (out, counts) == REFERENCE.redact_argv_counts(argv)
     assert "v1" not in out and "v2" not in out
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "".join(f"token{i}=v{i}&" for i in range(300)),  # every name secret (dense): every setting marked at once
+        "".join(f"token{i}: v{i}" + " x" * 20 + "\n" for i in range(100)),  # ... sparse
+        "".join(f"token{i}=v{i}&" for i in range(300)) + "tokens=keep",  # all but one: the per-name table
+        "tokens=keep&" + "".join(f"token{i}=v{i}&" for i in range(300)),
+    ],
+)
+@pytest.mark.parametrize("path", ["chosen", "marked"])
+def test_marking_every_name_or_all_but_one(text: str, path: str) -> None:
+    with _settings_path(path):
+        out, counts = redact_text(text)
+        assert (out, counts) == REFERENCE.redact_text(text)
+    assert "keep" in out or "keep" not in text
+    assert not any(f"v{i}&" in out or f"v{i} " in out for i in range(300))
