@@ -35,6 +35,8 @@ import numpy as np
 from diag.rules import numstats, stats
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext, shared
+from diag.rules.oom import host_oom
+from diag.rules.stalls import thrashing_from_stalls
 from diag.rules.stats import LoadIndex, Scope, Trend
 from diag.timeline import Series, Timeline
 from diag.units import format_bytes
@@ -518,9 +520,7 @@ def _stalls_say_thrashing(timeline: Timeline, ac: AnalysisContext | None) -> boo
     verdict must name the specific one. Stalls without page-ins (0.35-0.4) are reclaim, not thrashing,
     and leave pressure as it is.
     """
-    from diag.rules.stalls import thrashing_from_stalls  # the stalls rule builds on requests; pressure sits below it
-
-    found = shared(ac, timeline, "stalls.thrashing", lambda: thrashing_from_stalls(timeline, ac))
+    found = thrashing_from_stalls(timeline, ac)  # memoised per analysis: the engine's own call and this are one
     return isinstance(found, Finding) and found.confidence >= STALL_THRASHING_MIN
 
 
@@ -531,9 +531,7 @@ def _firm_oom_kill(timeline: Timeline, ac: AnalysisContext | None) -> float | No
     must act on, and the pressure is how it got there. Pressure stays a contributing finding, ranked
     just under the kill. A kill the OOM rule could not tie to the service (0.3) changes nothing.
     """
-    from diag.rules.oom import host_oom  # the OOM rule reads the same scope; pressure only asks its result
-
-    found = shared(ac, timeline, "oom.host", lambda: host_oom(timeline, ac))
+    found = host_oom(timeline, ac)  # memoised per analysis: the engine's own call and this are one
     return found.confidence if isinstance(found, Finding) and found.confidence >= FIRM_OOM_KILL else None
 
 
