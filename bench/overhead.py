@@ -333,8 +333,31 @@ def _untracked_demo_app(settings: Any) -> object:
 def serve(mode: str, port: int, recorder_dir: str, weights: str | None) -> None:
     import uvicorn
 
-    app = make_demo_app(mode, recorder_dir, weights or "") if mode.startswith("demo") else make_app(mode, recorder_dir)
+    if mode.startswith("demo"):
+        app = make_demo_app(mode, recorder_dir, weights or "")
+        _count_batches(app)
+    else:
+        app = make_app(mode, recorder_dir)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, http="h11")
+
+
+def _count_batches(app: Any) -> None:
+    """Count the batches the reference backend runs and the requests in them, served at ``/batches``: the
+    requests per batch tell whether tracking changed how batches form (a smaller batch costs more model time
+    per request). Patched into this server process only, on the class, after the completion route was added
+    (so that route is matched first, as in the app)."""
+    from diag.demo.batcher import Batcher
+
+    counts = {"batches": 0, "requests": 0}
+    run_batch = Batcher._run_batch
+
+    def counting(self: Batcher, batch: list[Any]) -> None:
+        counts["batches"] += 1
+        counts["requests"] += len(batch)
+        run_batch(self, batch)
+
+    Batcher._run_batch = counting  # type: ignore[method-assign]
+    app.get("/batches")(lambda: dict(counts))
 
 
 # --------------------------------------------------------------------------- driver
@@ -602,6 +625,10 @@ def run(args: argparse.Namespace, modes: list[str]) -> None:
                 extras[mode] = httpx.get(f"http://127.0.0.1:{servers.ports[mode]}/spans").text
             if mode.startswith("llmdiag"):
                 extras[mode] += " " + httpx.get(f"http://127.0.0.1:{servers.ports[mode]}/recorded").text
+            if mode.startswith("demo"):
+                counted = httpx.get(f"http://127.0.0.1:{servers.ports[mode]}/batches").json()
+                per_batch = counted["requests"] / max(1, counted["batches"])
+                extras[mode] = f"{counted['batches']} batches, {per_batch:.2f} requests per batch"
     finally:
         servers.stop()
         shutil.rmtree(recorder_dir, ignore_errors=True)

@@ -12,6 +12,16 @@ runs the model (numpy releases the GIL in its kernels, so the event loop stays r
 why ``concurrent_batches`` is always 1 here. A request whose future was cancelled (inference timeout,
 client gone) is dropped from its batch at the next step, freeing its KV cache; a step in which every
 request was abandoned (a long prefill that timed out) is stopped within an attention chunk.
+
+The batching window: after ``batch_wait_s``, a batch that holds fewer jobs than the recent batches
+held (their median) waits a little longer for the rest -- at most half a decode step, capped at
+``MAX_EXTRA_WAIT_S``. Why: closed-loop clients resubmit as soon as their answers arrive, so the same
+few requests make up batch after batch; if one of them reaches the queue a moment after the fixed
+window (more work on the event loop between a response and the next submit, e.g. request tracking),
+it misses the batch and waits a whole batch for the next one, and every batch runs smaller, each
+request costing more model time. Waiting up to half a step for it costs less than that. Under
+overload the queue holds enough at once and nothing waits longer; under light load the recent batches
+held one job and nothing waits longer either.
 """
 
 from __future__ import annotations
@@ -31,6 +41,8 @@ from diag.demo.model import DemoModel, Sequence, StepAborted
 from diag.demo.weights import LoadedWeights
 
 BatchingMode = Literal["requests", "tokens"]
+RECENT_BATCHES = 8  # batches whose sizes set how many jobs the next one waits for
+MAX_EXTRA_WAIT_S = 0.05  # the longest a batch waits past ``batch_wait_s`` for the jobs recent batches held
 BATCHING_MODES: tuple[str, ...] = ("requests", "tokens")
 
 
@@ -112,6 +124,8 @@ class Batcher:
         self._cond = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._recent_sizes: collections.deque[int] = collections.deque(maxlen=RECENT_BATCHES)
+        self._step_s = 0.0  # how long the last decode step took
         self.batches = 0
         self.aborted_steps = 0  # steps stopped early because every request in them was abandoned
 
@@ -156,6 +170,7 @@ class Batcher:
         if self.batch_wait_s > 0:
             time.sleep(self.batch_wait_s)  # let requests that arrived together share the batch
         with self._cond:
+            self._wait_for_recent_size()
             batch: list[_Job] = []
             tokens = 0
             while self._queue and len(batch) < self.max_batch_requests:
@@ -168,7 +183,23 @@ class Batcher:
                 self._queue.popleft()
                 batch.append(job)
                 tokens += job.tokens
+            if batch:
+                self._recent_sizes.append(len(batch))
             return batch
+
+    def _wait_for_recent_size(self) -> None:
+        """Called with the lock held: wait (up to half a decode step, at most ``MAX_EXTRA_WAIT_S``) while the
+        queue holds fewer jobs than the median of the recent batches (see the module's notes)."""
+        if not self._recent_sizes or self._step_s <= 0:
+            return
+        sizes = sorted(self._recent_sizes)
+        wanted = min(sizes[len(sizes) // 2], self.max_batch_requests)
+        deadline = time.monotonic() + min(self._step_s / 2, MAX_EXTRA_WAIT_S)
+        while len(self._queue) < wanted and not self._stop:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._cond.wait(remaining)
 
     def _run(self) -> None:
         while True:
@@ -201,6 +232,7 @@ class Batcher:
             live = list(batch)
             first = True
             while live:
+                step_started = time.monotonic()
                 try:
                     # A prefill whose requests all timed out (or left) stops within an attention chunk.
                     model.step(
@@ -214,6 +246,8 @@ class Batcher:
                     for j in live:
                         j.seq = None  # frees the KV caches and activations now
                     break
+                if not first:  # a decode step (the prefill's length depends on the prompts)
+                    self._step_s = time.monotonic() - step_started
                 if first:
                     first = False
                     for j in live:

@@ -1,0 +1,111 @@
+"""The reference backend's batching window: a batch short of what recent batches held waits a little for the rest.
+
+Why this matters: closed-loop clients resubmit as soon as their answers arrive, so one job reaching the
+queue a moment after the fixed window misses its batch and waits a whole batch; with request tracking on
+the event loop that happened often enough to make every batch smaller and the tracked backend slower.
+These drive ``Batcher._take_batch`` directly (no model thread), with a job appended from another thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from diag.demo.batcher import MAX_EXTRA_WAIT_S, Batcher, _Job
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def _job(loop: asyncio.AbstractEventLoop) -> _Job:
+    return _Job([1, 2, 3], 4, loop, loop.create_future())
+
+
+def _batcher(recent: list[int], step_s: float) -> Batcher:
+    batcher = Batcher(lambda: None, mode="requests", max_batch_requests=8, batch_wait_s=0.002)  # type: ignore[arg-type, return-value]
+    batcher._recent_sizes.extend(recent)
+    batcher._step_s = step_s
+    return batcher
+
+
+def _append_later(batcher: Batcher, job: _Job, after_s: float) -> threading.Thread:
+    def append() -> None:
+        time.sleep(after_s)
+        with batcher._cond:
+            batcher._queue.append(job)
+            batcher._cond.notify()
+
+    thread = threading.Thread(target=append)
+    thread.start()
+    return thread
+
+
+def test_a_late_job_joins_a_batch_short_of_the_recent_size(loop: asyncio.AbstractEventLoop) -> None:
+    batcher = _batcher([4] * 8, step_s=0.2)  # half a step is over the cap: the window is MAX_EXTRA_WAIT_S
+    batcher._queue.extend(_job(loop) for _ in range(3))
+    late = _job(loop)
+    thread = _append_later(batcher, late, 0.012)  # after the fixed 2 ms window, well inside the extension
+    started = time.monotonic()
+    batch = batcher._take_batch()
+    elapsed = time.monotonic() - started
+    thread.join()
+    assert batch is not None
+    assert len(batch) == 4 and batch[-1] is late
+    assert elapsed < 0.002 + MAX_EXTRA_WAIT_S + 0.05  # it went when the fourth came, not at the deadline
+
+
+def test_the_extra_wait_is_at_most_half_a_step(loop: asyncio.AbstractEventLoop) -> None:
+    batcher = _batcher([4] * 8, step_s=0.01)  # half a step: 5 ms
+    batcher._queue.extend(_job(loop) for _ in range(3))
+    thread = _append_later(batcher, _job(loop), 0.3)
+    started = time.monotonic()
+    batch = batcher._take_batch()
+    elapsed = time.monotonic() - started
+    thread.join()
+    assert batch is not None and len(batch) == 3
+    assert elapsed < 0.25  # did not wait for the late job
+
+
+def test_light_load_waits_only_the_fixed_window(loop: asyncio.AbstractEventLoop) -> None:
+    batcher = _batcher([1] * 8, step_s=0.2)  # recent batches held one job each
+    batcher._queue.append(_job(loop))
+    thread = _append_later(batcher, _job(loop), 0.03)
+    batch = batcher._take_batch()
+    thread.join()
+    assert batch is not None and len(batch) == 1
+
+
+def test_no_history_means_the_fixed_window_alone(loop: asyncio.AbstractEventLoop) -> None:
+    batcher = _batcher([], step_s=0.0)
+    batcher._queue.extend(_job(loop) for _ in range(2))
+    thread = _append_later(batcher, _job(loop), 0.03)
+    batch = batcher._take_batch()
+    thread.join()
+    assert batch is not None and len(batch) == 2
+    assert list(batcher._recent_sizes) == [2]  # and the batch is remembered
+
+
+def test_stop_ends_the_wait(loop: asyncio.AbstractEventLoop) -> None:
+    batcher = _batcher([8] * 8, step_s=10.0)
+    batcher._queue.append(_job(loop))
+
+    def stop_soon() -> None:
+        time.sleep(0.01)
+        with batcher._cond:
+            batcher._stop = True
+            batcher._cond.notify_all()
+
+    thread = threading.Thread(target=stop_soon)
+    thread.start()
+    started = time.monotonic()
+    batcher._take_batch()
+    thread.join()
+    assert time.monotonic() - started < MAX_EXTRA_WAIT_S  # woke on stop, not at the deadline
