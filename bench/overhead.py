@@ -36,11 +36,16 @@ sampling + server spans alone; ``-noserver`` no server span: the tracker's ``llm
 
 ``--instructions`` instead counts CPU instructions per request with valgrind (callgrind) for the
 ASGI app alone, driven in-process: deterministic, so it still compares modes when other jobs share
-the machine and wall-clock figures swing by +-20 %.
+the machine and wall-clock figures swing by +-20 %. The reference-backend modes count there with the
+model stubbed out (an instant answer), i.e. a request's event-loop path, where tracking's own cost
+lies; ``demo-tracked`` takes ``-norec``, ``-nospans`` and ``-noadmission`` to take that cost apart
+(e.g. ``demo-tracked-norec-nospans``), in either kind of run.
 
     .venv/bin/python bench/overhead.py [--rounds 9] [--duration 6] [--demo-duration 6] [--demo-pairs 3]
     .venv/bin/python bench/overhead.py --modes bare,otel,llmdiag-100      # any subset, same table
     .venv/bin/python bench/overhead.py --instructions [--modes bare,otel-edge-10,llmdiag-10]
+    .venv/bin/python bench/overhead.py --instructions --modes demo-untracked,demo-tracked,demo-tracked-nospans
+    .venv/bin/python bench/overhead.py --modes demo-untracked,demo-tracked --demo-max-tokens 128
 
 Needs ``wrk`` (Debian package ``wrk``), and ``valgrind`` for ``--instructions``. Prints figures;
 asserts nothing.
@@ -49,6 +54,8 @@ asserts nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -224,14 +231,26 @@ def _stock_edge_sampled(app: Any, ratio: float, exporter: Any) -> Any:
     return app
 
 
+DEMO_TRACKED_OPTIONS = ("-norec", "-nospans", "-noadmission")
+
+
 def make_demo_app(mode: str, recorder_dir: str, weights: str) -> object:
     """``demo-tracked``: the reference backend's own ``create_app`` with a full tracker (spans on 10 %,
-    counted by an SDK exporter). ``demo-untracked``: the same model path without llm-diag."""
+    counted by an SDK exporter). ``demo-untracked``: the same model path without llm-diag.
+
+    For taking the tracked mode apart: ``demo-tracked`` followed by any of ``-norec`` (no flight
+    recorder), ``-nospans`` (nothing traced: no server or ``llm.*`` spans) and ``-noadmission`` (no
+    slots, queue or inference deadline)."""
     from diag.demo.settings import DemoSettings
 
     settings = DemoSettings(weights_path=weights, recorder=os.path.join(recorder_dir, f"{mode}.db"))
     if mode == "demo-untracked":
         return _untracked_demo_app(settings)
+    options = mode.removeprefix("demo-tracked")
+    for option in DEMO_TRACKED_OPTIONS:
+        options = options.replace(option, "", 1)
+    if not mode.startswith("demo-tracked") or options:
+        raise SystemExit(f"unknown mode {mode!r}: demo-untracked, or demo-tracked with any of {DEMO_TRACKED_OPTIONS}")
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
@@ -250,12 +269,14 @@ def make_demo_app(mode: str, recorder_dir: str, weights: str) -> object:
         queue_timeout_s=settings.queue_timeout_s,
         inference_timeout_s=settings.request_timeout_s,
     )
+    if "-norec" in mode:
+        settings = dataclasses.replace(settings, recorder=None)
     tracker = RequestTracker(
         model=settings.model_name,
-        recorder=settings.recorder,
-        admission=admission,
+        recorder=settings.recorder or False,
+        admission=None if "-noadmission" in mode else admission,
         tracer_provider=provider,
-        span_sample_ratio=0.1,
+        span_sample_ratio=0.0 if "-nospans" in mode else 0.1,
     )
     return create_app(settings, tracker)
 
@@ -411,35 +432,65 @@ def _wrk(url: str, duration: int, connections: int, script: str | None = None) -
 # --------------------------------------------------------------------------- CPU instructions (valgrind)
 
 
-def asgi_loop(mode: str, n: int) -> None:
+def asgi_loop(mode: str, n: int, weights: str | None = None) -> None:
     """Drive ``n`` requests straight through the ASGI app (no sockets, no uvicorn): the code under test only."""
     import asyncio
 
     recorder_dir = tempfile.mkdtemp(prefix="llmdiag-bench-")
-    app: Any = make_app(mode, recorder_dir)
+    if mode.startswith("demo"):
+        app: Any = _stub_model_demo_app(mode, recorder_dir, weights or "")
+        body = json.dumps({"prompt": DEMO_PROMPT, "max_tokens": DEMO_MAX_TOKENS}).encode()
+        method, path = "POST", "/v1/completions"
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    else:
+        app = make_app(mode, recorder_dir)
+        body, method, path, headers = b"", "GET", "/ping", []
     scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
-        "path": "/ping", "raw_path": b"/ping", "query_string": b"", "root_path": "",
-        "headers": [(b"host", b"127.0.0.1:8000"), (b"user-agent", b"wrk"), (b"accept", b"*/*")],
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
+        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+        "headers": [(b"host", b"127.0.0.1:8000"), (b"user-agent", b"wrk"), (b"accept", b"*/*"), *headers],
         "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000),
     }  # fmt: skip
+    statuses: set[int] = set()
 
     async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
+        return {"type": "http.request", "body": body, "more_body": False}
 
     async def send(message: dict[str, Any]) -> None:
-        pass
+        if message["type"] == "http.response.start":
+            statuses.add(message["status"])
 
     async def run() -> None:
-        for _ in range(n):
-            await app(dict(scope), receive, send)
+        lifespan = app.router.lifespan_context(app) if mode.startswith("demo") else contextlib.nullcontext()
+        async with lifespan:
+            for _ in range(n):
+                await app(dict(scope), receive, send)
+            tracker = getattr(app.state, "tracker", None)
+            if tracker is not None:
+                tracker.flush()  # the recorder's work belongs to the requests
 
     asyncio.run(run())
     tracker = getattr(app.state, "tracker", None)
-    if tracker is not None:
-        tracker.flush()  # the recorder's work belongs to the requests
-        tracker.close()
+    if tracker is not None and not mode.startswith("demo"):
+        tracker.close()  # the demo app's lifespan closed its own
     shutil.rmtree(recorder_dir, ignore_errors=True)
+    if statuses != {200}:
+        raise SystemExit(f"{mode}: responses {sorted(statuses)}, expected only 200")
+
+
+def _stub_model_demo_app(mode: str, recorder_dir: str, weights: str) -> Any:
+    """The reference backend's app with the model thread replaced by an instant answer (16 tokens, a batch of
+    4): what remains is the event-loop path of a request, which is where tracking's own cost lies, without
+    the model's CPU swamping the count."""
+    from diag.demo.batcher import Batcher, Completion
+
+    async def submit(self: Batcher, ids: list[int], max_tokens: int, on_first_token: Any = None) -> Completion:
+        if on_first_token is not None:
+            on_first_token()
+        return Completion(list(ids[:max_tokens]), len(ids), 4, 4 * len(ids))
+
+    Batcher.submit = submit  # type: ignore[method-assign]
+    return make_demo_app(mode, recorder_dir, weights)
 
 
 def instructions(modes: list[str]) -> None:
@@ -450,11 +501,25 @@ def instructions(modes: list[str]) -> None:
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
 
+    weights = None
+    if any(m.startswith("demo") for m in modes):
+        # A small checkpoint, made here once: the model never runs in this loop (see _stub_model_demo_app).
+        from diag.demo.server import prepare_weights
+        from diag.demo.weights import ModelConfig, default_weights_dir
+
+        weights = str(prepare_weights(default_weights_dir(), ModelConfig.for_budget(8)))
+    prom_dir = tempfile.mkdtemp(prefix="llmdiag-bench-prom-")
+
     def count(mode: str, n: int) -> int:
+        mode_env = env
+        if mode.startswith("demo-tracked"):  # as in the wrk runs: `diag demo serve` always sets it
+            shutil.rmtree(prom_dir, ignore_errors=True)
+            os.makedirs(prom_dir)
+            mode_env = {**env, "PROMETHEUS_MULTIPROC_DIR": prom_dir}
         out = subprocess.run(
             ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__, "--asgi-loop", mode,
-             "--requests", str(n)],
-            env=env, cwd=ROOT, capture_output=True, text=True, check=True,
+             "--requests", str(n), *(["--weights", weights] if weights else [])],
+            env=mode_env, cwd=ROOT, capture_output=True, text=True, check=True,
         )  # fmt: skip
         m = re.search(r"Collected : (\d+)", out.stderr)
         if not m:
@@ -462,14 +527,24 @@ def instructions(modes: list[str]) -> None:
         return int(m.group(1))
 
     per_request = {}
-    for mode in modes:
-        per_request[mode] = (count(mode, 1300) - count(mode, 300)) / 1000
-        print(f"{mode:<16} {per_request[mode] / 1000:8.0f}k instructions/request", flush=True)
-    if "bare" in per_request:
-        base = per_request["bare"]
-        print("\nadded over bare (ASGI app only; add ~630k for uvicorn + h11 + sockets per request on this box):")
+    width = max(16, *map(len, modes))
+    try:
         for mode in modes:
-            print(f"{mode:<16} {(per_request[mode] - base) / 1000:+8.0f}k")
+            per_request[mode] = (count(mode, 1300) - count(mode, 300)) / 1000
+            print(f"{mode:<{width}} {per_request[mode] / 1000:8.0f}k instructions/request", flush=True)
+    finally:
+        shutil.rmtree(prom_dir, ignore_errors=True)
+    for base_mode, what in (
+        ("bare", "ASGI app only; add ~630k for uvicorn + h11 + sockets per request on this box"),
+        ("demo-untracked", "the reference backend's event-loop path, model stubbed out"),
+    ):
+        if base_mode not in per_request:
+            continue
+        base = per_request[base_mode]
+        print(f"\nadded over {base_mode} ({what}):")
+        for mode in modes:
+            if mode.startswith("demo") == base_mode.startswith("demo"):
+                print(f"{mode:<{width}} {(per_request[mode] - base) / 1000:+8.0f}k")
 
 
 def _loadavg() -> float:
@@ -539,7 +614,7 @@ class Servers:
         self.ports: dict[str, int] = {}
         for mode in modes:
             mode_env = env
-            if mode == "demo-tracked":  # `diag demo serve` always sets it (metrics summed over workers)
+            if mode.startswith("demo-tracked"):  # `diag demo serve` always sets it (metrics summed over workers)
                 mode_env = {**env, "PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp(dir=recorder_dir, prefix="prom-")}
             self.ports[mode] = _free_port()
             cmd = [sys.executable, __file__, "--serve", mode, "--port", str(self.ports[mode]), "--recorder-dir", recorder_dir]
@@ -569,9 +644,9 @@ def _prepare_demo_weights() -> str:
     return str(prepare_weights(default_weights_dir(), ModelConfig.for_budget(200)))
 
 
-def _demo_script(directory: str) -> str:
+def _demo_script(directory: str, max_tokens: int) -> str:
     path = os.path.join(directory, "post.lua")
-    body = json.dumps({"prompt": DEMO_PROMPT, "max_tokens": DEMO_MAX_TOKENS})
+    body = json.dumps({"prompt": DEMO_PROMPT, "max_tokens": max_tokens})
     Path(path).write_text(
         f'wrk.method = "POST"\nwrk.body = {json.dumps(body)}\nwrk.headers["Content-Type"] = "application/json"\n'
     )
@@ -581,7 +656,7 @@ def _demo_script(directory: str) -> str:
 def run(args: argparse.Namespace, modes: list[str]) -> None:
     recorder_dir = tempfile.mkdtemp(prefix="llmdiag-bench-")
     weights = _prepare_demo_weights() if any(m.startswith("demo") for m in modes) else None
-    script = _demo_script(recorder_dir)
+    script = _demo_script(recorder_dir, args.demo_max_tokens)
 
     def load(mode: str, duration: int) -> tuple[float, dict[str, float]]:
         port = servers.ports[mode]
@@ -654,7 +729,7 @@ def _report(
     print(
         f"trivial endpoint: wrk -t1 -c{args.connections} -d{args.duration}s GET /ping, once per round; reference "
         f"backend: wrk -t1 -c{args.demo_connections} -d{args.demo_duration}s POST /v1/completions "
-        f"({len(DEMO_PROMPT)}-byte prompt, max_tokens {DEMO_MAX_TOKENS}), {args.demo_pairs} back-to-back pairs per round\n"
+        f"({len(DEMO_PROMPT)}-byte prompt, max_tokens {args.demo_max_tokens}), {args.demo_pairs} back-to-back pairs per round\n"
     )
     header = f"{'mode':<26} {'runs':>4} {'req/s':>8} {'range':>13} {'p99 ms':>7} {'cpu us/req':>10}"
     print(header)
@@ -700,6 +775,13 @@ def _report(
         print(f"{mode}: {text}")
 
 
+_PCT = r"(?:100|[1-9]?[0-9])"
+_MODE_RE = re.compile(
+    rf"bare|otel(?:-{_PCT}|-edge-{_PCT})?|llmdiag-{_PCT}(?:-norec|-notrack|-noserver)*"
+    r"|demo-untracked|demo-tracked(?:-norec|-nospans|-noadmission)*"
+)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=9)
@@ -707,6 +789,13 @@ def main() -> None:
     parser.add_argument("--demo-duration", type=int, default=6, help="seconds per reference-backend wrk run")
     parser.add_argument(
         "--demo-pairs", type=int, default=3, help="back-to-back reference-backend pairs per round (more pairs: narrower (c))"
+    )
+    parser.add_argument(
+        "--demo-max-tokens",
+        type=int,
+        default=DEMO_MAX_TOKENS,
+        help=f"tokens each reference-backend request generates (default {DEMO_MAX_TOKENS}: short, so tracking weighs "
+        "most; the backend accepts up to 512)",
     )
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--demo-connections", type=int, default=4)
@@ -730,9 +819,15 @@ def main() -> None:
         serve(args.serve, args.port, args.recorder_dir, args.weights)
         return
     if args.asgi_loop:
-        asgi_loop(args.asgi_loop, args.requests)
+        asgi_loop(args.asgi_loop, args.requests, args.weights)
         return
     modes = [m for m in args.modes.split(",") if m]
+    unknown = [m for m in modes if not _MODE_RE.fullmatch(m)]
+    if unknown or not modes:
+        sys.exit(
+            f"unknown mode(s) {', '.join(unknown) or '(none given)'}: bare, otel, otel-<pct>, otel-edge-<pct>, "
+            "llmdiag-<pct>[-norec][-notrack][-noserver], demo-untracked, demo-tracked[-norec][-nospans][-noadmission]"
+        )
     if args.instructions:
         instructions(modes)
         return
@@ -740,6 +835,8 @@ def main() -> None:
         sys.exit("wrk not found: apt-get install -y wrk")
     if args.rounds < 1 or args.duration < 1 or args.demo_duration < 1 or args.demo_pairs < 1:
         sys.exit("--rounds, --duration, --demo-duration and --demo-pairs must be >= 1")
+    if not 1 <= args.demo_max_tokens <= 512:
+        sys.exit("--demo-max-tokens must be between 1 and 512 (the reference backend's limit)")
     run(args, modes)
 
 
