@@ -231,9 +231,6 @@ def _stock_edge_sampled(app: Any, ratio: float, exporter: Any) -> Any:
     return app
 
 
-DEMO_TRACKED_OPTIONS = ("-norec", "-nospans", "-noadmission")
-
-
 def make_demo_app(mode: str, recorder_dir: str, weights: str) -> object:
     """``demo-tracked``: the reference backend's own ``create_app`` with a full tracker (spans on 10 %,
     counted by an SDK exporter). ``demo-untracked``: the same model path without llm-diag.
@@ -246,11 +243,8 @@ def make_demo_app(mode: str, recorder_dir: str, weights: str) -> object:
     settings = DemoSettings(weights_path=weights, recorder=os.path.join(recorder_dir, f"{mode}.db"))
     if mode == "demo-untracked":
         return _untracked_demo_app(settings)
-    options = mode.removeprefix("demo-tracked")
-    for option in DEMO_TRACKED_OPTIONS:
-        options = options.replace(option, "", 1)
-    if not mode.startswith("demo-tracked") or options:
-        raise SystemExit(f"unknown mode {mode!r}: demo-untracked, or demo-tracked with any of {DEMO_TRACKED_OPTIONS}")
+    if not (mode.startswith("demo-tracked") and _MODE_RE.fullmatch(mode)):
+        raise SystemExit(f"unknown mode {mode!r}: demo-untracked, or demo-tracked[-norec][-nospans][-noadmission]")
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
