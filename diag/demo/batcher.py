@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -192,8 +193,7 @@ class Batcher:
         queue holds fewer jobs than the median of the recent batches (see the module's notes)."""
         if not self._recent_sizes or self._step_s <= 0:
             return
-        sizes = sorted(self._recent_sizes)
-        wanted = min(sizes[len(sizes) // 2], self.max_batch_requests)
+        wanted = min(statistics.median_high(self._recent_sizes), self.max_batch_requests)
         deadline = time.monotonic() + min(self._step_s / 2, MAX_EXTRA_WAIT_S)
         while len(self._queue) < wanted and not self._stop:
             remaining = deadline - time.monotonic()
@@ -248,7 +248,7 @@ class Batcher:
                     break
                 if not first:  # a decode step (the prefill's length depends on the prompts)
                     self._step_s = time.monotonic() - step_started
-                if first:
+                else:
                     first = False
                     for j in live:
                         if j.on_first_token is not None:
