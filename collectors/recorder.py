@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 DEFAULT_RETENTION_S = 2 * 3600.0
 DEFAULT_MAX_SIZE_BYTES = 256 * 1024 * 1024
 ENV_RECORDER = "LLMDIAG_RECORDER"
+ENV_STATE_DIR = "LLMDIAG_STATE_DIR"
+SYSTEM_STATE_DIR = Path("/var/lib/llm-diag")
 FORMAT_VERSION = "1"
 RESERVE_BYTES = 512 * 1024  # see FlightRecorder.make_room
 _INSERT_CHUNK = 200  # 800 (2200 for request rows) bound parameters per statement; SQLite allows 32766 since 3.32
@@ -117,14 +119,31 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
+def state_dir() -> Path:
+    """Where llm-diag keeps its files: ``$LLMDIAG_STATE_DIR``; for root ``/var/lib/llm-diag``; else the XDG state dir.
+
+    Why root gets the system directory: the shipped systemd units run the agent and the receiver with
+    ``StateDirectory=llm-diag`` (``/var/lib/llm-diag``), and the person who runs ``diag analyze``,
+    ``diag bundle`` or ``diag triage`` on that host mid-incident is root. Had root looked in its own home
+    (``/root/.local/state``) as any user does, every command would say "no flight recorder" beside a
+    running agent. An ordinary user keeps ``~/.local/state/llm-diag`` (``$XDG_STATE_HOME``).
+    """
+    env = os.environ.get(ENV_STATE_DIR)
+    if env:
+        return Path(env)
+    if os.geteuid() == 0:
+        return SYSTEM_STATE_DIR
+    from platformdirs import user_state_dir
+
+    return Path(user_state_dir("llm-diag"))
+
+
 def default_recorder_path() -> Path:
-    """``$LLMDIAG_RECORDER``, else ``<user state dir>/llm-diag/recorder.db`` (e.g. ~/.local/state/...)."""
+    """``$LLMDIAG_RECORDER``, else ``recorder.db`` in ``state_dir()``."""
     env = os.environ.get(ENV_RECORDER)
     if env:
         return Path(env)
-    from platformdirs import user_state_dir
-
-    return Path(user_state_dir("llm-diag")) / "recorder.db"
+    return state_dir() / "recorder.db"
 
 
 class RecorderCorrupt(Exception):

@@ -31,6 +31,17 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
     livecg.current_test = None
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """No test reads or writes the real state directories (as root: /var/lib/llm-diag, the units' own).
+
+    A test that wants the default location sets ``LLMDIAG_STATE_DIR`` (or deletes it) itself.
+    """
+    import os
+
+    os.environ["LLMDIAG_STATE_DIR"] = str(tmp_path_factory.mktemp("llm-diag-state"))
+
+
 @pytest.fixture(scope="session")
 def scenario_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One weights folder for every scenario run of the session (made on the first run, reused after)."""

@@ -34,7 +34,7 @@ tickets_app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-Db = Annotated[Path | None, typer.Option("--db", help=f"Incident store (SQLite). Default: ${ENV_DB} or the user state dir.")]
+Db = Annotated[Path | None, typer.Option("--db", help=f"Incident store (SQLite). Default: ${ENV_DB}, else /var/lib/llm-diag/triage.db for root, ~/.local/state/llm-diag/triage.db otherwise.")]
 
 
 def _fail(message: str) -> None:
@@ -43,12 +43,13 @@ def _fail(message: str) -> None:
 
 
 def default_db_path() -> Path:
+    """``$LLMDIAG_TRIAGE_DB``, else ``triage.db`` beside the flight recorder (``/var/lib/llm-diag`` for root)."""
     env = os.environ.get(ENV_DB)
     if env:
         return Path(env)
-    from platformdirs import user_state_dir
+    from collectors.recorder import state_dir
 
-    return Path(user_state_dir("llm-diag")) / "triage.db"
+    return state_dir() / "triage.db"
 
 
 def _listen(text: str) -> tuple[str, int]:

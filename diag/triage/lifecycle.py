@@ -80,7 +80,8 @@ def _create(
         " group_key, external_url, starts_at, opened_at, updated_at, truncated_alerts, diag_state, diag_requested)"
         " VALUES (?, ?, ?, ?, 'open', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?)",
         (
-            key, gen, json.dumps(chosen), _title(alert, chosen), alert.labels.get("severity", ""), json.dumps(alert.labels),
+            key, gen, json.dumps(chosen), _title(alert, chosen), alert.labels.get("severity") or note.route_severity,
+            json.dumps(alert.labels),
             json.dumps(alert.annotations), alert.generator_url, note.group_key, note.external_url, alert.starts_at, now, now,
             note.truncated_alerts, now,
         ),

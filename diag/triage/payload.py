@@ -57,6 +57,9 @@ class Notification:
     external_url: str
     truncated_alerts: int
     alerts: tuple[Alert, ...]
+    # The severity of the receiver route that delivered it ('' for the plain /webhook): an alert with no
+    # severity label still carries the page/ticket decision Alertmanager's routing made.
+    route_severity: str = ""
 
 
 def parse_time(text: str, where: str) -> float | None:
@@ -158,8 +161,11 @@ def _alert(raw: Any, i: int) -> Alert:
     )
 
 
-def parse(body: bytes) -> Notification:
-    """Validate ``body`` and return the notification; raises PayloadError with the first problem found."""
+def parse(body: bytes, route_severity: str = "") -> Notification:
+    """Validate ``body`` and return the notification; raises PayloadError with the first problem found.
+
+    ``route_severity``: the severity of the webhook path it arrived on ('' for the plain ``/webhook``).
+    """
     if len(body) > MAX_BODY_BYTES:
         raise PayloadError(f"body larger than {MAX_BODY_BYTES} bytes")
     try:
@@ -199,4 +205,5 @@ def parse(body: bytes) -> Notification:
         external_url=_string(doc, "externalURL", "body", required=False, limit=8192),
         truncated_alerts=int(truncated),
         alerts=tuple(_alert(a, i) for i, a in enumerate(raw_alerts)),
+        route_severity=route_severity,
     )

@@ -31,6 +31,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
+from alerts.receiver_routes import route_severity, served_paths
 from diag.triage import lifecycle, payload, web
 from diag.triage.diagnosis import DiagnosisWorker, Source
 from diag.triage.ingest import Ingestor, Rejected, Unavailable
@@ -286,16 +287,17 @@ class Receiver:
     async def _dispatch(self, request: Request) -> tuple[int, Any, str, dict[str, str]]:
         path = request.path.split("?", 1)[0]
         if request.method == "POST":
-            if path != "/webhook":
-                raise HttpError(404, "not found; Alertmanager should POST to /webhook")
-            status, doc, extra = await self._webhook(request)
+            severity = route_severity(path)
+            if severity is None:
+                raise HttpError(404, f"not found; Alertmanager should POST to one of {', '.join(served_paths())}")
+            status, doc, extra = await self._webhook(request, severity)
             return status, doc, "application/json", extra
         if request.method not in ("GET", "HEAD"):
             raise HttpError(405, f"{request.method} not allowed", {"Allow": "GET, HEAD, POST"})
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._readers, self._page, path)
 
-    async def _webhook(self, request: Request) -> tuple[int, dict[str, Any], dict[str, str]]:
+    async def _webhook(self, request: Request, route_severity: str = "") -> tuple[int, dict[str, Any], dict[str, str]]:
         token = self.config.token
         if token:
             given = request.headers.get("authorization", "")
@@ -304,16 +306,18 @@ class Receiver:
         ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if ctype != "application/json":
             raise HttpError(415, f"Content-Type {ctype or '(none)'}: application/json expected")
-        digest = hashlib.blake2b(request.body, digest_size=16).digest()
+        digest = hashlib.blake2b(route_severity.encode() + b"\0" + request.body, digest_size=16).digest()
         if digest in self._committed_bodies:
             # byte-identical to a body already committed (a retry, or the other HA peer): applying it again is a
             # no-op by construction (lifecycle idempotence), so it is answered without touching the store
             return 200, {"status": "recorded", "outcomes": ["duplicate"]}, {}
         try:
             if len(request.body) > OFFLOAD_PARSE_BYTES:
-                note = await asyncio.get_running_loop().run_in_executor(self._readers, payload.parse, request.body)
+                note = await asyncio.get_running_loop().run_in_executor(
+                    self._readers, payload.parse, request.body, route_severity
+                )
             else:
-                note = payload.parse(request.body)
+                note = payload.parse(request.body, route_severity)
         except payload.PayloadError as exc:
             raise HttpError(400, str(exc)) from None
         try:
@@ -328,10 +332,10 @@ class Receiver:
             self._committed_bodies.pop(next(iter(self._committed_bodies)))
         return 200, {"status": "recorded", "outcomes": outcomes}, {}
 
-    def webhook(self, headers: Any, body: bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
+    def webhook(self, headers: Any, body: bytes, route_severity: str = "") -> tuple[int, dict[str, Any], dict[str, str]]:
         """Synchronous form of the webhook core (length already checked): for embedding in another server."""
         try:
-            note = payload.parse(body)
+            note = payload.parse(body, route_severity)
         except payload.PayloadError as exc:
             return 400, {"error": str(exc)}, {}
         try:

@@ -90,6 +90,24 @@ def test_default_path_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     assert default_recorder_path() == tmp_path / "x.db"
     monkeypatch.delenv("LLMDIAG_RECORDER")
     assert default_recorder_path().name == "recorder.db"
+    monkeypatch.setenv("LLMDIAG_STATE_DIR", str(tmp_path / "state"))
+    assert default_recorder_path() == tmp_path / "state" / "recorder.db"
+
+
+def test_root_and_users_share_the_units_state_directory_rules(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Root finds what the systemd units write (/var/lib/llm-diag); a user keeps the XDG state dir."""
+    from collectors import recorder
+    from diag.triage.cli import default_db_path
+
+    for name in ("LLMDIAG_RECORDER", "LLMDIAG_STATE_DIR", "LLMDIAG_TRIAGE_DB"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(recorder.os, "geteuid", lambda: 0)
+    assert default_recorder_path() == Path("/var/lib/llm-diag/recorder.db")
+    assert default_db_path() == Path("/var/lib/llm-diag/triage.db")
+    monkeypatch.setattr(recorder.os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert default_recorder_path() == tmp_path / "xdg" / "llm-diag" / "recorder.db"
+    assert default_db_path() == tmp_path / "xdg" / "llm-diag" / "triage.db"
 
 
 _WRITER = textwrap.dedent(

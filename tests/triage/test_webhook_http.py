@@ -58,6 +58,18 @@ def test_real_body_recorded_once_then_duplicate(server, client):
     assert [i["title"] for i in incidents if "burning error budget" in i["title"]]
 
 
+@pytest.mark.parametrize("severity", ["page", "ticket"])
+def test_each_generated_route_is_served_and_keeps_its_severity(client, severity):
+    """The generator's routes post to /webhook/<severity>: an alert with no severity label keeps the route's."""
+    from alerts.receiver_routes import SEVERITY_PATHS
+
+    raw = json.dumps(body(alert({"alertname": f"NoSeverity{severity}", "job": "j"}))).encode()
+    r = client.post(SEVERITY_PATHS[severity], content=raw, headers={"Content-Type": "application/json"})
+    assert (r.status_code, r.json()["outcomes"]) == (200, ["opened"])
+    mine = [i for i in client.get("/api/incidents").json() if i["title"].startswith(f"alertname=NoSeverity{severity}")]
+    assert [i["severity"] for i in mine] == [severity]
+
+
 def test_unknown_fields_tolerated(client):
     doc = json.loads(FIXTURE.read_bytes())
     doc["notification_reason"] = "first notification"
@@ -137,7 +149,9 @@ def test_bearer_token_from_environment(tmp_path):
 
 def test_other_methods_and_paths(client):
     assert client.put("/webhook").status_code == 405
-    assert client.post("/nope", json={}).status_code == 404
+    nope = client.post("/nope", json={})
+    assert nope.status_code == 404 and "/webhook/page" in nope.json()["error"]
+    assert client.post("/page", json={}).status_code == 404  # the old generator's path is not silently accepted
     assert client.get("/incidents/999999").status_code == 404
 
 
