@@ -34,7 +34,14 @@ tickets_app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-Db = Annotated[Path | None, typer.Option("--db", help=f"Incident store (SQLite). Default: ${ENV_DB}, else /var/lib/llm-diag/triage.db for root, ~/.local/state/llm-diag/triage.db otherwise.")]
+Db = Annotated[
+    Path | None,
+    typer.Option(
+        "--db",
+        help=f"Incident store (SQLite). Default: ${ENV_DB}, else /var/lib/llm-diag/triage.db as root, "
+        "~/.local/state/llm-diag/triage.db as a user.",
+    ),
+]
 
 
 def _fail(message: str) -> None:
