@@ -180,7 +180,7 @@ class DiagnosisWorker:
         with transaction(self._db) as db:
             row = db.execute(
                 "SELECT * FROM incidents WHERE diag_state = 'pending' AND COALESCE(diag_requested, 0) <= ?"
-                " ORDER BY diag_requested LIMIT 1",
+                " AND id NOT IN (SELECT absorbed FROM merges) ORDER BY diag_requested LIMIT 1",
                 (time.time(),),
             ).fetchone()
             if row is not None:
@@ -235,6 +235,8 @@ class DiagnosisWorker:
                     ("pending" if retry else "failed", doc["error"], now + (0 if rerun else RETRY_AFTER_S), incident_id),
                 )
                 add_event(db, incident_id, "diagnosis_failed", f"{doc['error']}" + (" (will retry)" if retry else ""), now)
+                if not retry:
+                    lifecycle.release_ticket_hold(db, incident_id, now)
                 return
             cls = verdict_class(doc)
             doc["triage"] = {"source": self.source.describe(), "selector": selector, "since_s": since_s, "until": now}
@@ -254,3 +256,5 @@ class DiagnosisWorker:
                 add_event(db, incident_id, "rediagnosed", f"re-diagnosed: still {cls}", now)
             if bundle:
                 add_event(db, incident_id, "bundle", f"diag bundle written: {bundle}", now)
+            lifecycle.release_ticket_hold(db, incident_id, now)
+            lifecycle.join_same_problem(db, self.policy, incident_id, now)

@@ -99,6 +99,12 @@ CREATE TABLE IF NOT EXISTS tickets (
     created_at REAL NOT NULL,
     PRIMARY KEY (incident_id, sink)
 );
+CREATE TABLE IF NOT EXISTS merges (
+    absorbed INTEGER PRIMARY KEY REFERENCES incidents (id),
+    survivor INTEGER NOT NULL REFERENCES incidents (id),
+    ts REAL NOT NULL,
+    class TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS stats (
     name TEXT PRIMARY KEY,
     value INTEGER NOT NULL
