@@ -92,9 +92,16 @@ def _init_worker(parent: int) -> None:
     load_rules()
 
 
-def run_analysis(kind: str, target: str, selector: str, since_s: float, until: float) -> dict[str, Any]:
-    """In the worker process: load the window and run the rules; a problem with the source becomes ``error``."""
+def run_analysis(
+    kind: str, target: str, selector: str, since_s: float, until: float, labels: dict[str, str] | None = None,
+    firing: bool = False,
+) -> dict[str, Any]:  # fmt: skip
+    """In the worker process: load the window and run the rules; a problem with the source becomes ``error``.
+
+    ``labels``/``firing``: the incident's alert, which the analysis is reconciled with (``diag.triage.agreement``).
+    """
     from diag.rules.engine import analyze
+    from diag.triage import agreement
 
     try:
         if kind == "prometheus":
@@ -108,6 +115,8 @@ def run_analysis(kind: str, target: str, selector: str, since_s: float, until: f
         doc = analyze(timeline).to_dict()
     except (OSError, ValueError) as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
+    if labels is not None:
+        doc["alert_check"] = agreement.check(doc, labels, firing=firing)
     return json.loads(json.dumps(doc, allow_nan=False, default=str))
 
 
@@ -192,9 +201,13 @@ class DiagnosisWorker:
     def _diagnose(self, inc: sqlite3.Row) -> None:
         now = time.time()
         since_s = max(60.0, now - (inc["starts_at"] - self.lookback_s))
-        selector = promql_selector(json.loads(inc["labels"]), self.source.selector_labels)
+        labels = json.loads(inc["labels"])
+        selector = promql_selector(labels, self.source.selector_labels)
+        firing = self._db.execute(
+            "SELECT COUNT(*) FROM alerts WHERE incident_id = ? AND status = 'firing'", (inc["id"],)
+        ).fetchone()[0] > 0
         future: Future[dict[str, Any]] = self._pool.submit(
-            run_analysis, self.source.kind, self.source.target, selector, since_s, now
+            run_analysis, self.source.kind, self.source.target, selector, since_s, now, labels, firing
         )
         try:
             doc = future.result(timeout=600)
