@@ -22,15 +22,17 @@ Views, for every recording in ``tests/fixtures/scenarios/`` (the GPU replays bui
 one command digests the code before the change; fixtures are always this checkout's.
 
 Rule ids are user-visible, so renaming one changes the document. ``--rename OLD=NEW`` (repeatable)
-rewrites OLD to NEW wherever a document names a rule. Renaming can also reorder what the engine lists
-in rule-id order (``evaluated``, ``not_evaluated``, ``too_little_data``, and findings of equal score),
-so each view has two digests: ``exact`` (the document as it is) and ``canonical`` (those lists sorted
-by rule id, findings by score then rule id; ``primary`` and ``contributing`` left as they are, so a tie
-that changed the verdict still shows). ``--compare FILE`` reads an earlier run's output (``--out``)
-and reports, per view, whether the exact digests match, only the canonical ones, or neither.
+rewrites OLD to NEW wherever a document of this run names a rule (give it to either run: the old
+names on the run before, or NEW=OLD on the run after). Renaming also reorders what the engine lists
+in rule-id order (``evaluated``, ``not_evaluated``, ``too_little_data``), so each view has two
+digests: ``exact`` (the document as it is) and ``canonical`` (those three lists sorted by rule id).
+Findings keep their ranking in both: findings of equal score stay in the order the engine ran their
+rules (by id), so a rename that reorders a tie shows as a difference -- a reader sees it too.
+``--compare FILE`` reads an earlier run's output (``--out``) and reports, per view, whether the exact
+digests match, only the canonical ones, or neither.
 
     .venv/bin/python bench/digests.py --code /tmp/base --out /tmp/before.json
-    .venv/bin/python bench/digests.py --compare /tmp/before.json --rename memory.old_id=stalls.new_id
+    .venv/bin/python bench/digests.py --compare /tmp/before.json --rename stalls.new_id=memory.old_id
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import json
 import pickle
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +64,7 @@ WINDOWS: tuple[tuple[str, float, float], ...] = (
 )
 SECONDS: tuple[tuple[str, float, float], ...] = (("first30s", 0.0, 30.0), ("last30s", -30.0, 0.0), ("last10s", -10.0, 0.0))
 FLEET_STEP_S = 5.0
-RULE_KEYED = ("evaluated", "not_evaluated", "too_little_data")
+SHOWN = 20  # differences listed by name; the rest are counted
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -151,16 +153,12 @@ def renamed(doc: Any, names: dict[str, str]) -> Any:
     return doc
 
 
-def canonical(doc: dict[str, Any], score: Callable[[dict[str, Any]], float]) -> dict[str, Any]:
-    """Rule-ordered lists sorted by rule id, findings and suspects by score then rule id (the verdict untouched)."""
+def canonical(doc: dict[str, Any]) -> dict[str, Any]:
+    """The lists the engine keeps in rule-id order, sorted by rule id; everything else as it is."""
     out = dict(doc)
     out["evaluated"] = sorted(doc["evaluated"])
     out["not_evaluated"] = sorted(doc["not_evaluated"], key=lambda x: x["rule"])
-    verdict = dict(doc["verdict"])
-    verdict["too_little_data"] = sorted(verdict["too_little_data"], key=lambda x: x["rule"])
-    verdict["suspects"] = sorted(verdict["suspects"], key=lambda x: (-score(x), x["rule"]))
-    out["verdict"] = verdict
-    out["findings"] = sorted(doc["findings"], key=lambda x: (-score(x), x["rule"]))
+    out["verdict"] = {**doc["verdict"], "too_little_data": sorted(doc["verdict"]["too_little_data"], key=lambda x: x["rule"])}
     return out
 
 
@@ -169,16 +167,12 @@ def sha(doc: Any) -> str:
 
 
 def digest_all(timelines: Path | None, names: dict[str, str]) -> dict[str, dict[str, str]]:
-    from diag.rules.classes import CAUSAL_WEIGHT
     from diag.rules.engine import analyze
     from diag.timeline import Series, Table, timeline_from_records
 
-    def score(x: dict[str, Any]) -> float:  # the engine's ranking, from a document's finding or suspect
-        return float(x["confidence"]) * (0.9 + 0.1 * CAUSAL_WEIGHT.get(x["class"], 0.5))
-
     def digests(tl: Any) -> dict[str, str]:
         doc = renamed(analyze(tl).to_dict(), names)
-        return {"exact": sha(doc), "canonical": sha(canonical(doc, score)), "primary": doc["verdict"]["primary"]}
+        return {"exact": sha(doc), "canonical": sha(canonical(doc)), "primary": doc["verdict"]["primary"]}
 
     out: dict[str, dict[str, str]] = {}
     for folder in RECORDINGS:
@@ -212,8 +206,10 @@ def compare(before: dict[str, dict[str, str]], after: dict[str, dict[str, str]])
     print(f"views compared: {len(before) - len(missing)}; identical: {len(exact)}; "
           f"identical but for the order of rules: {len(order_only)}; different: {len(differ)}")  # fmt: skip
     for label, views in (("missing after", missing), ("new after", extra), ("different", differ)):
-        for v in views:
+        for v in views[:SHOWN]:
             print(f"  {label}: {v} ({before.get(v, {}).get('primary')} -> {after.get(v, {}).get('primary')})")
+        if len(views) > SHOWN:
+            print(f"  ... and {len(views) - SHOWN} more {label}")
     return 0 if not (missing or differ) else 1
 
 

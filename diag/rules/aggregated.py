@@ -47,7 +47,7 @@ def _pick(svc: dict[str, Series], key: str) -> tuple[str, Series] | None:
 
 
 @rule(
-    "service.queue_vs_thrash",
+    "aggregated.queue_vs_thrash",
     "queue_backlog",
     needs=("service:inference_p50_s",),
     needs_any=("service:queue_wait_mean_s", "service:queue_wait_p50_s"),
@@ -97,7 +97,7 @@ def queue_vs_thrash(tl: Timeline, ac: AnalysisContext | None = None) -> Finding 
     if inflation >= S_INFLATED and stall:
         return Finding(
             cls="thrashing",
-            rule="service.queue_vs_thrash",
+            rule="aggregated.queue_vs_thrash",
             confidence=0.6 + (0.1 if inflation >= 3 else 0.0),
             summary=(
                 f"Inference time itself inflates {inflation:.1f}x ({ms(thirds[0])} -> {ms(max(thirds))}) "
@@ -115,7 +115,7 @@ def queue_vs_thrash(tl: Timeline, ac: AnalysisContext | None = None) -> Finding 
     conf = 0.65 + (0.05 if never_empty else 0.0) if inflation < S_INFLATED and not stall else 0.4
     return Finding(
         cls="queue_backlog",
-        rule="service.queue_vs_thrash",
+        rule="aggregated.queue_vs_thrash",
         confidence=conf,
         summary=(
             f"Requests wait {ms(w_busy)} for a slot at busy times (vs {ms(w_calm)} calm) while inference stays at "

@@ -50,7 +50,7 @@ def _service_requests(tl: Timeline) -> int:
     return int(np.isfinite(req["start"]).sum()) if len(req) and "start" in req else 0
 
 
-@rule("memory.thrashing_stalls", "thrashing", needs_any=STALL_SIGNALS)
+@rule("stalls.thrashing", "thrashing", needs_any=STALL_SIGNALS)
 def thrashing_from_stalls(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """Sustained PSI full plus page-ins (major faults, refaults, swap-in) of the service's group, or the host's."""
     # Memoised per analysis: memory pressure asks for this result too, and must not make it run twice.
@@ -132,7 +132,7 @@ def _judge_stalls(tl: Timeline, ac: AnalysisContext | None) -> Finding | TooLitt
         rules_out.append("not mere pressure: tasks are fully stalled, not only some of them")
     return Finding(
         cls="thrashing",
-        rule="memory.thrashing_stalls",
+        rule="stalls.thrashing",
         confidence=min(conf, 0.85),
         summary=(
             f"{scope[0].upper()}{scope[1:]} is fully stalled on memory {median_hot:.1f} % of the time "

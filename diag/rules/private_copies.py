@@ -110,7 +110,7 @@ def _copies(members: list[Member]) -> list[Member]:
     return best
 
 
-@rule("placement.duplicate_private_copies", "duplicate_model_processes", needs_any=("process:uss", "loader"))
+@rule("private_copies.duplicate_models", "duplicate_model_processes", needs_any=("process:uss", "loader"))
 def duplicate_private_copies(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """Sibling processes each holding a large, similar private copy (no model file needed), or loading one."""
     scope = stats.service_scope(tl, ac)
@@ -179,7 +179,7 @@ def duplicate_private_copies(tl: Timeline, ac: AnalysisContext | None = None) ->
         evidence.append(Evidence(f"limit ({limit_source})", round(limit), "bytes"))
     return Finding(
         cls="duplicate_model_processes",
-        rule="placement.duplicate_private_copies",
+        rule="private_copies.duplicate_models",
         confidence=min(conf, 0.85),
         summary=summary,
         evidence=evidence,
