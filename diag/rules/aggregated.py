@@ -20,7 +20,7 @@ import numpy as np
 
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext
-from diag.rules.requests import (
+from diag.rules.requestload import (
     MIN_REQUESTS,
     OVERWHELM_FACTOR,
     OVERWHELM_SHARE,
@@ -28,12 +28,11 @@ from diag.rules.requests import (
     W_MIN_S,
     W_MIN_VS_S,
     W_RISE,
-    excerpt,
-    memory_stall,
-    ms,
-    service_context,
 )
+from diag.rules.stall_signals import memory_stall
+from diag.rules.stats import excerpt_arrays, service_context
 from diag.timeline import Series, Timeline
+from diag.units import format_seconds
 
 MIN_STEPS = 5  # steps with requests: fewer cannot tell a calm level from a busy one
 
@@ -82,9 +81,9 @@ def queue_vs_thrash(tl: Timeline, ac: AnalysisContext | None = None) -> Finding 
     t0, t1 = float(ts[0]), float(ts[-1])
     evidence = [
         Evidence(f"queue wait per step ({w_name}), busy vs calm quarter (median)", f"{w_busy:.3g} vs {w_calm:.3g}", "s", t0, t1,
-                 excerpt(ts, wv)),
+                 excerpt_arrays(ts, wv)),
         Evidence(f"inference time per step ({s_name}), busy vs calm quarter (median)", f"{s_busy:.3g} vs {s_calm:.3g}", "s",
-                 t0, t1, excerpt(ts, sv)),
+                 t0, t1, excerpt_arrays(ts, sv)),
         Evidence("inference time inflation (worst of busy/calm and later/first third)", round(inflation, 2), "x", t0, t1),
         Evidence(f"steps with queue wait >= {OVERWHELM_FACTOR:g}x inference", round(float(np.mean(wv >= OVERWHELM_FACTOR * sv)),
                  3), f"ratio of {ts.size} steps", t0, t1),
@@ -100,7 +99,7 @@ def queue_vs_thrash(tl: Timeline, ac: AnalysisContext | None = None) -> Finding 
             rule="aggregated.queue_vs_thrash",
             confidence=0.6 + (0.1 if inflation >= 3 else 0.0),
             summary=(
-                f"Inference time itself inflates {inflation:.1f}x ({ms(thirds[0])} -> {ms(max(thirds))}) "
+                f"Inference time itself inflates {inflation:.1f}x ({format_seconds(thirds[0])} -> {format_seconds(max(thirds))}) "
                 f"while the service's memory stalls: thrashing, not only a queue"
             ),
             evidence=evidence,
@@ -118,8 +117,9 @@ def queue_vs_thrash(tl: Timeline, ac: AnalysisContext | None = None) -> Finding 
         rule="aggregated.queue_vs_thrash",
         confidence=conf,
         summary=(
-            f"Requests wait {ms(w_busy)} for a slot at busy times (vs {ms(w_calm)} calm) while inference stays at "
-            f"{ms(s_busy)} ({inflation:.2f}x its calm level): too little capacity, not a slower service"
+            f"Requests wait {format_seconds(w_busy)} for a slot at busy times (vs {format_seconds(w_calm)} calm) "
+            "while inference stays at "
+            f"{format_seconds(s_busy)} ({inflation:.2f}x its calm level): too little capacity, not a slower service"
         ),
         evidence=evidence,
         rules_out=[basis, *(["no memory stall of the service at the busy times"] if not stall else [])],

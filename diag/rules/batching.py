@@ -24,8 +24,7 @@ import numpy as np
 from diag.rules import numstats
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext
-from diag.rules.requests import ServiceContext, excerpt, memory_series, service_context
-from diag.rules.stats import spearman_test
+from diag.rules.stats import ServiceContext, excerpt_arrays, memory_series, service_context, spearman_test
 from diag.rules.usl import covered_time
 from diag.timeline import Series, Timeline
 
@@ -130,7 +129,7 @@ def moe_expert_skew(tl: Timeline, ac: AnalysisContext | None = None) -> Finding 
         Evidence("routing steps analysed (layer x step)", n, "steps", float(ts.min()), float(ts.max())),
         Evidence("share of steps skewed (top/median > 3 or balancedness < 0.3)", round(share, 3), "ratio"),
         Evidence("median skew (top / median expert tokens)", "inf" if math.isinf(med_skew) else round(med_skew, 2), "ratio"),
-        Evidence("median balancedness (mean / max expert tokens)", round(med_bal, 3), "ratio", series=excerpt(ts, b)),
+        Evidence("median balancedness (mean / max expert tokens)", round(med_bal, 3), "ratio", series=excerpt_arrays(ts, b)),
         Evidence("layers with skewed steps", f"{skewed_layers.size} of {np.unique(layers).size}", "layers"),
         Evidence("median tokens at the busiest expert", round(float(np.median(top[eligible])), 1), "tokens"),
         Evidence("steps with capacity overflow", round(overflow_share, 3), "ratio"),
@@ -240,7 +239,9 @@ def request_count_batching(tl: Timeline, ac: AnalysisContext | None = None) -> F
         Evidence(
             "input tokens per near-cap batch, median / max", f"{np.median(tokens[near]):.0f} / {tokens[near].max():.0f}", "tokens"
         ),
-        Evidence("largest batches by tokens (near the request cap)", int(big.sum()), "batches", series=excerpt(ts, tokens)),
+        Evidence(
+            "largest batches by tokens (near the request cap)", int(big.sum()), "batches", series=excerpt_arrays(ts, tokens)
+        ),
     ]
     if mem is not None:
         evidence.append(
@@ -440,7 +441,7 @@ def oversized_context(tl: Timeline, ac: AnalysisContext | None = None) -> Findin
         ),
         Evidence("failure rate, the rest", round(rate_rest, 3), f"ratio ({sp.f_rest}/{sp.n_rest})"),
         Evidence("Fisher exact test p (failures over-represented in long prompts)", float(f"{p_fisher:.3g}"), "p"),
-        Evidence("prompt tokens per request over time", int(p.max()), "tokens", series=excerpt(req["arrival"][has], p)),
+        Evidence("prompt tokens per request over time", int(p.max()), "tokens", series=excerpt_arrays(req["arrival"][has], p)),
     ]
     if mem is not None and n_peaks:
         evidence.append(

@@ -22,8 +22,8 @@ import numpy as np
 from diag.rules import numstats
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext
-from diag.rules.requests import analyse_requests, memory_series, service_context
-from diag.rules.stats import limit_for
+from diag.rules.requestload import analyse_requests
+from diag.rules.stats import limit_for, memory_series, service_context
 from diag.timeline import Series, Timeline
 
 GIB = float(1 << 30)

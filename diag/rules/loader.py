@@ -27,9 +27,10 @@ import numpy as np
 
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext
-from diag.rules.requests import excerpt, ms
+from diag.rules.stats import excerpt_arrays
 from diag.rules.usl import covered_time
 from diag.timeline import Table, Timeline
+from diag.units import format_seconds
 
 MIN_ON_PATH = 3  # fewer on-path loads is an anecdote, not a pattern
 SHARE_QUIET = 0.05  # below this share of queue wait AND ...
@@ -147,7 +148,10 @@ def blocking_loader_refresh(tl: Timeline, ac: AnalysisContext | None = None) -> 
         Evidence("median e2e, requests that waited on a load vs the rest", _pair(e2e_hit, e2e_clear), "s"),
         Evidence("requests analysed", n_req, "requests", float(a.min()), float(finish[valid].max())),
         Evidence(
-            "on-path load durations over time", round(float(np.max(dur[on_path])), 4), "s", series=excerpt(t_on, dur[on_path])
+            "on-path load durations over time",
+            round(float(np.max(dur[on_path])), 4),
+            "s",
+            series=excerpt_arrays(t_on, dur[on_path]),
         ),
     ]
     if np.isfinite(bytes_total):
@@ -167,7 +171,7 @@ def blocking_loader_refresh(tl: Timeline, ac: AnalysisContext | None = None) -> 
         confidence=conf,
         summary=(
             f"{n_on} model/registry loads ran on the request path ({rate:.2f} per request, median "
-            f"{ms(float(np.median(dur[on_path])))} each), covering {share:.0%} of all queue wait"
+            f"{format_seconds(float(np.median(dur[on_path])))} each), covering {share:.0%} of all queue wait"
         ),
         evidence=evidence,
         rules_out=rules_out,

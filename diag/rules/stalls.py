@@ -9,7 +9,7 @@ signature (research notes: memory full avg10 > 5 % = thrashing candidate; random
 limit drove it to 10-23 % with major faults, sequential re-reads mostly to refaults).
 
 The signals are the watched service group's, else -- only when no group is watched -- the host's.
-With enough request rows (``requests.MIN_REQUESTS``) this rule stands aside: ``requests.thrashing``
+With enough request rows (``requestload.MIN_REQUESTS``) this rule stands aside: ``requests.thrashing``
 judges the same stalls against the requests' own slowdown, which is the finer test.
 """
 
@@ -19,25 +19,15 @@ import numpy as np
 
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext, shared
-from diag.rules.requests import (
-    FAULTS_UP,
-    MIN_REQUESTS,
-    PSI_FULL_UP,
-    PSI_SOME_UP,
-    REFAULTS_UP,
-    STALL_SIGNALS,
-    SWAP_UP,
-    excerpt,
-    service_context,
-    stall_candidates,
-)
+from diag.rules.requestload import MIN_REQUESTS
+from diag.rules.stall_signals import FLOORS, PAGE_INS, PSI_FULL_UP, PSI_SOME_UP, STALL_SIGNALS, stall_candidates
+from diag.rules.stats import excerpt_arrays, service_context
 from diag.timeline import Series, Timeline
 
 SUSTAINED_SAMPLES = 5  # samples at or above the threshold: one spike is not thrashing
 SUSTAINED_SHARE = 0.2  # ... and at least this share of the samples in the window
 PSI_FULL_SEVERE = 10.0  # percent: every task stalled a tenth of the time
 FAULT_MARGIN_S = 10.0  # fault samples count when they lie within this of the stalled period
-FLOORS = {"faults": FAULTS_UP, "refaults": REFAULTS_UP, "swap": SWAP_UP}
 
 
 def _sustained(series: Series, threshold: float) -> tuple[bool, np.ndarray]:
@@ -62,15 +52,15 @@ def _judge_stalls(tl: Timeline, ac: AnalysisContext | None) -> Finding | TooLitt
         return None  # requests.thrashing judges this with the requests' own slowdown
     ctx = service_context(tl, ac)
     candidates = stall_candidates(tl, ctx)
-    own = [c for c in candidates if c[5]]
+    own = [c for c in candidates if c.service]
     if own:
         chosen, where = own, "the service's"
     elif not tl.cgroups or set(tl.cgroups) == {"/"}:
-        chosen, where = [c for c in candidates if c[0] == "host"], "the host's (no group watched)"
+        chosen, where = [c for c in candidates if c.scope == "host"], "the host's (no group watched)"
     else:
         return None  # groups are watched but none is known to be the service: host stalls are not its own
-    full = [c for c in chosen if c[3] == "psi_full"]
-    some = [c for c in chosen if c[3] == "psi_some"]
+    full = [c for c in chosen if c.kind == "psi_full"]
+    some = [c for c in chosen if c.kind == "psi_some"]
     if not full:
         return None
     scope, name, unit, _, series, _ = full[0]
@@ -83,17 +73,20 @@ def _judge_stalls(tl: Timeline, ac: AnalysisContext | None) -> Finding | TooLitt
     peak = float(np.max(series.values))
     median_hot = float(np.median(series.values[hot]))
     evidence = [
-        Evidence(f"{scope} {name} (median while stalled)", round(median_hot, 2), unit, t0, t1, excerpt(series.ts, series.values)),
+        Evidence(
+            f"{scope} {name} (median while stalled)", round(median_hot, 2), unit, t0, t1, excerpt_arrays(series.ts, series.values)
+        ),
         Evidence(f"{scope} {name} peak", round(peak, 2), unit, t0, t1),
         Evidence(f"samples with {name} >= {PSI_FULL_UP:g} %", f"{int(hot.sum())} of {len(series)}", "samples", t0, t1),
     ]
     for c in some[:1]:
-        s = c[4]
-        evidence.append(Evidence(f"{c[0]} {c[1]} peak", round(float(np.max(s.values)), 2), c[2], float(s.ts[0]), float(s.ts[-1])))
+        s = c.series
+        peak_some = round(float(np.max(s.values)), 2)
+        evidence.append(Evidence(f"{c.scope} {c.name} peak", peak_some, c.unit, float(s.ts[0]), float(s.ts[-1])))
     paging: list[str] = []
     recorded = 0
     for c_scope, c_name, c_unit, kind, s, _ in chosen:
-        if kind not in FLOORS:
+        if kind not in PAGE_INS:
             continue
         recorded += 1
         near = s.window(t0 - FAULT_MARGIN_S, t1 + FAULT_MARGIN_S).valid()
@@ -109,7 +102,7 @@ def _judge_stalls(tl: Timeline, ac: AnalysisContext | None) -> Finding | TooLitt
                     c_unit,
                     float(near.ts[0]),
                     float(near.ts[-1]),
-                    excerpt(near.ts, near.values),
+                    excerpt_arrays(near.ts, near.values),
                 )
             )
     if paging:
@@ -128,7 +121,7 @@ def _judge_stalls(tl: Timeline, ac: AnalysisContext | None) -> Finding | TooLitt
             if recorded
             else "page-in counters not recorded: stalls alone cannot tell thrashing from reclaim"
         )
-    if any(float(np.max(c[4].values)) >= PSI_SOME_UP for c in some):
+    if any(float(np.max(c.series.values)) >= PSI_SOME_UP for c in some):
         rules_out.append("not mere pressure: tasks are fully stalled, not only some of them")
     return Finding(
         cls="thrashing",
