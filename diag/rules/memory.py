@@ -35,8 +35,6 @@ import numpy as np
 from diag.rules import numstats, stats
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext, shared
-from diag.rules.oom import host_oom
-from diag.rules.stalls import thrashing_from_stalls
 from diag.rules.stats import LoadIndex, Scope, Trend
 from diag.timeline import Series, Timeline
 from diag.units import format_bytes
@@ -61,8 +59,7 @@ LIMIT_EVENTS_NEAR = 0.80
 FOLLOWS_LOAD_RHO = 0.5
 STATIC_RHO = 0.3
 THRASH_MAJFAULT_PER_S = 50.0
-FIRM_OOM_KILL = 0.6  # the OOM rule's confidence once the kill is the service's own
-STALL_THRASHING_MIN = 0.6  # the stall-only thrashing rule's confidence once page-ins back its stalls (0.65+)
+THRASHING_CEILING = 0.45  # stalls at thrashing level in pressure's own view: a suspect at most
 
 
 @dataclass
@@ -512,29 +509,6 @@ def _thrashing(full: Series, majflt: Series | None) -> bool:
     return bool(len(r) and float(np.percentile(r.values, 90)) >= THRASH_MAJFAULT_PER_S)
 
 
-def _stalls_say_thrashing(timeline: Timeline, ac: AnalysisContext | None) -> bool:
-    """The stall-only thrashing rule found sustained full stalls *with* page-ins (its 0.65+ case).
-
-    Pressure is the broader, weaker class: when the specific one stands on its own evidence -- often
-    refaults of evicted page cache rather than major faults, which the check above looks for -- the
-    verdict must name the specific one. Stalls without page-ins (0.35-0.4) are reclaim, not thrashing,
-    and leave pressure as it is.
-    """
-    found = thrashing_from_stalls(timeline, ac)  # memoised per analysis: the engine's own call and this are one
-    return isinstance(found, Finding) and found.confidence >= STALL_THRASHING_MIN
-
-
-def _firm_oom_kill(timeline: Timeline, ac: AnalysisContext | None) -> float | None:
-    """The OOM rule's confidence when it firmly found a kill of the service's own (0.6+), else None.
-
-    Pressure that ended in an OOM kill is an OOM incident to the person on call: the kill is what they
-    must act on, and the pressure is how it got there. Pressure stays a contributing finding, ranked
-    just under the kill. A kill the OOM rule could not tie to the service (0.3) changes nothing.
-    """
-    found = host_oom(timeline, ac)  # memoised per analysis: the engine's own call and this are one
-    return found.confidence if isinstance(found, Finding) and found.confidence >= FIRM_OOM_KILL else None
-
-
 @rule(
     "memory.pressure",
     "memory_pressure",
@@ -616,16 +590,11 @@ def memory_pressure(timeline: Timeline, ac: AnalysisContext | None = None) -> Fi
         a = min(flat, key=lambda x: x.p_adj)
         why = "; ".join(a.why_not) or "no rising troughs"
         rules_out.append(f"memory_leak: {why}")
-    if view.thrash:
-        conf = min(conf, 0.45)
+    yielded: set[str] = set()
+    if view.thrash:  # its own evidence: stalls this deep are more than ordinary pressure, whatever the thrashing rules say
+        conf = min(conf, THRASHING_CEILING)
         notes.append("stalls are at thrashing level (PSI full >= 5 % with major faults): see the thrashing finding")
-    elif _stalls_say_thrashing(timeline, ac):
-        conf = min(conf, 0.45)
-        notes.append("sustained full stalls with page-ins (refaults, faults or swap): see the thrashing finding")
-    killed = _firm_oom_kill(timeline, ac)
-    if killed is not None and conf >= killed:
-        conf = killed - 0.05
-        notes.append("the kernel OOM-killed in this window: see the OOM finding (pressure is how it got there)")
+        yielded.add("thrashing")
     conf = min(conf, 0.9)
     start, end = (
         (float(view.mem.ts[0]), float(view.mem.ts[-1]))
@@ -648,4 +617,5 @@ def memory_pressure(timeline: Timeline, ac: AnalysisContext | None = None) -> Fi
         ],
         start,
         end,
+        yielded_to=yielded,
     )

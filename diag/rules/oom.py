@@ -24,7 +24,7 @@ import numpy as np
 from collectors.records import CudaOomError, OomEvent
 from diag.rules import stats
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
-from diag.rules.context import AnalysisContext, shared
+from diag.rules.context import AnalysisContext
 from diag.rules.stats import Scope
 from diag.timeline import Series, Timeline
 from diag.units import format_bytes
@@ -149,11 +149,6 @@ _REMEDIATION_HOST = (
 @rule("oom.host", "host_oom", needs=("ooms",))
 def host_oom(timeline: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """Kernel OOM kills: which memory ran out (a cgroup limit or the host), who died, corroborated by counters."""
-    # Memoised per analysis: memory pressure asks for this result too, and must not make it run twice.
-    return shared(ac, timeline, "oom.host", lambda: _judge_kills(timeline, ac))
-
-
-def _judge_kills(timeline: Timeline, ac: AnalysisContext | None) -> Finding | TooLittleData | None:
     scope = stats.service_scope(timeline, ac)
     per_group, host_kills = _counter_increases(timeline)
     kills = list(timeline.ooms)

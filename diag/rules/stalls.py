@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
-from diag.rules.context import AnalysisContext, shared
+from diag.rules.context import AnalysisContext
 from diag.rules.requestload import MIN_REQUESTS
 from diag.rules.stall_signals import FLOORS, PAGE_INS, PSI_FULL_UP, PSI_SOME_UP, STALL_SIGNALS, stall_candidates
 from diag.rules.stats import excerpt_arrays, service_context
@@ -43,11 +43,6 @@ def _service_requests(tl: Timeline) -> int:
 @rule("stalls.thrashing", "thrashing", needs_any=STALL_SIGNALS)
 def thrashing_from_stalls(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """Sustained PSI full plus page-ins (major faults, refaults, swap-in) of the service's group, or the host's."""
-    # Memoised per analysis: memory pressure asks for this result too, and must not make it run twice.
-    return shared(ac, tl, "stalls.thrashing", lambda: _judge_stalls(tl, ac))
-
-
-def _judge_stalls(tl: Timeline, ac: AnalysisContext | None) -> Finding | TooLittleData | None:
     if _service_requests(tl) >= MIN_REQUESTS:
         return None  # requests.thrashing judges this with the requests' own slowdown
     ctx = service_context(tl, ac)
