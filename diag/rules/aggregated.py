@@ -25,9 +25,11 @@ from diag.rules.requestload import (
     OVERWHELM_FACTOR,
     OVERWHELM_SHARE,
     S_INFLATED,
+    S_SEVERE,
     W_MIN_S,
     W_MIN_VS_S,
     W_RISE,
+    W_RISE_MARGIN_S,
 )
 from diag.rules.stall_signals import memory_stall
 from diag.rules.stats import excerpt_arrays, service_context
@@ -35,6 +37,8 @@ from diag.timeline import Series, Timeline
 from diag.units import format_seconds
 
 MIN_STEPS = 5  # steps with requests: fewer cannot tell a calm level from a busy one
+CALM_QUARTER, BUSY_QUARTER = 0.25, 0.75  # steps by queue wait: the calm and the busy quarter
+TIME_PARTS = 3  # a service can slow at constant load: inference time of the later thirds against the first
 
 
 def _pick(svc: dict[str, Series], key: str) -> tuple[str, Series] | None:
@@ -66,15 +70,15 @@ def queue_vs_thrash(tl: Timeline, ac: AnalysisContext | None = None) -> Finding 
         return TooLittleData(f"{ts.size} steps with requests", f"{MIN_STEPS} steps with requests")
     # Busy steps: the top quarter by queue wait; calm: the bottom quarter. Inference is compared between them, as the
     # per-request rule compares it between load quartiles (medians: a step or two of noise must not decide).
-    w_lo, w_hi = np.quantile(wv, [0.25, 0.75])
+    w_lo, w_hi = np.quantile(wv, [CALM_QUARTER, BUSY_QUARTER])
     calm, busy = wv <= w_lo, wv >= w_hi
     w_calm, w_busy = float(np.median(wv[calm])), float(np.median(wv[busy]))
     s_calm, s_busy = float(np.median(sv[calm])), float(np.median(sv[busy]))
-    thirds = [float(np.median(part)) for part in np.array_split(sv, 3)]  # a service can slow at constant load
+    thirds = [float(np.median(part)) for part in np.array_split(sv, TIME_PARTS)]
     by_time = max(thirds) / thirds[0] if thirds[0] > 0 else 1.0
     inflation = max(s_busy / s_calm if s_calm > 0 else 1.0, by_time)
     overwhelming = float(np.mean(wv >= OVERWHELM_FACTOR * np.maximum(sv, 1e-3))) >= OVERWHELM_SHARE
-    rose = (w_busy >= max(W_MIN_S, W_MIN_VS_S * s_calm) and w_busy >= W_RISE * w_calm + 0.02) or overwhelming
+    rose = (w_busy >= max(W_MIN_S, W_MIN_VS_S * s_calm) and w_busy >= W_RISE * w_calm + W_RISE_MARGIN_S) or overwhelming
     stall = [x for x in memory_stall(tl, service_context(tl, ac), None) if x.up and x.service]
     depth = tl.service.get("queue_depth")
     never_empty = depth is not None and len(depth.valid()) >= MIN_STEPS and float(np.min(depth.valid().values)) > 0
@@ -97,7 +101,7 @@ def queue_vs_thrash(tl: Timeline, ac: AnalysisContext | None = None) -> Finding 
         return Finding(
             cls="thrashing",
             rule="aggregated.queue_vs_thrash",
-            confidence=0.6 + (0.1 if inflation >= 3 else 0.0),
+            confidence=0.6 + (0.1 if inflation >= S_SEVERE else 0.0),
             summary=(
                 f"Inference time itself inflates {inflation:.1f}x ({format_seconds(thirds[0])} -> {format_seconds(max(thirds))}) "
                 f"while the service's memory stalls: thrashing, not only a queue"

@@ -33,15 +33,27 @@ MIN_REQUESTS = 30  # started requests; below this a quartile is a handful of req
 # for the noise of a quartile's median), +50 % or more as the service itself slowing down.
 S_FLAT = 1.2
 S_INFLATED = 1.5
+S_SEVERE = 3.0  # three times its calm level: severely inflated
 # Queue wait counts as risen when the loaded median is at least this long (absolute and relative to S),
 # and several times the calm median: a backlog of 20 ms in front of a 2 s service is not an incident.
 W_MIN_S = 0.05
 W_MIN_VS_S = 0.5
 W_RISE = 4.0
+W_RISE_MARGIN_S = 0.02  # ... plus 20 ms, so a calm median of ~0 does not make every wait a rise
 # A window with no calm period to compare with is a backlog when the evidence is overwhelming: at least
 # OVERWHELM_SHARE of the started requests each waited OVERWHELM_FACTOR x their own inference time.
 OVERWHELM_FACTOR = 3.0
 OVERWHELM_SHARE = 0.8
+
+MIN_QUARTILE = 5  # requests in the low- and high-load quartiles, however few started
+KENDALL_MAX_POINTS = 20_000  # Kendall's tau on a stride beyond this: O(n log^2 n), a million rows stay under a second
+ACTIVE_BUCKET = 0.05  # load-curve buckets with at least this many requests in the system on average are active
+BUSY_QUANTILE = 0.75  # the busiest quarter of the active buckets ...
+PEAK_QUANTILE = 0.9  # ... against the p90 goodput: ~1 when throughput plateaus under load
+# Throughput falls as concurrency grows (retrograde): the fitted USL peak lies inside the range and the highest
+# concurrency level lost >= 10 % of the peak goodput, or that level alone lost >= 20 %.
+RETROGRADE_FIT_LOSS = 0.9
+RETROGRADE_LOSS = 0.8
 
 
 @dataclass
@@ -86,9 +98,9 @@ class RequestLoad:
     @property
     def retrograde(self) -> bool:
         """Throughput falls as concurrency grows: the fitted peak is inside the range, or the top level lost >= 20 %."""
-        if self.fit is not None and self.fit.retrograde and self.x_top < 0.9 * self.x_peak:
+        if self.fit is not None and self.fit.retrograde and self.x_top < RETROGRADE_FIT_LOSS * self.x_peak:
             return True
-        return self.n_top > self.n_at_peak and self.x_top < 0.8 * self.x_peak
+        return self.n_top > self.n_at_peak and self.x_top < RETROGRADE_LOSS * self.x_peak
 
     @property
     def little_error(self) -> float:
@@ -112,8 +124,8 @@ def too_few_requests(tl: Timeline) -> TooLittleData | None:
 
 
 def _kendall(x: np.ndarray, y: np.ndarray) -> float:
-    if x.size > 20000:  # O(n log^2 n) anyway, but a stride keeps a million rows well under a second
-        step = x.size // 20000 + 1
+    if x.size > KENDALL_MAX_POINTS:
+        step = x.size // KENDALL_MAX_POINTS + 1
         x, y = x[::step], y[::step]
     if x.size < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return 0.0
@@ -136,7 +148,7 @@ def _analyse(tl: Timeline) -> RequestLoad | None:
     s = req["inference_s"][started]
     w = req["queue_wait_s"][started]
     arr = arrival[started]
-    q = max(5, n // 4)
+    q = max(MIN_QUARTILE, n // 4)
     order = np.lexsort((arr, load))  # by load met, ties by time
     low, high = order[:q], order[-q:]
     by_start = np.argsort(start[started], kind="stable")
@@ -148,7 +160,7 @@ def _analyse(tl: Timeline) -> RequestLoad | None:
     loaded_share = math.nan
     little_l = little_lw = math.nan
     if curve is not None and len(curve) >= 2:
-        active = curve.n_system > 0.05
+        active = curve.n_system > ACTIVE_BUCKET
         fit = fit_usl(curve.n_service[active], curve.throughput[active])
         lv, lx, _ = concurrency_levels(curve.n_service[active], curve.throughput[active], min_buckets=2)
         if lv.size < 2:
@@ -158,8 +170,8 @@ def _analyse(tl: Timeline) -> RequestLoad | None:
             x_peak, n_at_peak = float(lx[i_peak]), float(lv[i_peak])
             x_top, n_top = float(lx[-1]), float(lv[-1])
         if active.sum() >= 4:
-            busy = curve.n_system[active] >= np.quantile(curve.n_system[active], 0.75)
-            p90 = float(np.quantile(curve.throughput[active], 0.9))
+            busy = curve.n_system[active] >= np.quantile(curve.n_system[active], BUSY_QUANTILE)
+            p90 = float(np.quantile(curve.throughput[active], PEAK_QUANTILE))
             loaded_share = float(np.mean(curve.throughput[active][busy]) / p90) if p90 > 0 else math.nan
         span = float(curve.edges[-1] - curve.edges[0])
         little_l = float(np.mean(curve.n_system))

@@ -30,9 +30,11 @@ from diag.rules.requestload import (
     OVERWHELM_SHARE,
     S_FLAT,
     S_INFLATED,
+    S_SEVERE,
     W_MIN_S,
     W_MIN_VS_S,
     W_RISE,
+    W_RISE_MARGIN_S,
     RequestLoad,
     analyse_requests,
     too_few_requests,
@@ -49,6 +51,16 @@ from diag.units import format_seconds
 OVERWHELM_GAP_S = 0.01
 OVERWHELM_COVER = 0.9  # the unbroken waiting stretch must cover 90 % of first arrival .. last start
 NO_STALL_CAP = 0.2  # thrashing without a memory stall stays below the suspect level (0.3): it is not thrashing
+NOT_INFLATED_CAP = 0.4  # throughput falls but each request is not slower (under S_INFLATED): a suspect at most
+S_SLOWED = 2.0  # a backlog whose service time also doubled is at least partly a symptom
+PLATEAU_SHARE = 0.8  # goodput in the busiest buckets >= 80 % of the p90: throughput plateaus, as a backlog's does
+SHED_SHARE = 0.01  # requests refused or timed out in the queue: >= 1 % of them (and at least one) is shedding
+LOADER_OWNS_WAIT = 0.6  # on-path loads cover >= 60 % of the queue wait: the wait is the loader's ...
+LOADER_CEILING = 0.4  # ... and a backlog a suspect at most: more capacity would not remove it
+LOADER_PART_OF_WAIT = 0.3  # >= 30 %: partly the loader's
+LITTLE_TOLERANCE = 0.2  # L and lambda*W further apart than 20 %: records dropped or truncated
+TAU_RISING = 0.2  # Kendall tau of inference time on load met: rising with load
+HEAVY_TAIL = 3.0  # p99 / median inference time at high load
 
 
 # --------------------------------------------------------------------------- evidence
@@ -194,7 +206,7 @@ def queue_backlog(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | 
     load = analyse_requests(tl, ac)
     if load is None:
         return too_few_requests(tl)
-    w_rose = load.w_high >= max(W_MIN_S, W_MIN_VS_S * load.s_base) and load.w_high >= W_RISE * load.w_low + 0.02
+    w_rose = load.w_high >= max(W_MIN_S, W_MIN_VS_S * load.s_base) and load.w_high >= W_RISE * load.w_low + W_RISE_MARGIN_S
     if not w_rose:
         return overwhelming_backlog(tl, ac)  # a short, uniformly overloaded window has no calm quartile to compare
     infl = load.s_inflation
@@ -207,20 +219,20 @@ def queue_backlog(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | 
     stalled = [s for s in stall if s.up]
     loader_share = _loader_wait_share(tl)
     conf = 0.45
-    conf += 0.2 if infl < S_FLAT else (0.1 if infl < S_INFLATED else (-0.2 if infl >= 2 else 0.0))
+    conf += 0.2 if infl < S_FLAT else (0.1 if infl < S_INFLATED else (-0.2 if infl >= S_SLOWED else 0.0))
     if stall:
         conf += -0.25 if stalled else 0.1
-    plateau = np.isfinite(load.x_loaded_share) and load.x_loaded_share >= 0.8 and not load.retrograde
+    plateau = np.isfinite(load.x_loaded_share) and load.x_loaded_share >= PLATEAU_SHARE and not load.retrograde
     if plateau:
         conf += 0.1
     if load.retrograde:
         conf -= 0.1
     shed = sum(load.outcomes.get(k, 0) for k in ("rejected", "queue_timeout"))
-    if shed >= max(1, 0.01 * load.total):
+    if shed >= max(1, SHED_SHARE * load.total):
         conf += 0.05
-    if loader_share is not None and loader_share >= 0.6:
-        conf = min(conf, 0.4)  # the wait *is* the loader: more capacity would not remove it
-    elif loader_share is not None and loader_share >= 0.3:
+    if loader_share is not None and loader_share >= LOADER_OWNS_WAIT:
+        conf = min(conf, LOADER_CEILING)  # the wait *is* the loader: more capacity would not remove it
+    elif loader_share is not None and loader_share >= LOADER_PART_OF_WAIT:
         conf -= 0.15
     evidence = [
         Evidence("median queue wait, high-load quartile", round(load.w_high, 4), "s", load.high_start, load.high_end),
@@ -261,10 +273,10 @@ def queue_backlog(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | 
         rules_out.append("memory stall not evaluated (no PSI / fault / refault signals recorded)")
     if loader_share is not None:
         rules_out.append(
-            f"{'not' if loader_share < 0.3 else 'partly'} a blocking loader: on-path loads cover "
+            f"{'not' if loader_share < LOADER_PART_OF_WAIT else 'partly'} a blocking loader: on-path loads cover "
             f"{loader_share:.0%} of the queue wait"
         )
-    if np.isfinite(load.little_error) and load.little_error > 0.2:
+    if np.isfinite(load.little_error) and load.little_error > LITTLE_TOLERANCE:
         rules_out.append(f"telemetry inconsistent: Little's law off by {load.little_error:.0%} (dropped or truncated records?)")
     return Finding(
         cls="queue_backlog",
@@ -360,20 +372,20 @@ def thrashing(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooL
     stall_ok = bool(service_up) or (bool(host_up) and not service_seen)
     conf = 0.0
     if infl >= S_INFLATED:
-        conf += 0.3 + (0.1 if infl >= 3 else 0.0)
-    if load.tau_s >= 0.2:
+        conf += 0.3 + (0.1 if infl >= S_SEVERE else 0.0)
+    if load.tau_s >= TAU_RISING:
         conf += 0.05
     if stall_ok:
         conf += 0.3
     if load.retrograde:
         conf += 0.15
     tail = load.s_high_p99 / load.s_high if load.s_high > 0 else math.nan
-    if np.isfinite(tail) and tail >= 3:
+    if np.isfinite(tail) and tail >= HEAVY_TAIL:
         conf += 0.05
     if not stall_ok:  # a slowdown without any memory stall is CPU or batch contention: a note, not a suspect
         conf = min(conf, NO_STALL_CAP)
     if infl < S_INFLATED:
-        conf = min(conf, 0.4)
+        conf = min(conf, NOT_INFLATED_CAP)
     evidence = _thrash_evidence(load, stall, tail)
     rules_out = []
     if infl >= S_INFLATED:

@@ -5,8 +5,11 @@ group that spends a sustained share of wall time with *every* task stalled on me
 while pages are faulted back in (major faults, workingset refaults, swap-in) is thrashing -- the
 working set does not fit, and what was evicted a moment ago is read again. PSI alone could be
 reclaim of cold cache; faults alone could be a cold start; both together, sustained, are the
-signature (research notes: memory full avg10 > 5 % = thrashing candidate; random mmap access over a
-limit drove it to 10-23 % with major faults, sequential re-reads mostly to refaults).
+signature (PSI full at ``stall_signals.PSI_FULL_UP``, 5 %, is a thrashing candidate). Which page-in
+counter rises depends on how the working set is read: pages of a mapping come back as major faults,
+file pages re-read through the page cache mostly as workingset refaults (the recorded thrash variants
+in ``tests/fixtures/scenarios/variants/`` thrash on refaults more than on major faults), so any of
+them, sustained next to the stalls, counts.
 
 The signals are the watched service group's, else -- only when no group is watched -- the host's.
 With enough request rows (``requestload.MIN_REQUESTS``) this rule stands aside: ``requests.thrashing``
@@ -27,6 +30,7 @@ from diag.timeline import Series, Timeline
 SUSTAINED_SAMPLES = 5  # samples at or above the threshold: one spike is not thrashing
 SUSTAINED_SHARE = 0.2  # ... and at least this share of the samples in the window
 PSI_FULL_SEVERE = 10.0  # percent: every task stalled a tenth of the time
+STALLED_MOST = 0.5  # ... or stalled in at least half the samples
 FAULT_MARGIN_S = 10.0  # fault samples count when they lie within this of the stalled period
 
 
@@ -102,7 +106,7 @@ def thrashing_from_stalls(tl: Timeline, ac: AnalysisContext | None = None) -> Fi
             )
     if paging:
         conf = 0.65
-        conf += 0.1 if peak >= PSI_FULL_SEVERE or hot.mean() >= 0.5 else 0.0
+        conf += 0.1 if peak >= PSI_FULL_SEVERE or hot.mean() >= STALLED_MOST else 0.0
         conf += 0.05 if len(paging) >= 2 else 0.0
         conf += 0.05 if median_hot >= 2 * PSI_FULL_SEVERE else 0.0  # every task stalled a fifth of the time or more
     else:
