@@ -50,6 +50,11 @@ def format_bytes(value: float | None) -> str:
     return f"{value:.1f} TiB"
 
 
+def format_seconds(seconds: float) -> str:
+    """``850 ms`` below ten seconds, ``12.3 s`` from there: a latency as a finding's summary says it."""
+    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
 def format_value(v: object, unit: str = "") -> str:
     """One evidence value with its unit, for people: bytes with binary prefixes, sub-second times in ms.
 
