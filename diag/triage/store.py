@@ -266,10 +266,13 @@ def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
     db.row_factory = sqlite3.Row
     try:
         db.execute("PRAGMA busy_timeout = 10000")
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if tables and "incidents" not in tables:  # before any pragma below could change someone else's file
+            listed = ", ".join(sorted(tables)[:5])
+            raise StoreCorrupt(path, f"a SQLite database of something else: tables {listed}", foreign=True)
         if readonly:
-            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            if "incidents" not in tables:
-                raise StoreCorrupt(path, "a SQLite database without the incidents table", foreign=bool(tables))
+            if not tables:
+                raise StoreCorrupt(path, "an empty SQLite database, no incidents table")
         else:
             db.execute("PRAGMA journal_mode = WAL")
             db.execute("PRAGMA synchronous = FULL")
