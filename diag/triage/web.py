@@ -27,7 +27,7 @@ body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}table{border-collaps
 td,th{border-bottom:1px solid #ddd;padding:.3em .5em;text-align:left;vertical-align:top}
 .s-open{color:#b00;font-weight:600}.s-resolving{color:#c60}.s-resolved{color:#070}.s-closed{color:#666}
 code{background:#f4f4f4;padding:0 .2em}.flap{background:#fd0;padding:0 .3em}.muted{color:#777}
-.fail{background:#fdd;color:#900;padding:0 .3em}.warn{background:#fde7c0;padding:.5em;border:1px solid #e3b04b}
+.fail{background:#fdd;color:#900;padding:0 .3em;white-space:nowrap}.warn{background:#fde7c0;padding:.5em;border:1px solid #e3b04b}
 svg{background:#fafafa;border:1px solid #eee}
 </style></head><body>
 <p><a href="/">Incidents</a> · generated {{ now }}</p>

@@ -5,14 +5,17 @@ action (so the receiving end applies it once) and different between actions; the
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
 from diag.triage.outbox import Dispatcher, marker
-from diag.triage.sinks import WebhookSink
+from diag.triage.sinks import Notice, WebhookSink
+from diag.triage.sinks.webhook import SCHEMA, payload
+from tests.triage.helpers import REPO
 from tests.triage.ticketkit import LABELS, drain, fire, outbox, resolve, store, wait_until
-from tests.triage.wire_webhook import WebhookReceiver
+from tests.triage.wire_webhook import FIELDS, WebhookReceiver
 
 
 @pytest.fixture
@@ -68,3 +71,12 @@ def test_a_retry_carries_the_same_idempotency_key(tmp_path, hook):
 def test_the_url_must_be_http():
     with pytest.raises(ValueError, match="--ticket-webhook-url"):
         WebhookSink("ftp://bridge.test/x")
+
+
+def test_the_readme_documents_exactly_the_body_that_is_sent():
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("**The webhook body**") :]
+    documented = json.loads(section[section.index("```json") + 7 : section.index("```", section.index("```json") + 7)])
+    notice = Notice("create", "llmdiag-k-g1", "t", (), {"id": 1, "labels": {}}, {}, "k")
+    assert set(documented) == set(payload(notice)) == FIELDS
+    assert documented["schema"] == SCHEMA
