@@ -121,14 +121,14 @@ def serve(
         str,
         typer.Option(help="Labels that identify an incident, comma-separated; a|b = the first present of a, b."),
     ] = "diag_class|slo|alertname,job,instance,model|model_name",
-    hold_down: Annotated[str, typer.Option(help="Resolved only after this long without a new firing.")] = "5m",
+    hold_down: Annotated[str, typer.Option(help="Resolved only after this long without a new firing (e.g. 5m, 1h).")] = "5m",
     reopen_window: Annotated[
-        str, typer.Option(help="Firing again within this long reopens; later opens a new incident.")
+        str, typer.Option(help="Firing again within this long reopens; later opens a new incident (e.g. 24h, 7d).")
     ] = "24h",
     flap_window: Annotated[str, typer.Option(help="Window in which state changes are counted for flapping.")] = "1h",
     flap_threshold: Annotated[int, typer.Option(min=2, help="State changes within --flap-window that mark flapping.")] = 4,
     lookback: Annotated[str, typer.Option(help="Diagnose from startsAt minus this much, up to now.")] = "30m",
-    max_body: Annotated[str, typer.Option(help="Largest webhook body accepted (413 above).")] = "1MiB",
+    max_body: Annotated[str, typer.Option(help="Largest webhook body accepted (413 above); 1KiB to 64MiB.")] = "1MiB",
     token_env: Annotated[
         str, typer.Option(help="Require 'Authorization: Bearer <token>' when this environment variable is set.")
     ] = "LLMDIAG_TRIAGE_TOKEN",
@@ -178,6 +178,8 @@ def serve(
       diag triage serve --recorder /var/lib/llm-diag/recorder.db\n
       diag triage serve --prometheus http://prometheus:9090 --db /var/lib/llm-diag/triage.db\n
       GITHUB_TOKEN=... diag triage serve --prometheus http://127.0.0.1:9090 --github-repo acme/llm-incidents\n
+      JIRA_USER=bot@acme.com JIRA_TOKEN=... diag triage serve --jira-url https://acme.atlassian.net --jira-project OPS\n
+      GITLAB_TOKEN=... diag triage serve --no-diagnosis --gitlab-project ops/llm-incidents\n
       LLMDIAG_TRIAGE_TOKEN=s3cret diag triage serve --listen 10.0.0.5:9095 --prometheus http://127.0.0.1:9090
     """
     from diag.triage.server import Receiver, is_loopback
