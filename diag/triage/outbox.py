@@ -19,8 +19,9 @@ What a failed attempt does depends on what the tracker said (``sinks.base`` clas
 
 Exactly one ticket even when an answer is lost: before a create is sent its row records ``sent_at``
 (committed), and a ticket is looked up by its marker before any create. Trackers whose lookup lags behind
-their writes (Jira's search index) say how long (``lookup_settle_s``): after a create whose answer never came,
-"not found" is trusted only once that long has passed since ``sent_at``; until then the attempt waits.
+their writes (Jira's search index) say how long (``lookup_settle_s``): after a create that did not clearly
+succeed (a crash, a timeout, a 5xx a proxy may have put in front of a success), "not found" is trusted only once
+that long has passed since ``sent_at``; until then the attempt waits.
 
 Ticket text is rendered when the action is sent, from the incident as it is then: a ticket created
 after the diagnosis finished already says *why*, and the separate diagnosis note is skipped when
@@ -133,10 +134,6 @@ def ticket_doc(view: IncidentView, page_url: str = "") -> Doc:
         url = incident_url(page_url, row["id"])
         blocks.append(para(text("Incident page: "), link(url, url)))
     return tuple(blocks) + diagnosis_doc(view)
-
-
-def ticket_body(view: IncidentView, page_url: str = "") -> str:
-    return plain(ticket_doc(view, page_url))
 
 
 def _links(view: IncidentView, page_url: str) -> dict[str, str]:
