@@ -134,7 +134,7 @@ BEGIN
     UPDATE incidents SET diag_state = 'off' WHERE id = NEW.id;
 END;
 """
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """``diag_state = 'off'``: the receiver runs without diagnosis (``--no-diagnosis``). The triggers turn the
 'pending' that opening or reopening an incident asks for into 'off' while the ``diagnosis`` setting says so, in
 the same statement, so no reader ever sees an incident waiting for a diagnosis that will not come."""
@@ -215,7 +215,14 @@ def _v2_outbox_failures_and_diagnosis_off(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE incidents_v2 RENAME TO incidents")
 
 
-MIGRATIONS: tuple[tuple[int, Callable[[sqlite3.Connection], None]], ...] = ((2, _v2_outbox_failures_and_diagnosis_off),)
+def _v3_merges(db: sqlite3.Connection) -> None:
+    """Incidents joined as one problem (``diag.triage.correlate``): a new table only, which SCHEMA creates."""
+
+
+MIGRATIONS: tuple[tuple[int, Callable[[sqlite3.Connection], None]], ...] = (
+    (2, _v2_outbox_failures_and_diagnosis_off),
+    (3, _v3_merges),
+)
 """(version, step): a store at version v gets every step above v, in order. A store without user_version but with
 the incidents table is version 1 (the schema before versions were counted)."""
 
