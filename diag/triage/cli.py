@@ -87,6 +87,15 @@ def _duration(option: str, value: str, examples: str) -> float:
         ) from None
 
 
+def _correlate_labels(value: str) -> tuple[str, ...]:
+    from diag.triage.keys import parse_key_labels
+
+    try:
+        return parse_key_labels(value)
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("--key-labels", f"--correlate-labels {value!r}") + " (or 'none')") from None
+
+
 def _body_size(value: str) -> int:
     from diag.units import parse_size
 
@@ -121,6 +130,23 @@ def serve(
         str,
         typer.Option(help="Labels that identify an incident, comma-separated; a|b = the first present of a, b."),
     ] = "diag_class|slo|alertname,job,instance,model|model_name",
+    correlate_labels: Annotated[
+        str,
+        typer.Option(
+            help="Incidents of one class join into one when these labels do not disagree (a|b: either name); "
+            "'none' keeps every key its own incident."
+        ),
+    ] = "instance,model|model_name",
+    correlate_window: Annotated[
+        str, typer.Option(help="Incidents of one class join only when opened within this long of each other (e.g. 30m).")
+    ] = "30m",
+    ticket_hold: Annotated[
+        str,
+        typer.Option(
+            help="With a diagnosis, a new incident's tickets wait for it at most this long, so alerts about one problem "
+            "join before anything is filed (0s: file at once)."
+        ),
+    ] = "2m",
     hold_down: Annotated[str, typer.Option(help="Resolved only after this long without a new firing (e.g. 5m, 1h).")] = "5m",
     reopen_window: Annotated[
         str, typer.Option(help="Firing again within this long reopens; later opens a new incident (e.g. 24h, 7d).")
@@ -278,7 +304,15 @@ def _serve_config(**opts: Any) -> Any:
             "reopen_window_s": _duration("--reopen-window", opts["reopen_window"], "24h, 12h or 7d"),
             "flap_window_s": _duration("--flap-window", opts["flap_window"], "1h, 30m or 2h"),
             "flap_threshold": opts["flap_threshold"],
+            "correlate_labels": () if opts["correlate_labels"].strip() == "none" else _correlate_labels(opts["correlate_labels"]),
+            "correlate_window_s": _duration("--correlate-window", opts["correlate_window"], "30m, 10m or 1h"),
+            "ticket_hold_s": 0.0 if opts["ticket_hold"] in ("0", "0s") else _duration("--ticket-hold", opts["ticket_hold"],
+                                                                                       "2m, 30s or 0s"),
         }
+        if opts["no_diagnosis"] and opts["ticket_hold"] != "2m":
+            raise ValueError("--ticket-hold waits for the diagnosis; it cannot apply with --no-diagnosis")
+        if opts["no_diagnosis"]:
+            policy_args["ticket_hold_s"] = 0.0  # nothing to wait for
         lookback_s = _duration("--lookback", opts["lookback"], "30m, 1h or 90m")
         max_body = _body_size(opts["max_body"])
         if opts["prometheus"]:

@@ -92,6 +92,9 @@ def diagnosis_doc(view: IncidentView) -> Doc:
             return (para(text(f"Diagnosis failed: {row['diag_error']}")),)
         return (para(text("Diagnosis: still running (a note follows when it is done).")),)
     blocks: list[Block] = [para(text("Diagnosis: "), strong(row["diag_class"]))]
+    check = doc.get("alert_check") or {}
+    if check.get("text"):  # does it answer the alert: confirms, contradicts, or could not see what the alert saw
+        blocks.append(para(text(f"Against the alert: {check['text']}")))
     verdict = doc.get("verdict")
     contributing = verdict.get("contributing") if isinstance(verdict, dict) else None
     if contributing:
@@ -133,6 +136,10 @@ def ticket_doc(view: IncidentView, page_url: str = "") -> Doc:
     if page_url:
         url = incident_url(page_url, row["id"])
         blocks.append(para(text("Incident page: "), link(url, url)))
+    joined = [e["text"] for e in view.events if e["kind"] == "joined"]
+    if joined:  # alerts about the same problem joined this incident before its ticket was filed
+        blocks.append(para(text("Also raised by:")))
+        blocks.append(Bullets(tuple(Item((text(j),)) for j in joined)))
     return tuple(blocks) + diagnosis_doc(view)
 
 

@@ -40,6 +40,8 @@ runner = CliRunner()
         (["--no-diagnosis", "--max-body", "10"], "--max-body"),
         (["--no-diagnosis", "--github-repo", "acme/x", "--github-token-env", "LLMDIAG_TEST_UNSET_VAR"], "LLMDIAG_TEST_UNSET_VAR"),
         (["--no-diagnosis", "--jira-project", "OPS"], "only with --jira-url"),
+        (["--no-diagnosis", "--correlate-labels", "inst-ance"], "--correlate-labels 'inst-ance'"),
+        (["--no-diagnosis", "--ticket-hold", "30s"], "cannot apply with --no-diagnosis"),
     ],
 )
 def test_serve_refuses_bad_options_with_one_line(tmp_path, args, says):
@@ -160,6 +162,7 @@ def test_no_diagnosis_is_said_on_startup_incident_ticket_and_page(tmp_path):
         ("--reopen-window", "soon", ["24h", "12h", "7d"]),
         ("--flap-window", "0", ["1h", "30m", "2h"]),
         ("--lookback", "-5m", ["30m", "1h", "90m"]),
+        ("--correlate-window", "later", ["30m", "10m", "1h"]),
         ("--max-body", "1GiB", ["1MiB", "256KiB", "8MiB"]),
         ("--max-body", "lots", ["1MiB", "256KiB", "8MiB"]),
     ],
@@ -173,3 +176,29 @@ def test_duration_and_size_options_name_themselves_and_suggest_what_they_accept(
         ok = runner.invoke(app, ["triage", "serve", "--db", str(tmp_path / "t.db"), "--listen", "x", option, example])
         assert "--listen" in ok.output and option not in ok.output  # got past this option, stopped at the next check
         assert example in line
+
+
+
+def _defaults(**overrides: object) -> dict:
+    """``serve``'s options at their defaults (as Typer would pass them), with some overridden."""
+    import inspect
+
+    from diag.triage.cli import serve
+
+    opts = {}
+    for name, param in inspect.signature(serve).parameters.items():
+        default = param.default
+        opts[name] = getattr(default, "default", default)
+    return {**opts, **overrides}
+
+
+def test_joining_and_the_ticket_hold_reach_the_policy(tmp_path):
+    from diag.triage.cli import _serve_config
+
+    recorder = tmp_path / "recorder.db"
+    recorder.write_bytes(b"")
+    diagnosing = _serve_config(**_defaults(db=tmp_path / "t.db", recorder=recorder, listen="127.0.0.1:0")).policy
+    assert diagnosing.correlate_labels == ("instance", "model|model_name")
+    assert (diagnosing.correlate_window_s, diagnosing.ticket_hold_s) == (1800.0, 120.0)
+    blind = _serve_config(**_defaults(db=tmp_path / "t.db", no_diagnosis=True, correlate_labels="none")).policy
+    assert (blind.correlate_labels, blind.ticket_hold_s) == ((), 0.0)  # no diagnosis: nothing to wait for
