@@ -52,7 +52,12 @@ OVERWHELM_GAP_S = 0.01
 OVERWHELM_COVER = 0.9  # the unbroken waiting stretch must cover 90 % of first arrival .. last start
 NO_STALL_CAP = 0.2  # thrashing without a memory stall stays below the suspect level (0.3): it is not thrashing
 NOT_INFLATED_CAP = 0.4  # throughput falls but each request is not slower (under S_INFLATED): a suspect at most
-S_SLOWED = 2.0  # a backlog whose service time also doubled is at least partly a symptom
+S_SLOWED = 2.0  # a backlog whose service time also doubled is at least partly a symptom ...
+# ... unless the wait dwarfs the service time: at >= 5x the high-load inference time the queue is >= 83 % of each
+# request's latency, and a service slowed by less than S_SEVERE cannot account for it -- more work arrives than the
+# slots serve, with the slowdown contributing (a 17x wait over a 2x slower inference is a backlog, not a coin toss).
+WAIT_DOMINATES = 5.0
+DOMINANT_WAIT_GAIN = 0.15
 PLATEAU_SHARE = 0.8  # goodput in the busiest buckets >= 80 % of the p90: throughput plateaus, as a backlog's does
 SHED_SHARE = 0.01  # requests refused or timed out in the queue: >= 1 % of them (and at least one) is shedding
 LOADER_OWNS_WAIT = 0.6  # on-path loads cover >= 60 % of the queue wait: the wait is the loader's ...
@@ -218,8 +223,12 @@ def queue_backlog(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | 
     stall = own or stall
     stalled = [s for s in stall if s.up]
     loader_share = _loader_wait_share(tl)
+    dominant = load.s_high > 0 and load.w_high >= WAIT_DOMINATES * load.s_high and infl < S_SEVERE and not stalled
     conf = 0.45
-    conf += 0.2 if infl < S_FLAT else (0.1 if infl < S_INFLATED else (-0.2 if infl >= S_SLOWED else 0.0))
+    slowed = -0.2 if infl >= S_SLOWED and not dominant else 0.0
+    conf += 0.2 if infl < S_FLAT else (0.1 if infl < S_INFLATED else slowed)
+    if dominant:
+        conf += DOMINANT_WAIT_GAIN
     if stall:
         conf += -0.25 if stalled else 0.1
     plateau = np.isfinite(load.x_loaded_share) and load.x_loaded_share >= PLATEAU_SHARE and not load.retrograde
@@ -241,6 +250,8 @@ def queue_backlog(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | 
         Evidence("median inference time, low-load quartile (baseline)", round(load.s_base, 4), "s"),
         Evidence("median inference time, high-load quartile", round(load.s_high, 4), "s", load.high_start, load.high_end),
         Evidence("inference time inflation (worst of by-load and by-time)", round(infl, 2), "x"),
+        *([Evidence("median queue wait / median inference time, high-load quartile", round(load.w_high / load.s_high, 1), "x",
+                    load.high_start, load.high_end)] if load.s_high > 0 else []),
         Evidence(
             "requests in system met at arrival, low / high quartile", f"{load.load_low:.0f} / {load.load_high:.0f}", "requests"
         ),
@@ -288,6 +299,9 @@ def queue_backlog(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | 
             + (
                 f"stays at {format_seconds(load.s_high)} ({infl:.2f}x baseline): too little capacity, not a slower service"
                 if infl < S_INFLATED
+                else f"also slowed {infl:.1f}x to {format_seconds(load.s_high)}, but the wait is "
+                f"{load.w_high / load.s_high:.0f}x the inference time: too little capacity, with a contributing slowdown"
+                if dominant
                 else f"also slowed {infl:.1f}x to {format_seconds(load.s_high)}: the queue is at least partly a symptom"
             )
         ),
@@ -311,6 +325,8 @@ def _thrash_evidence(load: RequestLoad, stall: list[StallSignal], tail: float) -
         Evidence("median inference time, high-load quartile", round(load.s_high, 4), "s", load.high_start, load.high_end),
         Evidence("median inference time, first fifth vs worst fifth by time", f"{load.s_early:.4g} vs {load.s_worst:.4g}", "s"),
         Evidence("inference time inflation (worst of by-load and by-time)", round(infl, 2), "x"),
+        *([Evidence("median queue wait / median inference time, high-load quartile", round(load.w_high / load.s_high, 1), "x",
+                    load.high_start, load.high_end)] if load.s_high > 0 else []),
         Evidence("p99 / median inference time, high-load quartile", round(tail, 2) if np.isfinite(tail) else None, "ratio"),
         Evidence("Kendall tau, inference time vs load met", round(load.tau_s, 3), "tau"),
         Evidence("median queue wait, high-load quartile", round(load.w_high, 4), "s", load.high_start, load.high_end),
