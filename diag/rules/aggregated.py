@@ -30,6 +30,7 @@ from diag.rules.requestload import (
     W_MIN_VS_S,
     W_RISE,
     W_RISE_MARGIN_S,
+    WAIT_DOMINATES,
 )
 from diag.rules.stall_signals import memory_stall
 from diag.rules.stats import excerpt_arrays, service_context
@@ -37,6 +38,7 @@ from diag.timeline import Series, Timeline
 from diag.units import format_seconds
 
 MIN_STEPS = 5  # steps with requests: fewer cannot tell a calm level from a busy one
+DOMINANT_CONFIDENCE = 0.6  # a wait that dwarfs a (less than severely) slowed inference: a backlog, the slowdown contributing
 CALM_QUARTER, BUSY_QUARTER = 0.25, 0.75  # steps by queue wait: the calm and the busy quarter
 TIME_PARTS = 3  # a service can slow at constant load: inference time of the later thirds against the first
 
@@ -114,16 +116,22 @@ def queue_vs_thrash(tl: Timeline, ac: AnalysisContext | None = None) -> Finding 
         )
     if not rose:
         return None
-    # The wait rose, but inference slowed or memory stalls too: the queue may be a symptom (a suspect only).
-    conf = 0.65 + (0.05 if never_empty else 0.0) if inflation < S_INFLATED and not stall else 0.4
+    # The wait rose, but inference slowed or memory stalls too: the queue may be a symptom (a suspect only) --
+    # unless the wait dwarfs an inference slowed less than severely: a backlog with a contributing slowdown.
+    flat = inflation < S_INFLATED and not stall
+    dominant = not stall and inflation < S_SEVERE and s_busy > 0 and w_busy >= WAIT_DOMINATES * s_busy
+    conf = 0.65 + (0.05 if never_empty else 0.0) if flat else (DOMINANT_CONFIDENCE if dominant else 0.4)
+    stays = (f"stays at {format_seconds(s_busy)} ({inflation:.2f}x its calm level): too little capacity, not a slower service"
+             if flat else f"also slowed {inflation:.2f}x to {format_seconds(s_busy)}, but the wait is "
+             f"{w_busy / s_busy:.0f}x the inference time: too little capacity, with a contributing slowdown"
+             if dominant else f"slowed {inflation:.2f}x to {format_seconds(s_busy)}: the queue is at least partly a symptom")
     return Finding(
         cls="queue_backlog",
         rule="aggregated.queue_vs_thrash",
         confidence=conf,
         summary=(
             f"Requests wait {format_seconds(w_busy)} for a slot at busy times (vs {format_seconds(w_calm)} calm) "
-            "while inference stays at "
-            f"{format_seconds(s_busy)} ({inflation:.2f}x its calm level): too little capacity, not a slower service"
+            f"while inference {stays}"
         ),
         evidence=evidence,
         rules_out=[basis, *(["no memory stall of the service at the busy times"] if not stall else [])],

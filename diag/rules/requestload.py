@@ -34,6 +34,10 @@ MIN_REQUESTS = 30  # started requests; below this a quartile is a handful of req
 S_FLAT = 1.2
 S_INFLATED = 1.5
 S_SEVERE = 3.0  # three times its calm level: severely inflated
+# A wait that dwarfs the service time: at >= 5x the inference time at load the queue is >= 83 % of each request's
+# latency, and a service slowed by less than S_SEVERE cannot account for it -- more work arrives than the slots
+# serve, with the slowdown contributing (a 17x wait over a 2x slower inference is a backlog, not a coin toss).
+WAIT_DOMINATES = 5.0
 # Queue wait counts as risen when the loaded median is at least this long (absolute and relative to S),
 # and several times the calm median: a backlog of 20 ms in front of a 2 s service is not an incident.
 W_MIN_S = 0.05

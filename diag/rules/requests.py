@@ -35,6 +35,7 @@ from diag.rules.requestload import (
     W_MIN_VS_S,
     W_RISE,
     W_RISE_MARGIN_S,
+    WAIT_DOMINATES,
     RequestLoad,
     analyse_requests,
     too_few_requests,
@@ -53,10 +54,6 @@ OVERWHELM_COVER = 0.9  # the unbroken waiting stretch must cover 90 % of first a
 NO_STALL_CAP = 0.2  # thrashing without a memory stall stays below the suspect level (0.3): it is not thrashing
 NOT_INFLATED_CAP = 0.4  # throughput falls but each request is not slower (under S_INFLATED): a suspect at most
 S_SLOWED = 2.0  # a backlog whose service time also doubled is at least partly a symptom ...
-# ... unless the wait dwarfs the service time: at >= 5x the high-load inference time the queue is >= 83 % of each
-# request's latency, and a service slowed by less than S_SEVERE cannot account for it -- more work arrives than the
-# slots serve, with the slowdown contributing (a 17x wait over a 2x slower inference is a backlog, not a coin toss).
-WAIT_DOMINATES = 5.0
 DOMINANT_WAIT_GAIN = 0.15
 PLATEAU_SHARE = 0.8  # goodput in the busiest buckets >= 80 % of the p90: throughput plateaus, as a backlog's does
 SHED_SHARE = 0.01  # requests refused or timed out in the queue: >= 1 % of them (and at least one) is shedding
