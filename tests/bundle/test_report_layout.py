@@ -28,7 +28,7 @@ from diag.bundle.report import ReportData, render_html
 from diag.demo.scenarios.recording import read_jsonl_gz
 from diag.rules.engine import analyze
 from diag.timeline import timeline_from_records
-from tests.bundle.test_report_html import CHROMIUM, chromium
+from tests.bundle.chromium import CHROMIUM, chromium
 from tests.paths import FIXTURES
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian chromium (apt-get install chromium)")
