@@ -35,6 +35,9 @@ _REWORDED: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 
 
+_NUMBER_RE = re.compile(r"^-?\d+(?:\.\d+)?$")
+
+
 def _reworded(message: str) -> str:
     for pattern, replacement in _REWORDED:
         message = pattern.sub(replacement, message)
@@ -75,7 +78,7 @@ def one_line(exc: Any) -> str:
         value = _bad_value(exc)
         if value is None or str(value) in message:
             return f"{option}: {message}"
-        shown = repr(value) if isinstance(value, str) else str(value)
+        shown = repr(value) if isinstance(value, str) and not _NUMBER_RE.match(value) else str(value)
         return f"{option} {shown}: {message}"
     return " ".join(exc.format_message().split())
 

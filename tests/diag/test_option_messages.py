@@ -202,3 +202,25 @@ def test_every_scenario_name_the_message_lists_is_one(world: Path) -> None:
 
     _, err = _run("demo", "--scenario", "nope")
     assert sorted(suggestions(err)) == sorted(SCENARIOS)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["snapshot", "--nope"], "No such option: --nope"),
+        (["collect", "--interval"], "'--interval' requires an argument"),
+        (["tickets", "show", "x"], "'x': not a whole number"),
+        (["demo", "serve", "--workers", "0"], "--workers 0: at least 1"),
+    ],
+)
+def test_typers_own_usage_errors_are_one_line(args: list[str], says: str) -> None:
+    code, err = _run(*args)
+    assert code == 2 and err.strip().startswith("diag: ") and says in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_help_and_a_bare_command_still_show_the_help() -> None:
+    result = CliRunner().invoke(app, ["collect", "--help"])
+    assert result.exit_code == 0 and "--interval" in result.stdout
+    bare = CliRunner().invoke(app, [])
+    assert bare.exit_code == 2 and "snapshot" in bare.output and "collect" in bare.output
