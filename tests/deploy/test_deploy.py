@@ -285,15 +285,16 @@ def test_both_units_share_one_user_and_the_receiver_reads_the_agents_recorder(tm
                          name=f"{name}-triage")  # fmt: skip
     triage.write_text(triage.read_text().replace("llm-diag-agent.service", agent.name))
     recorder = Path("/var/lib") / name / "recorder.db"
+    base = f"http://127.0.0.1:{port}"
     with _installed([agent, triage], name):
         assert _wait_for(recorder.exists, 30), _journal(agent.name)
+        # the receiver exits "no flight recorder" until the agent created it, and is restarted 5 s later
+        assert _wait_for(lambda: _answers(f"{base}/api/incidents"), 60), _journal(triage.name)
         pids = [subprocess.run(["systemctl", "show", "-p", "MainPID", "--value", u.name], capture_output=True,
                                text=True).stdout.strip() for u in (agent, triage)]  # fmt: skip
-        assert _wait_for(lambda: all(p not in ("", "0") for p in pids), 30)
+        assert all(p not in ("", "0") for p in pids), pids
         uids = {Path(f"/proc/{p}/status").read_text().split("Uid:")[1].split()[0] for p in pids}
         assert len(uids) == 1, (uids, _journal(triage.name))
-        base = f"http://127.0.0.1:{port}"
-        assert _wait_for(lambda: _answers(f"{base}/api/incidents"), 60), _journal(triage.name)
         body = json.loads((REPO / "tests" / "fixtures" / "external" / "alertmanager-0.25-webhook.json").read_text())
         assert httpx.post(receiver_url(base, "page"), json=body, timeout=30, trust_env=False).status_code == 200
         diagnosed = lambda: [i for i in httpx.get(f"{base}/api/incidents", timeout=10, trust_env=False).json()  # noqa: E731
