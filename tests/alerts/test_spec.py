@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,19 @@ def test_the_period_is_never_also_a_window() -> None:
     doc["tiers"].append({"name": "week", "severity": "ticket", "long": "7d", "short": "1d", "budget_percent": 50})
     spec = parse_spec(doc)
     assert "7d" not in spec.windows and "1d" in spec.windows
+
+
+def _github_anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^a-z0-9 _-]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("spec", [DEFAULT_SPEC_PATH, VLLM_SPEC])
+def test_the_shipped_runbook_link_names_a_readme_section(spec: Path) -> None:
+    """A runbook link to a section the README does not have opens the top of the page mid-incident."""
+    url = load_spec(spec).runbook_url
+    path, _, anchor = url.partition("#")
+    assert path.endswith("/README.md") and anchor
+    readme = (DEFAULT_SPEC_PATH.parents[1] / "README.md").read_text()
+    headings = {_github_anchor(h) for h in re.findall(r"^#+ (.+)$", readme, re.M)}
+    assert anchor in headings, (anchor, sorted(h for h in headings if h.startswith("alerts")))
