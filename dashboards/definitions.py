@@ -1,4 +1,4 @@
-"""The five dashboards, one question each. Every panel says what it shows and what to do about it.
+"""The six dashboards, one question each. Every panel says what it shows and what to do about it.
 
 Each query lists our series first and the upstream equivalent second (``ours or theirs``): a host
 running vLLM, TGI, node_exporter, cAdvisor or DCGM instead of -- or beside -- the llm-diag agent gets
