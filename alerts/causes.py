@@ -14,14 +14,18 @@ Meta alerts about llm-diag itself (agent down, recorder failing) carry no ``diag
 not incidents of the service.
 
 Each cause carries a small example (input series and when it must fire), from which the promtool
-unit tests are generated; the thresholds are constants here, documented by the ``why`` text.
+unit tests are generated; the thresholds are constants here, documented by the ``why`` text. Each also
+names the dashboard panel that shows its signal (``panel``): the generator turns it into the alert's
+``dashboard_url`` from the dashboards' own uid and panel id, with the variables the alert's labels fill.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from alerts.links import PanelRef
 from collectors import catalog as cat
+from dashboards.definitions import UIDS
 
 AGENT = 'job="llm-diag-agent", instance="host-a:9464"'
 APP = 'job="llm-api", instance="host-a:8000"'
@@ -48,6 +52,7 @@ class Cause:
     for_: str
     summary: str
     example: CauseExample
+    panel: PanelRef  # the panel that shows the signal; its variables must be labels the alert carries
     extra_labels: dict[str, str] = field(default_factory=dict)
 
 
@@ -62,6 +67,8 @@ REFAULT = cat.CGROUP_STAT_COUNTERS["workingset_refault_file"].name
 QWAIT = cat.REQUEST_QUEUE_WAIT.name
 INFER = cat.REQUEST_INFERENCE.name
 CG = 'cgroup="/system.slice/llm.service"'
+HOST_VARS = ("job", "instance")  # the agent's alerts: one target
+APP_VARS = ("job", "model")  # the service's alerts, summed over its instances
 REFUSED = '{reason=~"queue_full|queue_timeout"}'  # refusals of the queue (memory refusals have their own alert)
 
 CAUSES: tuple[Cause, ...] = (
@@ -79,6 +86,7 @@ CAUSES: tuple[Cause, ...] = (
             "18m",
             {"cgroup": "/system.slice/llm.service", "job": "llm-diag-agent", "instance": "host-a:9464"},
         ),
+        PanelRef(UIDS["memory"], "cgroup memory PSI", HOST_VARS),
     ),
     Cause(
         "LLMDiagOOMKill",
@@ -95,6 +103,7 @@ CAUSES: tuple[Cause, ...] = (
             "12m",
             {"constraint": "CONSTRAINT_MEMCG", "job": "llm-diag-agent", "instance": "host-a:9464"},
         ),
+        PanelRef(UIDS["memory"], "OOM kills", HOST_VARS),
     ),
     Cause(
         "LLMDiagCgroupOOMKill",
@@ -110,6 +119,7 @@ CAUSES: tuple[Cause, ...] = (
             "12m",
             {"cgroup": "/system.slice/llm.service", "event": "oom_kill", "job": "llm-diag-agent", "instance": "host-a:9464"},
         ),
+        PanelRef(UIDS["memory"], "memory.events rates", HOST_VARS),
     ),
     Cause(
         "LLMDiagThrashing",
@@ -130,6 +140,7 @@ CAUSES: tuple[Cause, ...] = (
             "18m",
             {"cgroup": "/system.slice/llm.service", "job": "llm-diag-agent", "instance": "host-a:9464"},
         ),
+        PanelRef(UIDS["memory"], "cgroup memory PSI", HOST_VARS),
     ),
     Cause(
         "LLMDiagQueueWaitDominates",
@@ -150,6 +161,7 @@ CAUSES: tuple[Cause, ...] = (
             "14m",
             {"model": "m1", "job": "llm-api"},
         ),
+        PanelRef(UIDS["latency"], "Mean phases (stacked)", APP_VARS),
     ),
     Cause(
         "LLMDiagRequestsRefused",
@@ -170,6 +182,7 @@ CAUSES: tuple[Cause, ...] = (
             "14m",
             {"model": "m1", "reason": "queue_full", "job": "llm-api"},
         ),
+        PanelRef(UIDS["latency"], "Outcomes and refusals", APP_VARS),
     ),
     Cause(
         "LLMDiagMemoryGuardRefusing",
@@ -185,6 +198,7 @@ CAUSES: tuple[Cause, ...] = (
             "16m",
             {"model": "m1", "job": "llm-api"},
         ),
+        PanelRef(UIDS["latency"], "Outcomes and refusals", APP_VARS),
     ),
     Cause(
         "LLMDiagDuplicateModelCopies",
@@ -200,6 +214,7 @@ CAUSES: tuple[Cause, ...] = (
             "25m",
             {"model": "/models/m1.safetensors", "job": "llm-diag-agent", "instance": "host-a:9464"},
         ),
+        PanelRef(UIDS["overview"], "Model copies over time", HOST_VARS),
     ),
     Cause(
         "LLMDiagGPUMemoryNearFull",
@@ -218,6 +233,7 @@ CAUSES: tuple[Cause, ...] = (
             "18m",
             {"gpu": "0", "uuid": "GPU-1", "job": "llm-diag-agent", "instance": "host-a:9464"},
         ),
+        PanelRef(UIDS["gpu"], "Device memory used share", HOST_VARS),
     ),
     Cause(
         "LLMDiagCudaOOM",
@@ -233,6 +249,7 @@ CAUSES: tuple[Cause, ...] = (
             "12m",
             {"model": "m1", "device": "cuda:0", "job": "llm-api", "instance": "host-a:8000"},
         ),
+        PanelRef(UIDS["gpu"], "CUDA OOM errors", (*HOST_VARS, "model")),
     ),
     Cause(
         "LLMDiagAgentDown",
@@ -249,6 +266,7 @@ CAUSES: tuple[Cause, ...] = (
             "16m",
             {"job": "llm-diag-agent", "instance": "host-a:9464"},
         ),
+        PanelRef(UIDS["overview"], "Targets up", HOST_VARS),
         {"component": "llm-diag"},
     ),
     Cause(
@@ -265,6 +283,7 @@ CAUSES: tuple[Cause, ...] = (
             "18m",
             {"job": "llm-diag-agent", "instance": "host-a:9464"},
         ),
+        PanelRef(UIDS["overview"], "Agent errors", HOST_VARS),
         {"component": "llm-diag"},
     ),
 )
@@ -305,4 +324,5 @@ INCIDENT = Cause(
         {"class": "host_oom", "job": "llm-diag-agent", "instance": "host-a:9464"},
         {"summary": "python (pid 42) was OOM-killed in /llm", "evidence": "OOM kills: 1", "confidence": "0.9"},
     ),
+    PanelRef(UIDS["overview"], "Live diagnosis", HOST_VARS),
 )
