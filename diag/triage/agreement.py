@@ -10,7 +10,9 @@ engineer reading "healthy" under a page stops looking. So, with the alert in han
 - when no rule that could explain the alert could run, the diagnosis says what it **could not see** and
   where that signal would come from;
 - when the alert states a class (cause alerts and the live diagnosis carry ``diag_class``), the check
-  says whether the rules confirm it, found it only as a suspect, or concluded something else.
+  says whether the rules confirm it, found it only as a suspect, or concluded something else. A class the
+  rules confirm (>= 0.5) is the incident's class even when another finding of the window ranks higher:
+  an OOM kill minutes after a queue overload is an OOM incident, whose diagnosis also names the backlog.
 
 The result is stored in the diagnosis document under ``alert_check`` and shown with the incident.
 """
@@ -72,6 +74,13 @@ def check(doc: dict[str, Any], labels: Mapping[str, str], *, firing: bool) -> di
                      " histograms in Prometheus (`diag triage serve --prometheus URL`).")  # fmt: skip
     elif stated and primary == stated:
         status, text = "confirms", f"the rules confirm {name}: {stated} at {best:.2f}"
+    elif stated and best >= PRIMARY_CONFIDENCE:
+        # confirmed, but something else in the window ranks higher (an earlier problem still inside the lookback):
+        # the incident is about what its alert saw, and says what else the window holds
+        other = max((f["confidence"] for f in doc.get("findings") or [] if f.get("class") == primary), default=0.0)
+        status = "confirms"
+        text = (f"the rules confirm {name}: {stated} at {best:.2f}; the window also shows {primary} at {other:.2f}, "
+                "which this incident does not take as its class")  # fmt: skip
     elif stated and best >= SUSPECT_CONFIDENCE:
         status = "suspect"
         text = f"{name} states {stated}; the rules found it at {best:.2f}, below {PRIMARY_CONFIDENCE} (verdict: {primary})"
@@ -87,5 +96,6 @@ def check(doc: dict[str, Any], labels: Mapping[str, str], *, firing: bool) -> di
             text = (f"{name} fires, but no rule found a cause at {SUSPECT_CONFIDENCE} or more in this window: the alert's "
                     "condition holds and the diagnosis cannot say why")  # fmt: skip
         verdict["alert"] = text
+    incident_class = stated if status == "confirms" else verdict["primary"]
     return {"alert": labels.get("alertname", ""), "stated_class": stated or None, "status": status, "text": text,
-            "missing": missing}  # fmt: skip
+            "missing": missing, "incident_class": incident_class}  # fmt: skip

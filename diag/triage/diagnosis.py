@@ -121,6 +121,10 @@ def run_analysis(
 
 
 def verdict_class(doc: dict[str, Any]) -> str:
+    """The incident's class: what the alert check settled on (``diag.triage.agreement``), else the verdict."""
+    check = doc.get("alert_check")
+    if isinstance(check, dict) and check.get("incident_class"):
+        return str(check["incident_class"])
     verdict = doc.get("verdict")
     if isinstance(verdict, dict):
         return str(verdict.get("primary") or "unknown")

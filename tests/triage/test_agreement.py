@@ -72,3 +72,27 @@ def test_a_cause_alert_is_confirmed_or_contradicted_by_the_rules(recorders):
     assert (confirmed["status"], confirmed["stated_class"]) == ("confirms", "queue_backlog")
     differs = analyse(path, span, {**CAUSE_QUEUE, "diag_class": "memory_leak"})
     assert differs["alert_check"]["status"] == "differs" and differs["verdict"]["primary"] == "queue_backlog"
+
+
+
+def test_a_confirmed_stated_class_is_the_incidents_class_even_under_an_earlier_problem():
+    """An OOM kill minutes after a queue overload, both inside the lookback: the analysis ranks the backlog first;
+    the OOM page's incident is still an OOM incident (the rules confirm it), and its check names the backlog too."""
+    from diag.rules.engine import load_rules
+    from diag.triage.agreement import check
+    from diag.triage.diagnosis import verdict_class
+
+    load_rules()
+    doc = {
+        "verdict": {"primary": "queue_backlog", "contributing": ["host_oom"], "suspects": []},
+        "findings": [{"class": "queue_backlog", "confidence": 0.9}, {"class": "host_oom", "confidence": 0.85}],
+        "evaluated": ["requests.queue_backlog", "oom.host"], "not_evaluated": [],
+    }  # fmt: skip
+    labels = {"alertname": "LLMDiagCgroupOOMKill", "diag_class": "host_oom", "job": "llm-diag-host", "severity": "page"}
+    doc["alert_check"] = entry = check(doc, labels, firing=True)
+    assert (entry["status"], entry["incident_class"], verdict_class(doc)) == ("confirms", "host_oom", "host_oom")
+    assert "also shows queue_backlog at 0.90" in entry["text"]
+    assert doc["verdict"]["primary"] == "queue_backlog"  # the analysis itself is left as it was
+    suspect = {**doc, "findings": [{"class": "queue_backlog", "confidence": 0.9}, {"class": "host_oom", "confidence": 0.4}]}
+    weak = check(suspect, labels, firing=True)
+    assert (weak["status"], weak["incident_class"]) == ("suspect", "queue_backlog")  # not confirmed: the verdict stands
