@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from diag.rules import numstats, stats
+from diag.rules import levels, numstats, stats
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext, shared
 from diag.rules.stall_signals import FAULTS_UP, PSI_FULL_UP, PSI_SOME_UP
@@ -64,8 +64,8 @@ MAX_PROCESS_CANDIDATES = 8
 
 # memory_pressure: the stall levels are every stall-reading rule's (``stall_signals``: PSI some >= 10 % is
 # pressure; full >= 5 % with major faults >= 50/s is thrashing level); how near the limit counts is this rule's.
-NEAR_LIMIT = 0.90
-LIMIT_EVENTS_NEAR = 0.80
+NEAR_LIMIT = levels.NEAR_LIMIT  # shared with the memory-pressure cause alert
+LIMIT_EVENTS_NEAR = levels.LIMIT_EVENTS_NEAR
 FOLLOWS_LOAD_RHO = 0.5
 STATIC_RHO = 0.3
 MIN_FOLLOW_SAMPLES = 5  # memory samples to correlate with load (and anon samples to prefer it over the working set)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from diag.rules import numstats, stats
+from diag.rules import levels, numstats, stats
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext
 from diag.rules.stall_signals import PSI_SOME_UP
@@ -28,7 +28,7 @@ from diag.timeline import ProcessTrack, Series, Timeline
 from diag.units import format_bytes
 
 PRIVATE_COPY_SHARE = 0.7  # a holder with USS >= 70 % of the model size holds a private copy (some pages may be untouched)
-PRIVATE_DOMINANT = 0.6  # size unknown: USS/RSS at or above this means the big part of the process is private
+PRIVATE_DOMINANT = levels.PRIVATE_DOMINANT  # size unknown: USS/RSS at or above this: the big part is private
 SHARED_COPY_SHARE = 0.5  # summed PSS - USS of the holders >= half a copy: the weights sit in a shared mapping
 MATERIAL_WASTE_OF_LIMIT = 0.05  # the extra copies must cost >= 5 % of the limit to be an incident
 GPU_COPY_SHARE = 0.10  # a process holding >= 10 % of a GPU is a candidate copy there

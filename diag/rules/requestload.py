@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from diag.rules import numstats
+from diag.rules import levels, numstats
 from diag.rules.base import TooLittleData
 from diag.rules.context import AnalysisContext, shared
 from diag.rules.usl import LoadCurve, UslFit, concurrency_levels, count_at, fit_usl, load_curve
@@ -46,7 +46,7 @@ W_RISE = 4.0
 W_RISE_MARGIN_S = 0.02  # ... plus 20 ms, so a calm median of ~0 does not make every wait a rise
 # A window with no calm period to compare with is a backlog when the evidence is overwhelming: at least
 # OVERWHELM_SHARE of the started requests each waited OVERWHELM_FACTOR x their own inference time.
-OVERWHELM_FACTOR = 3.0
+OVERWHELM_FACTOR = levels.OVERWHELM_FACTOR  # shared with the queue cause alert
 OVERWHELM_SHARE = 0.8
 
 MIN_QUARTILE = 5  # requests in the low- and high-load quartiles, however few started

@@ -25,15 +25,15 @@ from typing import NamedTuple
 
 import numpy as np
 
+from diag.rules import levels
 from diag.rules.stats import ServiceContext, edge_level, stall_percent
 from diag.rules.usl import LoadCurve
 from diag.timeline import Series, Timeline
 
-PSI_SOME_UP = 10.0  # percent of wall time some task stalled on memory: pressure
-PSI_FULL_UP = 5.0  # percent of wall time every task stalled on memory: a thrashing candidate
-FAULTS_UP = 50.0  # major faults per second
-REFAULTS_UP = 200.0  # pages refaulted per second
-SWAP_UP = 100.0  # pages swapped in+out per second
+# PSI some/full (percent of wall time) and page-in floors (per second): shared with the cause alerts
+PSI_SOME_UP, PSI_FULL_UP, FAULTS_UP, REFAULTS_UP, SWAP_UP = (
+    levels.PSI_SOME_UP, levels.PSI_FULL_UP, levels.FAULTS_UP, levels.REFAULTS_UP, levels.SWAP_UP
+)
 RATE_FACTOR = 3.0  # a counter rate is up at this many times its calm level (and above its floor)
 RATE_ALWAYS = 10.0  # a rate at 10x its floor is a stall even when the whole recording was already stalling
 CALM_QUANTILE = 0.1  # the signal's own low level over the window, one of the calm references
