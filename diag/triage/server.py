@@ -3,9 +3,9 @@
 ``Receiver`` owns the parts that start and stop together -- the listening socket (bound in the constructor,
 so a taken port fails before any thread starts), the group-commit writer, the diagnosis worker, the outbox
 dispatcher and the HTTP server -- and the webhook's core: token, content type, the duplicate-body cache,
-validation, the commit. HTTP itself (parsing, framing, limits, deadlines) is uvicorn's h11 protocol under the
-bare ASGI app in ``diag.triage.asgi``; why that and not a server of our own is argued there, with the figures in
-bench/RESULTS.md "Triage".
+validation, the commit. HTTP itself (parsing, framing, limits, deadlines) is uvicorn's httptools protocol under
+the bare ASGI app in ``diag.triage.asgi``; why that and not a server of our own is argued there, with the figures
+in bench/RESULTS.md "Triage".
 
 Status codes are the contract with Alertmanager, which retries 5xx and drops 4xx: every problem with the
 request itself is a 4xx (400 malformed, 401 token, 408 too slow, 411/413 length, 415 type, 422 cannot apply),
@@ -118,8 +118,7 @@ class Receiver:
         self._server = _Server(
             uvicorn.Config(
                 asgi.TriageApp(self, request_timeout_s=config.request_timeout_s),
-                http=functools.partial(asgi.DeadlineH11Protocol, head_timeout_s=config.request_timeout_s),  # type: ignore[arg-type]
-                h11_max_incomplete_event_size=asgi.MAX_HEADER_BYTES,
+                http=functools.partial(asgi.GuardedHttpToolsProtocol, head_timeout_s=config.request_timeout_s),  # type: ignore[arg-type]
                 timeout_keep_alive=config.idle_timeout_s,  # type: ignore[arg-type]
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,  # type: ignore[arg-type]
                 headers=asgi.COMMON_HEADERS,

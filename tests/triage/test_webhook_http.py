@@ -142,7 +142,7 @@ def test_truncated_body_and_missing_length(server):
     raw = FIXTURE.read_bytes()
     reply = exchange(server, head(len(raw)) + raw[: len(raw) // 2])
     assert reply.startswith(b"HTTP/1.1 400") and b"before the whole body" in reply
-    reply = exchange(server, head(None) + raw)
+    reply = exchange(server, head(None))
     assert reply.startswith(b"HTTP/1.1 411") and b"Content-Length" in reply
     assert stored(server) == before
 
