@@ -43,8 +43,10 @@ from diag.triage import web
 
 MAX_HEADER_BYTES = 16 * 1024  # request line + headers: a longer head is a 431
 ALLOW = "GET, HEAD, POST"
-# On every answer, including the ones the protocol writes itself (uvicorn adds these to the app's answers).
+# On every answer, the app's and the protocol's own. Not uvicorn's ``headers=`` config: it applies them from its
+# first tick on, after the socket already accepts.
 COMMON_HEADERS = [("x-content-type-options", "nosniff"), ("cache-control", "no-store"), ("server", "llm-diag-triage")]
+_COMMON_RAW = [(name.encode(), value.encode()) for name, value in COMMON_HEADERS]
 SINGLE_HEADERS = (b"authorization", b"content-type")  # two of these is a malformed request, not a choice to make
 WANTED_HEADERS = (*SINGLE_HEADERS, b"content-length", b"transfer-encoding")
 
@@ -343,7 +345,7 @@ class TriageApp:
     @staticmethod
     async def _send(send: Send, reply: Reply) -> None:
         raw = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body, default=str).encode()
-        headers = [(b"content-type", reply.content_type.encode("latin-1"))]
+        headers = [*_COMMON_RAW, (b"content-type", reply.content_type.encode("latin-1"))]
         if reply.status != 204:  # a 204 carries no body and so no length (RFC 9110 8.6)
             headers.append((b"content-length", str(len(raw)).encode()))
         if reply.content_type.startswith("text/html"):

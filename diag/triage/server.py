@@ -121,7 +121,6 @@ class Receiver:
                 http=functools.partial(asgi.GuardedHttpToolsProtocol, head_timeout_s=config.request_timeout_s),  # type: ignore[arg-type]
                 timeout_keep_alive=config.idle_timeout_s,  # type: ignore[arg-type]
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,  # type: ignore[arg-type]
-                headers=asgi.COMMON_HEADERS,
                 server_header=False,
                 loop="asyncio",
                 interface="asgi3",
