@@ -96,8 +96,8 @@ class Receiver:
         self.dispatcher: Dispatcher | None = None
         connect(config.db).close()  # schema first, so the threads below never race to create it
         family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
-        # proto named: asyncio sets TCP_NODELAY only on sockets whose proto is TCP, and uvicorn writes the head and
-        # the body of an answer separately -- with Nagle on, the body waited for the client's delayed ACK (40 ms)
+        # proto named: asyncio sets TCP_NODELAY only on sockets whose proto is TCP, and with Nagle on, an answer's
+        # second write (uvicorn writes head and body apart) waited for the client's delayed ACK: 40 ms per request
         self._sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((config.host, config.port))  # fails early (port taken) before any thread starts
@@ -121,6 +121,7 @@ class Receiver:
                 http=functools.partial(asgi.GuardedHttpToolsProtocol, head_timeout_s=config.request_timeout_s),  # type: ignore[arg-type]
                 timeout_keep_alive=config.idle_timeout_s,  # type: ignore[arg-type]
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,  # type: ignore[arg-type]
+                backlog=512,
                 server_header=False,
                 loop="asyncio",
                 interface="asgi3",
