@@ -265,6 +265,36 @@ def test_label_values_with_html_are_escaped(server, client):
     assert 'href="javascript:' not in page.text
 
 
+def deliveries_stored(server) -> int:
+    db = connect(server.config.db)
+    try:
+        row = db.execute("SELECT value FROM stats WHERE name = 'deliveries'").fetchone()
+        return int(row[0]) if row else 0
+    finally:
+        db.close()
+
+
+def test_the_duplicate_cache_is_keyed_by_route_and_body(server, client):
+    """A byte-identical retry on the same route is answered without the store; on another route it is not (the
+    route's severity is part of what the store records)."""
+    raw = json.dumps(body(alert({"alertname": "CacheKey", "job": "j"}))).encode()
+    h = {"Content-Type": "application/json"}
+    assert client.post("/webhook", content=raw, headers=h).json()["outcomes"] == ["opened"]
+    stored_before = deliveries_stored(server)
+    assert client.post("/webhook", content=raw, headers=h).json()["outcomes"] == ["duplicate"]
+    assert deliveries_stored(server) == stored_before  # answered from the cache
+    assert client.post("/webhook/page", content=raw, headers=h).status_code == 200
+    assert deliveries_stored(server) == stored_before + 1  # went to the store
+
+
+def test_synchronous_webhook_core_for_embedding(server):
+    doc = body(alert({"alertname": "SyncCore", "job": "j"}))
+    status, reply, extra = server.webhook({}, json.dumps(doc).encode(), "ticket")
+    assert (status, reply["outcomes"], extra) == (200, ["opened"], {})
+    status, reply, _ = server.webhook({}, b"{", "")
+    assert status == 400 and "not JSON" in reply["error"]
+
+
 def test_every_answer_carries_the_security_headers(client):
     for r in (client.get("/"), client.get("/api/incidents"), client.get("/healthz"), client.post("/nope", json={})):
         assert r.headers["X-Content-Type-Options"] == "nosniff" and r.headers["Cache-Control"] == "no-store"
