@@ -153,7 +153,6 @@ class StoreCorrupt(sqlite3.DatabaseError):
         self.foreign = foreign
 
 
-_SQLITE_HEADER = b"SQLite format 3\x00"
 _CORRUPTION_CODES = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB
 
 
@@ -165,19 +164,31 @@ def _is_corruption(exc: sqlite3.Error) -> bool:
 
 
 def _check_header(path: Path) -> None:
-    """Refuse a file that does not start like SQLite before SQLite opens it (opening and closing such a file
-    would delete the -wal and -shm beside it, which a look at what went wrong may need)."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(100)
-    except FileNotFoundError:
+    """Refuse a file that is not a SQLite database before a writable connection opens it (opening and closing such a
+    file would delete the -wal and -shm beside it, which a look at what went wrong may need).
+
+    The look goes through SQLite itself, read-only and ``immutable`` (no locks taken, no WAL opened), never through
+    Python's ``open()``: POSIX record locks belong to the process and the file, so closing *any* descriptor of the
+    store drops every lock this process's SQLite connections hold on it -- another process could then checkpoint
+    and delete the WAL under a running receiver. SQLite's own descriptors are shared per file and closed safely.
+    """
+    if not path.exists():
         return
-    except IsADirectoryError:
-        raise StoreCorrupt(path, "a folder, not a file") from None
-    if head and not head.startswith(_SQLITE_HEADER):
-        raise StoreCorrupt(path, "not a SQLite database: the file does not start with the SQLite header")
-    if head and len(head) < 100:
-        raise StoreCorrupt(path, f"truncated: {len(head)} bytes, shorter than a SQLite header")
+    if path.is_dir():
+        raise StoreCorrupt(path, "a folder, not a file")
+    if path.stat().st_size == 0:
+        return  # an empty file is a new database
+    probe = None
+    try:
+        probe = sqlite3.connect(f"file:{path.resolve()}?mode=ro&immutable=1", uri=True)
+        probe.execute("PRAGMA schema_version").fetchone()
+    except sqlite3.DatabaseError as exc:
+        if "not a database" in str(exc):
+            raise StoreCorrupt(path, "not a SQLite database: the file does not start with the SQLite header") from None
+        raise StoreCorrupt(path, f"unreadable as SQLite: {exc}") from None
+    finally:
+        if probe is not None:
+            probe.close()
 
 
 def _statements(script: str) -> Iterator[str]:
