@@ -60,14 +60,14 @@ run: install
 
 # The lowest set's tracking tests run first (a minute); a failure there fails `make test`, after the
 # whole suite has still run.
+TEST_LOWEST := LLMDIAG_CONSTRAINTS=$(LOWEST) $(LOWEST_BIN)/python -m pytest -q -m "not live" $(LOWEST_TESTS)
 test: install install-lowest system-deps
 	$(BIN)/ruff check .
-	@status=0; $(MAKE) --no-print-directory test-lowest || status=$$?; \
-	$(BIN)/python -m pytest -q || status=$$?; exit $$status
+	@echo "the tracking tests on the lowest versions the ranges allow ($(LOWEST)), then the whole suite"
+	status=0; $(TEST_LOWEST) || status=$$?; $(BIN)/python -m pytest -q || status=$$?; exit $$status
 
 test-lowest: install-lowest
-	@echo "the tracking tests on the lowest versions the ranges allow ($(LOWEST))"
-	LLMDIAG_CONSTRAINTS=$(LOWEST) $(LOWEST_BIN)/python -m pytest -q -m "not live" $(LOWEST_TESTS)
+	$(TEST_LOWEST)
 
 lint: install
 	$(BIN)/ruff check .
