@@ -13,9 +13,10 @@ LOWEST := constraints-lowest.txt
 LOWEST_VENV := $(VENV)/lowest
 LOWEST_BIN := $(LOWEST_VENV)/bin
 # The tests of collectors.tracking that start no root-only machinery (the live cgroup test is deselected),
-# and the reference backend's multi-worker launcher (uvicorn's supervisor differs across the range).
+# the reference backend's multi-worker launcher (uvicorn's supervisor differs across the range), and the triage
+# receiver's HTTP layer (it subclasses uvicorn's httptools protocol).
 LOWEST_TESTS := tests/test_dependencies.py tests/collectors/test_tracking_*.py tests/diag/test_rules_batching.py \
-	tests/diag/test_rules_oom.py tests/diag/test_demo_serve.py
+	tests/diag/test_rules_oom.py tests/diag/test_demo_serve.py tests/triage/test_webhook_http.py tests/triage/test_http_fuzz.py
 PIP := python -m pip install --quiet --disable-pip-version-check
 # Re-install whenever pyproject.toml or the pins change.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) | sha1sum | cut -c1-12)
@@ -79,11 +80,11 @@ bench: install system-deps
 # Re-resolve the ranges of pyproject.toml to the newest releases and pin the result (every package) in
 # constraints.txt; KEEP=1 keeps the current pins and only resolves what they do not cover. Then `make test`.
 lock:
-	$(PYTHON) tools/lock.py tested $(if $(KEEP),--keep) --out $(LOCK)
+	$(PYTHON) .ci/lock.py tested $(if $(KEEP),--keep) --out $(LOCK)
 
 # Resolve the lower bound of every range (plus the test tools as pinned in constraints.txt) and pin the result.
 lock-lowest:
-	$(PYTHON) tools/lock.py lowest --out $(LOWEST)
+	$(PYTHON) .ci/lock.py lowest --out $(LOWEST)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis
