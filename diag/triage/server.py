@@ -39,7 +39,7 @@ from diag.triage.diagnosis import DiagnosisWorker, Source
 from diag.triage.ingest import Ingestor, Rejected, Unavailable
 from diag.triage.outbox import Dispatcher
 from diag.triage.sinks import Sink
-from diag.triage.store import connect, get_incident, list_incidents
+from diag.triage.store import connect, get_incident, list_incidents, set_diagnosis
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,11 @@ class Receiver:
         self.config = config
         self.diagnosis: DiagnosisWorker | None = None
         self.dispatcher: Dispatcher | None = None
-        connect(config.db).close()  # schema first, so the threads below never race to create it
+        db = connect(config.db)  # schema first, so the threads below never race to create it
+        try:  # whether incidents get a diagnosis: a receiver without a source marks them "not diagnosed", not pending
+            set_diagnosis(db, config.source is not None)
+        finally:
+            db.close()
         family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
         # proto named: asyncio sets TCP_NODELAY only on sockets whose proto is TCP, and with Nagle on, an answer's
         # second write (uvicorn writes head and body apart) waited for the client's delayed ACK: 40 ms per request

@@ -397,3 +397,11 @@ def test_store_locked_is_a_503_with_retry_after_and_the_retry_records_it(tmp_pat
     finally:
         locker.close()
         rx.close()
+
+
+def test_a_receiver_without_a_diagnosis_source_says_so_on_its_incidents(server, client):
+    """Built directly (not through the CLI) with no source: incidents read 'not diagnosed', never 'pending' forever."""
+    raw = json.dumps(body(alert({"alertname": "NoSourceHere", "job": "j"}))).encode()
+    assert post(client, raw).status_code == 200
+    (mine,) = [i for i in client.get("/api/incidents").json() if i["title"].startswith("alertname=NoSourceHere")]
+    assert mine["diag_state"] == "off"
