@@ -217,6 +217,6 @@ def test_queue_overload_delivers_the_queue_cause_and_a_fast_burn_page(stack: dic
     at, receiver, alert = cause
     assert receiver == "ticket" and alert["labels"]["diag_class"] == "queue_backlog"
     assert alert["labels"]["model"] == labels["model"]
-    assert "wait longer for an inference slot than they spend in inference" in alert["annotations"]["summary"]
+    assert "wait >= 3x their inference time for a slot" in alert["annotations"]["summary"]
     TIMINGS["queue overload -> LLMDiagQueueWaitDominates"] = at - t0
     assert sink.refused == []
