@@ -243,12 +243,12 @@ class TimelineBuilder:
     def add_series(self, scope: str, group: Any, name: str, series: Series) -> None:
         """One whole series (NaN-free, ascending) of ``Timeline.<scope>[group][name]`` (``group`` None: host, service).
 
-        The name must be one the signal vocabulary knows for the scope: a source that misspells one
-        would fill a series no rule reads, so it fails here instead. It stretches the window.
+        It stretches the window. Names are the vocabulary's (``diag.signals``); like a record's keys they are
+        not refused here (a label value can name a PSI resource the vocabulary does not list): the suite
+        checks that every source fills only what the vocabulary knows.
         """
-        signal = vocabulary.SCOPES[scope] + name
-        if not vocabulary.fillable(signal):
-            raise ValueError(f"{signal} is not a signal of the vocabulary (diag.signals)")
+        if scope not in vocabulary.SCOPES:
+            raise KeyError(f"{scope!r} is not a scope of series of the Timeline ({', '.join(vocabulary.SCOPES)})")
         if scope == "processes" and group not in self.procs:
             raise KeyError(f"no process track {group!r}: add_track first")
         self.groups[scope][group].add_chunk(name, series.ts, series.values)
@@ -264,6 +264,10 @@ class TimelineBuilder:
     def add_rows(self, table: str, columns: Mapping[str, np.ndarray]) -> None:
         """Rows of a table as columns (``ts`` among them); ``build`` puts every table in time order."""
         self.table_chunks[table].append(dict(columns))
+
+    def mark_unavailable(self, scope: str, reason: str) -> None:
+        """The source of a scope's series could not be read (no NVML): the Timeline says why when it has none."""
+        self.unavailable[scope] = reason
 
     def keep(self, attr: str, records: Iterable[Any]) -> None:
         """Records kept whole in ``Timeline.<attr>`` (synthetic OOM kills...): neither counted nor stretching the window."""

@@ -128,3 +128,46 @@ def test_the_watch_scope_in_force_before_the_window_is_kept(tmp_path: Path) -> N
     assert [w.cgroups for w in tl.watch_scopes] == [["/svc"]]
     assert tl.start >= now - 31  # the scope states a configuration: it does not stretch the window
     assert load_recorder(path, since_s=60 * 60 * 2).watch_scopes[0].resolved_cgroups == ["/svc"]
+
+
+def test_whole_series_go_through_the_builder_like_records() -> None:
+    """A source of series (Prometheus) hands the builder whole series, tracks, rows and records; the window is where
+    the series have data, else the window the source asked for."""
+    from collectors.records import OomEvent
+    from diag.timeline import TimelineBuilder
+
+    b = TimelineBuilder(source="series", window=(0.0, 100.0))
+    assert (b.build().start, b.build().end) == (0.0, 100.0)  # nothing observed: the query window
+    b.add_track("7@python", 7, None, comm="python")
+    b.add_series("processes", "7@python", "rss", Series(np.array([10.0, 20.0]), np.array([1.0, 2.0])))
+    b.add_series("service", None, "queue_depth", Series(np.array([5.0, 30.0]), np.array([0.0, 3.0])))
+    b.add_rows("gpu_processes", {"ts": np.array([40.0, 35.0]), "gpu": np.zeros(2), "pid": np.full(2, 7.0),
+                                 "used_bytes": np.array([1.0, 2.0])})  # fmt: skip
+    b.keep("ooms", [OomEvent(ts=90.0), OomEvent(ts=50.0)])
+    b.mark_unavailable("gpus", "no NVML")
+    tl = b.build()
+    assert (tl.start, tl.end) == (5.0, 30.0)  # rows and kept records do not stretch it; series do
+    assert tl.processes["7@python"].comm == "python" and tl.processes["7@python"].series["rss"].values.tolist() == [1, 2]
+    assert tl.gpu_processes["ts"].tolist() == [35.0, 40.0] and [o.ts for o in tl.ooms] == [50.0, 90.0]
+    assert tl.gpu_unavailable_reason == "no NVML" and tl.counts == {}
+    with pytest.raises(KeyError, match="add_track"):
+        b.add_series("processes", "8@x", "rss", Series(np.array([1.0]), np.array([1.0])))
+    with pytest.raises(KeyError, match="scope"):
+        b.add_series("disks", None, "x", Series(np.array([1.0]), np.array([1.0])))
+
+
+def test_no_source_assembles_a_timeline_itself() -> None:
+    """Every source goes through ``TimelineBuilder``: none constructs a Timeline, a track or a table on its own."""
+    import ast
+
+    import diag.sources
+
+    folder = Path(diag.sources.__file__).parent
+    found = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            called = node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
+            if called in ("Timeline", "ProcessTrack", "Table"):
+                found.append(f"{path.name}:{node.lineno} {called}(...)")
+    assert found == []
+    assert "TimelineBuilder" in (folder / "prometheus.py").read_text()  # the check reads real code (not vacuous)
