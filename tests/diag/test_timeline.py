@@ -171,3 +171,20 @@ def test_no_source_assembles_a_timeline_itself() -> None:
                 found.append(f"{path.name}:{node.lineno} {called}(...)")
     assert found == []
     assert "TimelineBuilder" in (folder / "prometheus.py").read_text()  # the check reads real code (not vacuous)
+
+
+def test_sources_and_the_timeline_import_nothing_above_them() -> None:
+    """Records flow up: the Timeline and its sources sit below the rules, the bundle, the triage and the demo."""
+    import ast
+
+    from tests.paths import REPO
+
+    above = ("diag.bundle", "diag.rules", "diag.triage", "diag.demo", "diag.cli")
+    found = []
+    for folder in ("diag/sources", "diag/timeline"):
+        for path in sorted((REPO / folder).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                found += [f"{folder}/{path.name} imports {n}" for n in names if n.startswith(above)]
+    assert found == []
