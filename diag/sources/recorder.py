@@ -23,6 +23,7 @@ import logging
 import math
 import multiprocessing
 import os
+import pickle
 import sqlite3
 import threading
 import time
@@ -129,10 +130,10 @@ class _KindStream:
             hi = reader.next_ts(kind, lo, until)
         self.lo = hi
         if self.typed:
-            text, count = reader.joined(kind, lo, hi, until)
+            array, count = reader.joined(kind, lo, hi, until)
             # group_concat's order is the subquery's but not promised (see RecorderReader.joined): the builder refuses
             # a window whose times go backwards, and then it is read row by row below like the others.
-            if count and builder.add_array(kind, "[" + text + "]", count, ordered=True):  # type: ignore[operator]
+            if count and array is not None and builder.add_array(kind, array, count, ordered=True):
                 return
         bodies = reader.bodies(kind, lo, hi, until)
         for first in range(0, len(bodies), self.rows):
@@ -196,12 +197,39 @@ def _plan(path: Path, since: float | None, until: float | None, workers: int) ->
 
 def _worker(conn: Connection, path: Path, since: float | None, until: float | None, source: str) -> None:
     try:
-        conn.send(("ok", _read_part(path, since, until, source).compact()))
+        _send_builder(conn, _read_part(path, since, until, source).compact())
     except BaseException as exc:  # the parent reads this part itself
         with contextlib.suppress(Exception):
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:
         conn.close()
+
+
+def _send_builder(conn: Connection, builder: TimelineBuilder) -> None:
+    """A builder through a pipe with its arrays out of band (pickle protocol 5): each array's bytes are sent as they
+    are and received straight into their new home, where a plain pickle would hold the whole part twice at once."""
+    buffers: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(builder, protocol=5, buffer_callback=buffers.append)
+    views = [b.raw() for b in buffers]
+    conn.send(("ok", head, [v.nbytes for v in views]))
+    for view in views:
+        conn.send_bytes(view)
+
+
+def _receive_builder(conn: Connection) -> tuple[str, object]:
+    message = conn.recv()
+    if message[0] != "ok":
+        return message[0], message[1]
+    _, head, sizes = message
+    buffers = []
+    for size in sizes:
+        buffer = bytearray(size)  # writable: the arrays made over it are ordinary, writable arrays
+        if size:
+            conn.recv_bytes_into(buffer)
+        else:
+            conn.recv_bytes()
+        buffers.append(buffer)
+    return "ok", pickle.loads(head, buffers=buffers)
 
 
 def _load_parallel(path: Path, parts: list[tuple[float | None, float | None]], source: str) -> Timeline:
@@ -217,13 +245,15 @@ def _load_parallel(path: Path, parts: list[tuple[float | None, float | None]], s
     builder = _read_part(path, *parts[0], source)
     for proc, recv, since, until in started:
         result: tuple[str, object] = ("error", "no answer")
-        with contextlib.suppress(EOFError, OSError):
-            result = recv.recv()
+        with contextlib.suppress(EOFError, OSError, pickle.UnpicklingError):
+            result = _receive_builder(recv)
         recv.close()
         proc.join()
         status, payload = result
+        del result
         if status == "ok" and isinstance(payload, TimelineBuilder):
             builder.merge(payload)
+            del payload  # its arrays now belong to ``builder``, which lets go of each as it is joined
         else:
             log.warning("parallel reader of %s failed (%s); reading that part here", path, payload)
             builder.merge(_read_part(path, since, until, source))

@@ -27,7 +27,7 @@ import numpy as np
 from diag import signals as vocabulary
 from diag.timeline import bulk as bulk_mapping
 from diag.timeline import fastdecode, rowwise
-from diag.timeline.columns import SeriesBuilder, to_float, to_table
+from diag.timeline.columns import SeriesBuilder, give_back_freed_memory, to_float, to_table
 from diag.timeline.fastdecode import TYPED_KINDS, paused_gc
 from diag.timeline.layout import LAYOUTS, KeptLayout, TrackLayout
 from diag.timeline.model import ProcessTrack, Series, Table, Timeline
@@ -43,7 +43,6 @@ _PRESENT_FACTS = tuple(dict.fromkeys(f for t in _TRACKS for f in t.present))
 _TIMELINE_FIELDS = frozenset(f.name for f in dataclasses.fields(Timeline))
 
 _GET_KIND = itemgetter("kind")
-_ATTR_KIND = attrgetter("kind")
 _ATTR_TS = attrgetter("ts")
 
 
@@ -88,6 +87,7 @@ class TimelineBuilder:
         self.counts: dict[str, int] = defaultdict(int)
         self.skipped: dict[str, int] = defaultdict(int)
         self.decode_paths: dict[str, int] = defaultdict(int)  # rows per add_bodies path: typed, json, per_row
+        self._built = False
 
     # ---- records, one at a time
 
@@ -167,8 +167,8 @@ class TimelineBuilder:
         """The whole batch as Structs, or False (nothing changed) when any row does not fit."""
         if n == 0:
             return True
-        objs = fastdecode.decode(kind, text)
-        if objs is None or len(objs) != n or list(map(_ATTR_KIND, objs)).count(kind) != n:
+        objs = fastdecode.decode(kind, text)  # every row's kind is checked there (a Literal)
+        if objs is None or len(objs) != n:
             return False
         ts = np.fromiter(map(_ATTR_TS, objs), np.float64, n)  # typed: finite floats (JSON has no NaN)
         if ordered and n > 1 and not bool(np.all(ts[1:] >= ts[:-1])):
@@ -345,37 +345,50 @@ class TimelineBuilder:
     # ---- the Timeline
 
     def build(self) -> Timeline:
-        """The Timeline (its arrays may share memory with the builder's column chunks: neither is written to)."""
+        """The Timeline. Spends the builder: its pieces are let go as they are joined (a day's worth is hundreds
+        of MiB -- holding the pieces and the joined columns at once would double the peak), so it builds once."""
+        if self._built:
+            raise RuntimeError("a TimelineBuilder builds one Timeline (build() let go of its pieces)")
+        self._built = True
         if self.start != math.inf:
             start, end = self.start, self.end
         else:
             start, end = self.window or (0.0, 0.0)
         groups = self.groups
+
+        def joined(builder: SeriesBuilder | None) -> dict[str, Series]:
+            series = builder.build() if builder is not None else {}
+            give_back_freed_memory()  # the group's pieces, before the next group's columns are allocated
+            return series
+
         processes = {}
         for key, track in self.procs.items():
-            track.series = groups["processes"][key].build()
+            track.series = joined(groups["processes"].pop(key, None))
             processes[key] = track
         tables = {}
         for name in dict.fromkeys([*self.rows, *self.table_chunks]):
-            tables[name] = to_table(self.rows.get(name, {}), self.table_chunks.get(name, []))
+            tables[name] = to_table(self.rows.pop(name, {}), self.table_chunks.pop(name, []))
+            give_back_freed_memory()
         requests = tables.get("requests")
         if requests is not None and len(requests):
             tables["requests"] = _derive_request_columns(requests)
-        host = groups["host"].get(None)
-        service = groups["service"].get(None)
-        gpus = {index: b.build() for index, b in groups["gpus"].items()}
+        host = joined(groups["host"].pop(None, None))
+        service = joined(groups["service"].pop(None, None))
+        cgroups = {path: joined(groups["cgroups"].pop(path)) for path in list(groups["cgroups"])}
+        gpus = {index: joined(groups["gpus"].pop(index)) for index in list(groups["gpus"])}
         named = {name: table for name, table in tables.items() if name in _TIMELINE_FIELDS}
         kept = {attr: sorted(records, key=_ts) for attr, records in self.kept.items()}
+        give_back_freed_memory()  # what reading left behind (decoded rows, joined JSON), before the rules run
         return Timeline(
             start=start,
             end=end,
             source=self.source,
-            host=host.build() if host is not None else {},
-            cgroups={path: b.build() for path, b in groups["cgroups"].items()},
+            host=host,
+            cgroups=cgroups,
             processes=processes,
             gpus=gpus,
             gpu_unavailable_reason=self.unavailable.get("gpus") if not gpus else None,
-            service=service.build() if service is not None else {},
+            service=service,
             tables={name: table for name, table in tables.items() if name not in _TIMELINE_FIELDS},
             counts=dict(self.counts),
             skipped=dict(self.skipped),

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +153,22 @@ def test_small_batches_and_parallel_parts_equal_per_row(recorder: Path, monkeypa
     parts = loaders._plan(recorder, None, None, 3)
     assert len(parts) == 3  # really split: three readers, two of them forked
     _assert_same(reference, loaders.load_recorder(recorder, workers=3))
+
+
+def test_a_readers_builder_crosses_the_pipe_whole_and_writable(clean: Path) -> None:
+    """A forked reader's arrays arrive out of band, each straight into a buffer of its own: equal, ordinary arrays."""
+    sent = loaders._read_part(clean, None, None, "x").compact()
+    recv, send = multiprocessing.Pipe(duplex=False)
+    status, got = "", None
+    with recv, send:
+        writer = threading.Thread(target=loaders._send_builder, args=(send, sent))  # a pipe holds only so much
+        writer.start()
+        status, got = loaders._receive_builder(recv)
+        writer.join()
+    assert status == "ok" and isinstance(got, TimelineBuilder)
+    (ts, values), *_ = got.groups["host"][None].chunks["memory.total"]
+    assert ts.flags.writeable and values.flags.writeable and ts.size == 400
+    _assert_same(loaders._read_part(clean, None, None, "x").build(), got.build())
 
 
 def test_since_window_is_respected(recorder: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -136,8 +136,9 @@ def test_whole_series_go_through_the_builder_like_records() -> None:
     from collectors.records import OomEvent
     from diag.timeline import TimelineBuilder
 
+    empty = TimelineBuilder(source="series", window=(0.0, 100.0)).build()
+    assert (empty.start, empty.end) == (0.0, 100.0)  # nothing observed: the query window
     b = TimelineBuilder(source="series", window=(0.0, 100.0))
-    assert (b.build().start, b.build().end) == (0.0, 100.0)  # nothing observed: the query window
     b.add_track("7@python", 7, None, comm="python")
     b.add_series("processes", "7@python", "rss", Series(np.array([10.0, 20.0]), np.array([1.0, 2.0])))
     b.add_series("service", None, "queue_depth", Series(np.array([5.0, 30.0]), np.array([0.0, 3.0])))
@@ -154,6 +155,8 @@ def test_whole_series_go_through_the_builder_like_records() -> None:
         b.add_series("processes", "8@x", "rss", Series(np.array([1.0]), np.array([1.0])))
     with pytest.raises(KeyError, match="scope"):
         b.add_series("disks", None, "x", Series(np.array([1.0]), np.array([1.0])))
+    with pytest.raises(RuntimeError, match="builds one"):
+        b.build()  # its pieces are gone: a second Timeline would be empty, so it refuses
 
 
 def test_no_source_assembles_a_timeline_itself() -> None:
