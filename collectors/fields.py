@@ -40,9 +40,9 @@ field order (what the Timeline's dicts list first); tables list numbers, then st
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any, Literal, get_type_hints
+from typing import Any, Literal, NamedTuple, get_type_hints
 
 ROLE = "llmdiag.timeline"  # the key of a field's role in ``dataclasses.field(metadata=...)``
 REQUIRED: Any = dataclasses.MISSING  # ``default=REQUIRED``: the field has no default
@@ -51,26 +51,22 @@ REQUIRED: Any = dataclasses.MISSING  # ``default=REQUIRED``: the field has no de
 # --------------------------------------------------------------------------- destinations (a kind's TIMELINE)
 
 
-@dataclass(frozen=True)
-class SeriesGroup:
+class SeriesGroup(NamedTuple):
     scope: str  # the Timeline attribute: host, cgroups, gpus or service
     key: str | None = None  # the field whose value names the group (None: one group)
 
 
-@dataclass(frozen=True)
-class Tracks:
+class Tracks(NamedTuple):
     pid: str = "pid"  # the fields that identify a process over its life
     start: str = "start_time_s"
 
 
-@dataclass(frozen=True)
-class Rows:
+class Rows(NamedTuple):
     table: str  # the Timeline attribute (or, for a table it does not name, ``Timeline.tables[table]``)
     about: str = ""  # where such rows come from: the report's "why missing" text
 
 
-@dataclass(frozen=True)
-class Kept:
+class Kept(NamedTuple):
     attr: str  # the Timeline attribute holding the records, oldest first
     signal: str  # the signal name rules ask for
     about: str = ""
@@ -83,62 +79,51 @@ Destination = SeriesGroup | Tracks | Rows | Kept
 # --------------------------------------------------------------------------- roles (on fields)
 
 
-@dataclass(frozen=True)
-class Number:
+class Number(NamedTuple):
     name: str | None = None
     divide_by: float | None = None
 
 
-@dataclass(frozen=True)
-class Flag:
+class Flag(NamedTuple):
     name: str | None = None
 
 
-@dataclass(frozen=True)
-class Text:
-    pass
+class Text(NamedTuple):
+    """A string column of a table."""
 
 
-@dataclass(frozen=True)
-class Family:
+class Family(NamedTuple):
     name: str
     keys: tuple[str, ...] | None = None  # None: open (any key is a signal of the family)
 
 
-@dataclass(frozen=True)
-class Nested:
+class Nested(NamedTuple):
     name: str
 
 
-@dataclass(frozen=True)
-class NestedByKey:
+class NestedByKey(NamedTuple):
     name: str
     keys: tuple[str, ...] | None = None
 
 
-@dataclass(frozen=True)
-class Fact:
+class Fact(NamedTuple):
     keep: Literal["truthy", "present"] = "truthy"
 
 
-@dataclass(frozen=True)
-class FactSet:
-    pass
+class FactSet(NamedTuple):
+    """The union of a list field over a track."""
 
 
-@dataclass(frozen=True)
-class Each:
+class Each(NamedTuple):
     key: str
 
 
-@dataclass(frozen=True)
-class RowsOf:
+class RowsOf(NamedTuple):
     table: str
     about: str = ""
 
 
-@dataclass(frozen=True)
-class Availability:
+class Availability(NamedTuple):
     reason: str
 
 
@@ -259,8 +244,14 @@ def record_type(hint: Any) -> type | None:
     return None
 
 
+@functools.cache
+def hints(cls: type) -> dict[str, Any]:
+    """The resolved type hints of a record class (resolving them is slow, and a class never changes)."""
+    return get_type_hints(cls)
+
+
 def nested_types(cls: type) -> dict[str, type]:
     """The record class of each nested, per-key nested, ``each`` and ``rows_of`` field of ``cls``, by field name."""
-    hints = get_type_hints(cls)
+    found = hints(cls)
     kinds = (Nested, NestedByKey, Each, RowsOf)
-    return {name: t for name, r in roles(cls) if isinstance(r, kinds) and (t := record_type(hints[name])) is not None}
+    return {name: t for name, r in roles(cls) if isinstance(r, kinds) and (t := record_type(found[name])) is not None}

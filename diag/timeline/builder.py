@@ -19,6 +19,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
+from itertools import pairwise
 from operator import attrgetter, itemgetter
 from typing import Any
 
@@ -152,16 +153,32 @@ class TimelineBuilder:
     def add_array(self, kind: str, text: str | bytes, n: int, *, ordered: bool = False) -> bool:
         """A ready JSON array of ``n`` stored bodies of ``kind`` (a loader that can have it joined for free).
 
-        All or nothing, typed decoding only: True when taken; False, with nothing changed, when the
-        kind has no typed decoding or any row does not fit -- the caller then hands the bodies to
-        ``add_bodies``. ``ordered``: refuse it too when the rows' times go backwards, for sources
-        whose order is not guaranteed (time order decides which row's facts are the latest).
+        All or nothing: True when taken; False, with nothing changed, when any row does not fit the typed
+        decoding -- or, for a kind read record by record, when the array is not ``n`` objects with times -- and the
+        caller then hands the bodies to ``add_bodies``. ``ordered``: refuse it too when the rows' times go
+        backwards, for sources whose order is not guaranteed (time order decides which row's facts are the latest).
         """
         bulk = _BULK.get(kind)
-        if bulk is None or kind not in TYPED_KINDS:
-            return False
         with paused_gc():
+            if bulk is None or kind not in TYPED_KINDS:
+                return self._add_records(kind, text, n, ordered=ordered)
             return self._add_typed(kind, bulk, text, n, ordered=ordered)
+
+    def _add_records(self, kind: str, text: str | bytes, n: int, *, ordered: bool) -> bool:
+        """A JSON array of a kind read record by record (few rows: GPU samples, OOM kills...), as ``add_json`` each."""
+        try:
+            objs = json.loads(text)
+        except (ValueError, RecursionError):
+            return False
+        if not isinstance(objs, list) or len(objs) != n or not all(o.__class__ is dict for o in objs):
+            return False
+        if ordered and n > 1:
+            ts = [to_float(o.get("ts")) for o in objs]
+            if any(math.isnan(t) for t in ts) or any(b < a for a, b in pairwise(ts)):
+                return False
+        for obj in objs:
+            self.add(obj)
+        return True
 
     def _add_typed(self, kind: str, bulk: Any, text: str | bytes, n: int, *, ordered: bool = False) -> bool:
         """The whole batch as Structs, or False (nothing changed) when any row does not fit."""

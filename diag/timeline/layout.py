@@ -23,16 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from dataclasses import dataclass
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
 
 from collectors import fields as fl
 from collectors.records import RECORD_TYPES
 from diag.timeline.model import ProcessTrack, Table, Timeline
 
 
-@dataclass(frozen=True)
-class Scalar:
+class Scalar(NamedTuple):
     """A number field and the series or column it becomes."""
 
     field: str
@@ -41,48 +39,41 @@ class Scalar:
     is_bool: bool = False  # declared bool: decoded as one (a table column reads it as 1.0 / 0.0)
 
 
-@dataclass(frozen=True)
-class Scalars:
+class Scalars(NamedTuple):
     scalars: tuple[Scalar, ...]
 
 
-@dataclass(frozen=True)
-class FamilyPart:
+class FamilyPart(NamedTuple):
     field: str
     name: str  # series ``<name>.<key>``
 
 
-@dataclass(frozen=True)
-class FlagPart:
+class FlagPart(NamedTuple):
     field: str
     name: str
 
 
-@dataclass(frozen=True)
-class Inner:
+class Inner(NamedTuple):
     """The roles of a nested record class: its numbers first, then its own nested records."""
 
     numbers: tuple[Scalar, ...]
     nested: tuple[NestedPart, ...]
 
 
-@dataclass(frozen=True)
-class NestedPart:
+class NestedPart(NamedTuple):
     field: str
     name: str  # series ``<name>.<inner names>`` (by key: ``<name>.<key>.<inner names>``)
     inner: Inner
     by_key: bool = False
 
 
-@dataclass(frozen=True)
-class EachPart:
+class EachPart(NamedTuple):
     field: str
     key: str  # the element field naming its group
     numbers: tuple[Scalar, ...]
 
 
-@dataclass(frozen=True)
-class RowsOfPart:
+class RowsOfPart(NamedTuple):
     field: str
     table: str
     numbers: tuple[Scalar, ...]
@@ -91,8 +82,7 @@ class RowsOfPart:
 Part = Scalars | FamilyPart | FlagPart | NestedPart | EachPart | RowsOfPart
 
 
-@dataclass(frozen=True)
-class GroupLayout:
+class GroupLayout(NamedTuple):
     kind: str
     scope: str
     key: str | None
@@ -105,8 +95,7 @@ class GroupLayout:
         return self.availability is None and not any(isinstance(p, (EachPart, RowsOfPart)) for p in self.parts)
 
 
-@dataclass(frozen=True)
-class TrackLayout:
+class TrackLayout(NamedTuple):
     kind: str
     pid: str
     start: str
@@ -117,8 +106,7 @@ class TrackLayout:
     bulk: bool = True
 
 
-@dataclass(frozen=True)
-class TableLayout:
+class TableLayout(NamedTuple):
     kind: str
     table: str
     numbers: tuple[Scalar, ...]  # after ``ts``
@@ -130,8 +118,7 @@ class TableLayout:
         return ("ts", *(s.name for s in self.numbers), *self.texts)
 
 
-@dataclass(frozen=True)
-class KeptLayout:
+class KeptLayout(NamedTuple):
     kind: str
     attr: str
     observation: bool
@@ -149,7 +136,7 @@ def _is_bool(hint: Any) -> bool:
 
 def _scalar(cls: type, name: str, role: fl.Number | fl.Flag) -> Scalar:
     divide_by = role.divide_by if isinstance(role, fl.Number) else None
-    return Scalar(name, role.name or name, divide_by, _is_bool(get_type_hints(cls)[name]))
+    return Scalar(name, role.name or name, divide_by, _is_bool(fl.hints(cls)[name]))
 
 
 def _numbers(cls: type) -> tuple[Scalar, ...]:
@@ -308,7 +295,7 @@ def typed_fields(layout: Layout, cls: type) -> list[tuple[str, Any, Any]] | None
     """
     if not layout.bulk:
         return None
-    hints = get_type_hints(cls)
+    hints = fl.hints(cls)
     out: list[tuple[str, Any, Any]] = []
     if isinstance(layout, TableLayout):
         out += [(s.field, _scalar_type(s), None) for s in layout.numbers]

@@ -320,8 +320,32 @@ def test_add_array_is_all_or_nothing() -> None:
     b = TimelineBuilder()
     assert not b.add_array("request", "[" + ",".join(reversed(bodies)) + "]", 5, ordered=True)  # times go backwards
     assert not b.add_array("request", "[" + ",".join(bodies) + "]", 4)  # not the count the caller expects
-    assert not b.add_array("oom", "[]", 0)  # a kind without typed decoding
     assert b.add_array("request", "[]", 0)  # nothing to take: taken
     assert not b.counts and not b.decode_paths
     assert b.add_array("request", "[" + ",".join(bodies) + "]", 5, ordered=True)
     assert b.counts == {"request": 5}
+    # A kind read record by record takes the array as add_json would take each body -- or nothing.
+    ooms = [_body("oom", T0 + i, pid=i) for i in range(3)]
+    assert not b.add_array("oom", "[" + ",".join(reversed(ooms)) + "]", 3, ordered=True)  # times go backwards
+    assert not b.add_array("oom", "[" + ",".join(ooms) + "]", 2)  # not the count the caller expects
+    assert not b.add_array("oom", "[" + ",".join([*ooms, "7"]) + "]", 4)  # not an object
+    assert b.counts == {"request": 5}
+    assert b.add_array("oom", "[" + ",".join(ooms) + "]", 3, ordered=True)
+    assert b.counts == {"request": 5, "oom": 3} and [o.pid for o in b.build().ooms] == [0, 1, 2]
+
+
+def test_late_writers_are_read_in_time_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tracker's batch written late sits among later rows (its window is read kind by kind, not scanned), and a
+    process whose samples were written out of time order gets the facts of its latest sample, as row by row."""
+    rows = [(T0 + i, "host", 1, HostSnapshot(ts=T0 + i, memory={"total": i}).to_json()) for i in range(300)]
+    late = [RequestTiming(ts=T0 + 5 + i / 10, arrival=T0, finish=T0 + 5 + i / 10, route=f"/r{i}") for i in range(20)]
+    rows[250:250] = [(r.ts, r.KIND, r.SCHEMA, r.to_json()) for r in late]  # written at ~T0+250, about T0+5
+    swapped = [ProcessSample(ts=T0 + 20 + i, pid=9, comm=f"c{i}", rss_bytes=i) for i in range(6)]
+    rows[30:30] = [(p.ts, p.KIND, p.SCHEMA, p.to_json()) for p in reversed(swapped)]  # newest sample written first
+    with FlightRecorder(tmp_path / "r.db") as rec:
+        rec.write_rows(rows)
+    monkeypatch.setattr(loaders, "BATCH_BYTES", 4000)  # many windows
+    tl = loaders.load_recorder(tmp_path / "r.db", workers=1)
+    assert tl.counts == {"host": 300, "process": 6, "request": 20}
+    assert tl.processes["9@None"].comm == "c5" and tl.requests["route"][0] == "/r0"
+    _assert_same(_per_row(tmp_path / "r.db"), tl)
