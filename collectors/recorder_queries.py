@@ -210,11 +210,16 @@ class RecorderReader:
         return self._one(f"SELECT min(ts) FROM records WHERE {' AND '.join(['kind = ? AND ts > ?', *where])}",
                          (kind, after, *params))  # fmt: skip
 
-    def mean_length(self, since: float | None, until: float | None, n: int) -> float | None:
-        """The mean bytes of JSON of the first ``n`` rows from ``since`` on (to size windows of time by)."""
+    def lengths_by_kind(self, since: float | None, until: float | None, n: int) -> tuple[int, dict[str, int]]:
+        """How many of the first ``n`` rows from ``since`` on there are, and their bytes of JSON by kind (to size
+        windows of time by)."""
         where, params = _bounds(since, until)
-        sql = f"SELECT avg(length(CAST(body AS BLOB))) FROM (SELECT body FROM records{_where(where)} ORDER BY ts LIMIT ?)"
-        return self._one(sql, (*params, n))
+        sql = (
+            "SELECT kind, count(*), sum(length(CAST(body AS BLOB))) "
+            f"FROM (SELECT kind, body FROM records{_where(where)} ORDER BY ts LIMIT ?) GROUP BY kind"
+        )
+        found = self.db.execute(sql, (*params, n)).fetchall()
+        return sum(count for _, count, _ in found), {kind: int(size) for kind, _, size in found}
 
     def ts_after_rows(self, kind: str, lo: float, rows: int, until: float | None = None) -> float | None:
         """The time of the row ``rows`` rows of ``kind`` from ``lo`` on (None: fewer rows are left)."""
@@ -250,23 +255,23 @@ class RecorderReader:
         array, count = self.db.execute(sql, params).fetchone()
         return array, int(count)
 
-    def joined_by_kind(
+    def window(
         self, kinds: Sequence[str], lo: float, hi: float | None, until: float | None = None, max_spread: float = 4.0
-    ) -> dict[str, tuple[bytes | None, int]] | None:
-        """Every kind's rows in a window of time as ``joined`` gives them, from one pass over the window's rows.
+    ) -> WindowRows | None:
+        """Every kind's rows in a window of time, each kind as one JSON array, from one pass over the window's rows.
 
         Why: reading kind by kind goes through the (kind, ts) index and looks every row up in the table -- a B-tree
         descent per row, most of the cost of reading. Rows are written roughly in time order, so a window's rows
         mostly sit together: one scan of the table over the window's ids, each row appended to its kind's array,
-        reads them once, in order. Rows come in the order written (``id``), which is time order unless a writer
-        was late: the caller checks the times it decodes, and reads a kind in ``ts, id`` order where they disagree.
+        reads them once. Rows come in the order written (``id``), which is not time order where a writer was late
+        or wrote one series after another: ``WindowRows.order`` gives the ``ts, id`` order of a kind's rows then.
         None when the window's ids are spread over more than ``max_spread`` times as many rows as it holds (a
         late writer interleaved with much else): the scan would read too much; read kind by kind instead.
         """
         where, params = self._window_all(lo, hi, until)
         first, last, count = self.db.execute(f"SELECT min(id), max(id), count(*) FROM records WHERE {where}", params).fetchone()
         if not count:
-            return {kind: (None, 0) for kind in kinds}
+            return WindowRows(self, where, params, 0, -1, {kind: (None, 0) for kind in kinds})
         if last - first + 1 > max_spread * count:
             return None
         columns = ", ".join("CAST('[' || group_concat(body, ',') FILTER (WHERE kind = ?) || ']' AS BLOB), "
@@ -274,7 +279,8 @@ class RecorderReader:
         # NOT INDEXED: a scan of the table between the two ids (the rowid still bounds it), not an index on ts
         sql = f"SELECT {columns} FROM records NOT INDEXED WHERE id >= ? AND id <= ? AND {where}"
         row = self.db.execute(sql, (*(k for kind in kinds for k in (kind, kind)), first, last, *params)).fetchone()
-        return {kind: (row[2 * i], int(row[2 * i + 1])) for i, kind in enumerate(kinds)}
+        arrays = {kind: (row[2 * i], int(row[2 * i + 1])) for i, kind in enumerate(kinds)}
+        return WindowRows(self, where, params, first, last, arrays)
 
     @staticmethod
     def _window_all(lo: float, hi: float | None, until: float | None) -> tuple[str, tuple[Any, ...]]:
@@ -325,3 +331,20 @@ class RecorderReader:
             self.db.backup(target)
         finally:
             target.close()
+
+
+class WindowRows:
+    """The rows of one window of time (``RecorderReader.window``): each kind's as a JSON array, in the order written."""
+
+    def __init__(
+        self, reader: RecorderReader, where: str, params: tuple[Any, ...], first_id: int, last_id: int,
+        arrays: dict[str, tuple[bytes | None, int]],
+    ) -> None:  # fmt: skip
+        self._reader, self._where, self._params = reader, where, params
+        self.first_id, self.last_id = first_id, last_id
+        self.arrays = arrays  # kind -> (JSON array of its bodies, how many)
+
+    def times(self, kind: str) -> list[float]:
+        """The stored time of each of ``kind``'s rows, in the order of its array (to put them in ``ts, id`` order)."""
+        sql = f"SELECT ts FROM records NOT INDEXED WHERE id >= ? AND id <= ? AND kind = ? AND {self._where}"
+        return [ts for (ts,) in self._reader.db.execute(sql, (self.first_id, self.last_id, kind, *self._params))]

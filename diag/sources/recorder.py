@@ -17,6 +17,7 @@ multi-threaded one (a server) is not safe -- and only past ``PARALLEL_MIN_ROWS``
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -35,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from collectors.recorder import FlightRecorder
-from collectors.recorder_queries import RecorderReader
+from collectors.recorder_queries import RecorderReader, WindowRows
 from collectors.records import WatchScope, record_from_dict
 from diag.timeline import Timeline, TimelineBuilder
 from diag.timeline.fastdecode import paused_gc
@@ -101,32 +102,40 @@ def _read_part(path: Path, since: float | None, until: float | None, source: str
         reader.begin()  # one snapshot for all the window queries, as one SELECT would see (the agent may be writing)
         firsts = {kind: reader.first_ts(kind, since, until) for kind in reader.kinds()}
         kinds = sorted((kind for kind, first in firsts.items() if first is not None), key=lambda k: (firsts[k], k))
-        for lo, hi in _windows(reader, since, until, len(kinds)):
-            arrays = reader.joined_by_kind(kinds, lo, hi, until)
+        for lo, hi in _windows(reader, since, until):
+            rows = reader.window(kinds, lo, hi, until)
             for kind in kinds:
-                array, count = arrays[kind] if arrays is not None else reader.joined(kind, lo, hi, until)
-                # Written out of time order, or not one JSON value per row: in time order, row by row.
-                if count and (array is None or not builder.add_array(kind, array, count, ordered=True)):
+                if rows is not None:  # in the order written: put in time order by the stored times, where they differ
+                    (array, count), order = rows.arrays[kind], functools.partial(_time_order, rows, kind)
+                else:  # kind by kind, in time order
+                    (array, count), order = reader.joined(kind, lo, hi, until), None
+                # Not one JSON value per row, or a row typed decoding refuses: row by row, in time order.
+                if count and (array is None or not builder.add_array(kind, array, count, ordered=True, order=order)):
                     _add_bodies(builder, kind, reader.bodies(kind, lo, hi, until))
     return builder
 
 
-def _windows(
-    reader: RecorderReader, since: float | None, until: float | None, kinds: int
-) -> Iterator[tuple[float, float | None]]:
-    """Windows of time ``[lo, hi)`` over [since, until] (the last one ``[lo, until]``: ``hi`` None) holding about
-    ``BATCH_BYTES`` of JSON per kind, never splitting the rows of one instant."""
+def _windows(reader: RecorderReader, since: float | None, until: float | None) -> Iterator[tuple[float, float | None]]:
+    """Windows of time ``[lo, hi)`` over [since, until] (the last one ``[lo, until]``: ``hi`` None) in which the kind
+    with the most JSON has about ``BATCH_BYTES`` of it (a batch the size that decodes fastest, see ``batch_rows``),
+    never splitting the rows of one instant."""
     lo = reader.ts_at(0, since, until)
     if lo is None:
         return
-    mean = reader.mean_length(lo, until, 256) or 1.0
-    rows = max(1, min(BATCH_ROWS * kinds, int(BATCH_BYTES * kinds / max(mean, 1.0))))
+    sampled, sizes = reader.lengths_by_kind(lo, until, 512)
+    largest = max(sizes.values(), default=0)
+    rows = max(1, min(BATCH_ROWS, int(BATCH_BYTES * sampled / largest))) if largest else BATCH_ROWS
     while lo is not None:
         hi = reader.ts_at(rows, lo, until)
         if hi is not None and hi == lo:  # more rows at one instant than a window holds: all of them, then on
             hi = reader.next_ts(None, lo, until)
         yield lo, hi
         lo = hi
+
+
+def _time_order(rows: WindowRows, kind: str) -> np.ndarray:
+    """The ``ts, id`` order of a kind's rows in a window read in the order written (a stable sort by stored time)."""
+    return np.argsort(np.array(rows.times(kind), dtype=np.float64), kind="stable")
 
 
 def _add_bodies(builder: TimelineBuilder, kind: str, bodies: list[str]) -> None:

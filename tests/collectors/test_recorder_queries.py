@@ -75,13 +75,17 @@ def test_no_module_but_the_owner_spells_sql_against_the_records_table() -> None:
 
 def test_one_pass_over_a_window_gives_each_kind_what_reading_it_alone_gives(tmp_path: Path) -> None:
     with RecorderReader.open(_recorder(tmp_path / "r.db")) as reader:
-        got = reader.joined_by_kind(["request", "host", "oom"], T0 + 4, T0 + 7)
-        assert got is not None
+        rows = reader.window(["request", "host", "oom"], T0 + 4, T0 + 7)
+        assert rows is not None
+        got = rows.arrays
         assert got["host"] == reader.joined("host", T0 + 4, T0 + 7) and got["host"][1] == 3
         assert got["request"] == reader.joined("request", T0 + 4, T0 + 7) and got["request"][1] == 3
-        assert got["oom"] == (None, 0)
-        assert reader.joined_by_kind(["host"], T0 + 50, None) == {"host": (None, 0)}  # an empty window
-        assert reader.mean_length(T0 + 9, None, 10) == len(f'{{"kind":"host","ts":{T0 + 9}}}')
+        assert got["oom"] == (None, 0) and rows.times("host") == [T0 + 4, T0 + 5, T0 + 6]
+        empty = reader.window(["host"], T0 + 50, None)
+        assert empty is not None and empty.arrays == {"host": (None, 0)} and empty.times("host") == []
+        assert reader.lengths_by_kind(T0 + 9, None, 10) == (1, {"host": len(f'{{"kind":"host","ts":{T0 + 9}}}')})
+        count, sizes = reader.lengths_by_kind(T0 + 5, T0 + 5, 10)
+        assert count == 4 and set(sizes) == {"host", "request"}
         assert reader.next_ts(None, T0 + 4) == T0 + 5 and reader.next_ts("host", T0 + 4, until=T0 + 4.5) is None
 
 
@@ -93,6 +97,7 @@ def test_a_window_whose_rows_are_scattered_among_others_is_not_scanned(tmp_path:
     with FlightRecorder(tmp_path / "r.db") as rec:
         rec.write_rows(rows)
     with RecorderReader.open(tmp_path / "r.db") as reader:
-        assert reader.joined_by_kind(["request"], T0 - 20, T0) is None  # 2 rows, 52 ids apart
-        wide = reader.joined_by_kind(["request"], T0 - 20, T0, max_spread=100)
-        assert wide == {"request": reader.joined("request", T0 - 20, T0)}
+        assert reader.window(["request"], T0 - 20, T0) is None  # 2 rows, 52 ids apart
+        wide = reader.window(["request"], T0 - 20, T0, max_spread=100)
+        assert wide is not None and wide.arrays == {"request": reader.joined("request", T0 - 20, T0)}
+        assert wide.times("request") == [T0 - 11, T0 - 10]  # in the order written, which is time order here

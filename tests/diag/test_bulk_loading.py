@@ -334,6 +334,20 @@ def test_add_array_is_all_or_nothing() -> None:
     assert b.counts == {"request": 5, "oom": 3} and [o.pid for o in b.build().ooms] == [0, 1, 2]
 
 
+def test_an_array_out_of_time_order_is_taken_in_the_order_its_source_gives() -> None:
+    """Rows written out of time order come with the source's own order (its stored times); facts follow that order."""
+    bodies = [_body("process", T0 + i, pid=5, comm=f"c{i}", rss_bytes=i) for i in range(4)]
+    backwards = "[" + ",".join(reversed(bodies)) + "]"
+    b = TimelineBuilder()
+    assert not b.add_array("process", backwards, 4, ordered=True, order=lambda: np.arange(3))  # not one per row
+    assert b.add_array("process", backwards, 4, ordered=True, order=lambda: np.arange(3, -1, -1))
+    tl = b.build()
+    assert tl.processes["5@None"].comm == "c3" and tl.processes["5@None"].series["rss"].values.tolist() == [0, 1, 2, 3]
+    given = TimelineBuilder()
+    assert given.add_array("process", backwards, 4, ordered=True, order=lambda: np.arange(4))  # the source's word goes
+    assert given.build().processes["5@None"].comm == "c0"
+
+
 def test_late_writers_are_read_in_time_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A tracker's batch written late sits among later rows (its window is read kind by kind, not scanned), and a
     process whose samples were written out of time order gets the facts of its latest sample, as row by row."""
