@@ -17,12 +17,15 @@ wall time of ``load_recorder(path)`` and of ``analyze(timeline)`` separately and
 
 Targets: full size <= 2.5 s (load + analyse) and <= 400 MiB peak RSS of the analysing process.
 
+``--order time`` reads the same rows written in time order (as an agent and a tracker append them) instead of one
+kind, and one process, after another as the generator writes them.
+
 ``--compare-rev REV`` runs the same recorder files through the code at another git revision too (its own
 ``bench/analyze.py`` child, unpacked from git into a temporary folder), alternating runs, so a before/after
 is measured side by side in one session on a machine whose load changes.
 
     .venv/bin/python bench/analyze.py [--scales 1,4,16] [--keep DIR] [--profile] [--workers N] [--repeat N]
-                                      [--compare-rev main]
+                                      [--order kind|time] [--compare-rev main]
 
 Prints figures; asserts nothing.
 """
@@ -213,13 +216,16 @@ def generate(path: Path, seconds: int, requests: int, seed: int = 7) -> dict[str
     return counts
 
 
-def subset(full: Path, out: Path, seconds: float) -> None:
-    """Copy the first ``seconds`` of the full recorder into a new recorder file (same schema)."""
+def subset(full: Path, out: Path, seconds: float, in_time_order: bool = False) -> None:
+    """Copy the first ``seconds`` of the full recorder into a new recorder file (same schema); ``in_time_order``:
+    rows written in time order, as an agent and a tracker append them, where the generator writes one kind (and one
+    process) after another."""
     FlightRecorder(out, retention_s=10 * DAY_S, max_size_bytes=1 << 40).close()
     db = sqlite3.connect(out)
     db.execute("ATTACH DATABASE ? AS src", (str(full),))
-    db.execute("INSERT INTO records(ts, kind, schema, body) SELECT ts, kind, schema, body FROM src.records WHERE ts < ?",
-               (T0 + seconds,))  # fmt: skip
+    order = " ORDER BY ts, id" if in_time_order else ""
+    db.execute("INSERT INTO records(ts, kind, schema, body) SELECT ts, kind, schema, body FROM src.records "
+               f"WHERE ts < ?{order}", (T0 + seconds,))  # fmt: skip
     db.commit()
     db.execute("DETACH DATABASE src")
     db.close()
@@ -352,6 +358,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="cProfile the largest run (to stderr)")
     ap.add_argument("--workers", type=int, help="load_recorder(workers=...) (default: its own choice)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per size (and per tree); every run is shown")
+    ap.add_argument("--order", choices=("kind", "time"), default="kind",
+                    help="rows as generated, one kind after another (default), or in time order as an agent "
+                    "writes them")  # fmt: skip
     ap.add_argument("--compare-rev", metavar="REV",
                     help="also run the same files through the code at this git revision, alternating runs")  # fmt: skip
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -384,9 +393,10 @@ def main() -> None:
                   f"{full.stat().st_size / 2**20:.0f} MiB")  # fmt: skip
         largest: dict[str, dict] = {}
         for scale in scales:
-            path = full if scale == 16 else folder / f"x{scale}.db"
+            in_time = args.order == "time"
+            path = full if scale == 16 and not in_time else folder / f"x{scale}{'-time' if in_time else ''}.db"
             if not path.exists():
-                subset(full, path, DAY_S * scale / 16)
+                subset(full, path, DAY_S * scale / 16, in_time_order=in_time)
             runs: dict[str, list[dict]] = {label: [] for label, _ in trees}
             for k in range(args.repeat):
                 order = trees if k % 2 == 0 else trees[::-1]  # alternate which tree runs first
@@ -402,7 +412,8 @@ def main() -> None:
         for label, res in largest.items():
             total = res["load_s"] + res["analyze_s"]
             print(
-                f"full size, {label} (median run): {total:.2f} s wall, {res['load_cpu_s'] + res['analyze_cpu_s']:.2f} s "
+                f"full size, rows in {args.order} order, {label} (median run): {total:.2f} s wall, "
+                f"{res['load_cpu_s'] + res['analyze_cpu_s']:.2f} s "
                 f"CPU (target <= {TARGET_WALL_S} s: {'met' if total <= TARGET_WALL_S else 'MISSED'}), peak RSS "
                 f"{res['hwm'] / 2**20:.0f} MiB (target <= {TARGET_PEAK >> 20} MiB: "
                 f"{'met' if res['hwm'] <= TARGET_PEAK else 'MISSED'})"
