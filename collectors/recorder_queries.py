@@ -202,24 +202,11 @@ class RecorderReader:
         where, params = _bounds(since, until)
         return self._one(f"SELECT min(ts) FROM records WHERE {' AND '.join(['kind = ?', *where])}", (kind, *params))
 
-    def next_ts(self, kind: str | None, after: float, until: float | None = None) -> float | None:
-        """The first time (of ``kind``, or of any kind when None) strictly after ``after``."""
+    def next_ts(self, kind: str, after: float, until: float | None = None) -> float | None:
+        """The first time of ``kind`` strictly after ``after``."""
         where, params = _bounds(None, until)
-        if kind is None:
-            return self._one(f"SELECT min(ts) FROM records WHERE {' AND '.join(['ts > ?', *where])}", (after, *params))
         return self._one(f"SELECT min(ts) FROM records WHERE {' AND '.join(['kind = ? AND ts > ?', *where])}",
                          (kind, after, *params))  # fmt: skip
-
-    def lengths_by_kind(self, since: float | None, until: float | None, n: int) -> tuple[int, dict[str, int]]:
-        """How many of the first ``n`` rows from ``since`` on there are, and their bytes of JSON by kind (to size
-        windows of time by)."""
-        where, params = _bounds(since, until)
-        sql = (
-            "SELECT kind, count(*), sum(length(CAST(body AS BLOB))) "
-            f"FROM (SELECT kind, body FROM records{_where(where)} ORDER BY ts LIMIT ?) GROUP BY kind"
-        )
-        found = self.db.execute(sql, (*params, n)).fetchall()
-        return sum(count for _, count, _ in found), {kind: int(size) for kind, _, size in found}
 
     def ts_after_rows(self, kind: str, lo: float, rows: int, until: float | None = None) -> float | None:
         """The time of the row ``rows`` rows of ``kind`` from ``lo`` on (None: fewer rows are left)."""
@@ -254,41 +241,6 @@ class RecorderReader:
         )
         array, count = self.db.execute(sql, params).fetchone()
         return array, int(count)
-
-    def window(
-        self, kinds: Sequence[str], lo: float, hi: float | None, until: float | None = None, max_spread: float = 4.0
-    ) -> WindowRows | None:
-        """Every kind's rows in a window of time, each kind as one JSON array, from one pass over the window's rows.
-
-        Why: reading kind by kind goes through the (kind, ts) index and looks every row up in the table -- a B-tree
-        descent per row, most of the cost of reading. Rows are written roughly in time order, so a window's rows
-        mostly sit together: one scan of the table over the window's ids, each row appended to its kind's array,
-        reads them once. Rows come in the order written (``id``), which is not time order where a writer was late
-        or wrote one series after another: ``WindowRows.order`` gives the ``ts, id`` order of a kind's rows then.
-        None when the window's ids are spread over more than ``max_spread`` times as many rows as it holds (a
-        late writer interleaved with much else): the scan would read too much; read kind by kind instead.
-        """
-        where, params = self._window_all(lo, hi, until)
-        first, last, count = self.db.execute(f"SELECT min(id), max(id), count(*) FROM records WHERE {where}", params).fetchone()
-        if not count:
-            return WindowRows(self, where, params, 0, -1, {kind: (None, 0) for kind in kinds})
-        if last - first + 1 > max_spread * count:
-            return None
-        columns = ", ".join("CAST('[' || group_concat(body, ',') FILTER (WHERE kind = ?) || ']' AS BLOB), "
-                            "count(*) FILTER (WHERE kind = ?)" for _ in kinds)  # fmt: skip
-        # NOT INDEXED: a scan of the table between the two ids (the rowid still bounds it), not an index on ts
-        sql = f"SELECT {columns} FROM records NOT INDEXED WHERE id >= ? AND id <= ? AND {where}"
-        row = self.db.execute(sql, (*(k for kind in kinds for k in (kind, kind)), first, last, *params)).fetchone()
-        arrays = {kind: (row[2 * i], int(row[2 * i + 1])) for i, kind in enumerate(kinds)}
-        return WindowRows(self, where, params, first, last, arrays)
-
-    @staticmethod
-    def _window_all(lo: float, hi: float | None, until: float | None) -> tuple[str, tuple[Any, ...]]:
-        """Rows of any kind with ``lo <= ts < hi`` -- or, for the last window, ``lo <= ts <= until``."""
-        if hi is not None:
-            return "ts >= ? AND ts < ?", (lo, hi)
-        where, params = _bounds(lo, until)
-        return " AND ".join(where), tuple(params)
 
     def bodies(self, kind: str, lo: float, hi: float | None, until: float | None = None) -> list[str]:
         """A window's bodies, one string each, in time order."""
@@ -331,20 +283,3 @@ class RecorderReader:
             self.db.backup(target)
         finally:
             target.close()
-
-
-class WindowRows:
-    """The rows of one window of time (``RecorderReader.window``): each kind's as a JSON array, in the order written."""
-
-    def __init__(
-        self, reader: RecorderReader, where: str, params: tuple[Any, ...], first_id: int, last_id: int,
-        arrays: dict[str, tuple[bytes | None, int]],
-    ) -> None:  # fmt: skip
-        self._reader, self._where, self._params = reader, where, params
-        self.first_id, self.last_id = first_id, last_id
-        self.arrays = arrays  # kind -> (JSON array of its bodies, how many)
-
-    def times(self, kind: str) -> list[float]:
-        """The stored time of each of ``kind``'s rows, in the order of its array (to put them in ``ts, id`` order)."""
-        sql = f"SELECT ts FROM records NOT INDEXED WHERE id >= ? AND id <= ? AND kind = ? AND {self._where}"
-        return [ts for (ts,) in self._reader.db.execute(sql, (self.first_id, self.last_id, kind, *self._params))]

@@ -17,7 +17,7 @@ multi-threaded one (a server) is not safe -- and only past ``PARALLEL_MIN_ROWS``
 from __future__ import annotations
 
 import contextlib
-import functools
+import heapq
 import json
 import logging
 import math
@@ -27,7 +27,7 @@ import pickle
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from operator import itemgetter
@@ -36,10 +36,10 @@ from pathlib import Path
 import numpy as np
 
 from collectors.recorder import FlightRecorder
-from collectors.recorder_queries import RecorderReader, WindowRows
+from collectors.recorder_queries import RecorderReader
 from collectors.records import WatchScope, record_from_dict
 from diag.timeline import Timeline, TimelineBuilder
-from diag.timeline.fastdecode import paused_gc
+from diag.timeline.fastdecode import TYPED_KINDS, paused_gc
 
 log = logging.getLogger(__name__)
 
@@ -89,59 +89,55 @@ def _scope_before(path: Path, since: float) -> list[WatchScope]:
 def _read_part(path: Path, since: float | None, until: float | None, source: str) -> TimelineBuilder:
     """Rows of [since, until] (inclusive, like ``FlightRecorder.rows``) handed to a builder in batches of one kind.
 
-    The rows are read in windows of time holding about ``BATCH_BYTES`` of JSON per kind, each window in one
-    pass over its rows (``RecorderReader.joined_by_kind``): SQLite hands over every kind's rows of the window
-    as one ready JSON array, so there is no Python object per row until decoding -- which at two million
-    rows saves more than the SQLite read itself costs -- and no index lookup per row. A kind whose rows in a
-    window are out of time order (a late writer) is read again for that window in ``ts, id`` order. Within
-    a window the kinds go in the order they first appear in the file, as a reader taking each kind from its
-    first row on would meet them.
+    Each kind is read in time windows of about ``BATCH_BYTES`` of JSON, and for the kinds with typed
+    decoding SQLite hands over a window as one ready JSON array (``group_concat`` over the window's
+    rows in ``ts, id`` order): no Python object per row until decoding, which at two million rows
+    saves more than the SQLite read itself costs. The windows of all kinds advance through time
+    together (earliest first), so the table pages they share are still in SQLite's cache.
     """
     builder = TimelineBuilder(source=source)
     with RecorderReader.open(path) as reader:
         reader.begin()  # one snapshot for all the window queries, as one SELECT would see (the agent may be writing)
-        firsts = {kind: reader.first_ts(kind, since, until) for kind in reader.kinds()}
-        kinds = sorted((kind for kind, first in firsts.items() if first is not None), key=lambda k: (firsts[k], k))
-        for lo, hi in _windows(reader, since, until):
-            rows = reader.window(kinds, lo, hi, until)
-            for kind in kinds:
-                if rows is not None:  # in the order written: put in time order by the stored times, where they differ
-                    (array, count), order = rows.arrays[kind], functools.partial(_time_order, rows, kind)
-                else:  # kind by kind, in time order
-                    (array, count), order = reader.joined(kind, lo, hi, until), None
-                # Not one JSON value per row, or a row typed decoding refuses: row by row, in time order.
-                if count and (array is None or not builder.add_array(kind, array, count, ordered=True, order=order)):
-                    _add_bodies(builder, kind, reader.bodies(kind, lo, hi, until))
+        streams = [_KindStream(reader, kind, since, until) for kind in reader.kinds()]
+        heap = [(stream.lo, i) for i, stream in enumerate(streams) if stream.lo is not None]
+        heapq.heapify(heap)
+        while heap:
+            _, i = heapq.heappop(heap)
+            stream = streams[i]
+            stream.read_window(builder)
+            if stream.lo is not None:
+                heapq.heappush(heap, (stream.lo, i))
     return builder
 
 
-def _windows(reader: RecorderReader, since: float | None, until: float | None) -> Iterator[tuple[float, float | None]]:
-    """Windows of time ``[lo, hi)`` over [since, until] (the last one ``[lo, until]``: ``hi`` None) in which the kind
-    with the most JSON has about ``BATCH_BYTES`` of it (a batch the size that decodes fastest, see ``batch_rows``),
-    never splitting the rows of one instant."""
-    lo = reader.ts_at(0, since, until)
-    if lo is None:
-        return
-    sampled, sizes = reader.lengths_by_kind(lo, until, 512)
-    largest = max(sizes.values(), default=0)
-    rows = max(1, min(BATCH_ROWS, int(BATCH_BYTES * sampled / largest))) if largest else BATCH_ROWS
-    while lo is not None:
-        hi = reader.ts_at(rows, lo, until)
+class _KindStream:
+    """The rows of one kind in [since, until], window after window (``lo``: where the next one starts; None: done)."""
+
+    def __init__(self, reader: RecorderReader, kind: str, since: float | None, until: float | None) -> None:
+        self.reader, self.kind, self.until = reader, kind, until
+        self.typed = kind in TYPED_KINDS
+        self.lo: float | None = reader.first_ts(kind, since, until)
+        self.rows = BATCH_ROWS
+        if self.lo is not None:
+            self.rows = batch_rows(reader.sample(kind, self.lo, 64))
+
+    def read_window(self, builder: TimelineBuilder) -> None:
+        """Hand the next window to ``builder``: ``self.rows`` rows or so, never splitting the rows of one instant."""
+        reader, kind, lo, until = self.reader, self.kind, self.lo, self.until
+        assert lo is not None
+        hi = reader.ts_after_rows(kind, lo, self.rows, until)
         if hi is not None and hi == lo:  # more rows at one instant than a window holds: all of them, then on
-            hi = reader.next_ts(None, lo, until)
-        yield lo, hi
-        lo = hi
-
-
-def _time_order(rows: WindowRows, kind: str) -> np.ndarray:
-    """The ``ts, id`` order of a kind's rows in a window read in the order written (a stable sort by stored time)."""
-    return np.argsort(np.array(rows.times(kind), dtype=np.float64), kind="stable")
-
-
-def _add_bodies(builder: TimelineBuilder, kind: str, bodies: list[str]) -> None:
-    step = batch_rows(bodies[:64])
-    for first in range(0, len(bodies), step):
-        builder.add_bodies(kind, bodies[first : first + step])
+            hi = reader.next_ts(kind, lo, until)
+        self.lo = hi
+        if self.typed:
+            array, count = reader.joined(kind, lo, hi, until)
+            # group_concat's order is the subquery's but not promised (see RecorderReader.joined): the builder refuses
+            # a window whose times go backwards, and then it is read row by row below like the others.
+            if count and array is not None and builder.add_array(kind, array, count, ordered=True):
+                return
+        bodies = reader.bodies(kind, lo, hi, until)
+        for first in range(0, len(bodies), self.rows):
+            builder.add_bodies(kind, bodies[first : first + self.rows])
 
 
 def batch_rows(sample: Sequence[str | bytes]) -> int:

@@ -17,7 +17,7 @@ import dataclasses
 import json
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from operator import attrgetter, itemgetter
 from typing import Any
@@ -149,61 +149,21 @@ class TimelineBuilder:
                 return
             self._add_decoded(kind, bulk, text, bodies)
 
-    def add_array(
-        self, kind: str, text: str | bytes, n: int, *, ordered: bool = False, order: Callable[[], np.ndarray] | None = None
-    ) -> bool:
+    def add_array(self, kind: str, text: str | bytes, n: int, *, ordered: bool = False) -> bool:
         """A ready JSON array of ``n`` stored bodies of ``kind`` (a loader that can have it joined for free).
 
-        All or nothing: True when taken; False, with nothing changed, when any row does not fit the typed
-        decoding -- or, for a kind read record by record, when the array is not ``n`` objects with times -- and the
-        caller then hands the bodies to ``add_bodies``. ``ordered``: the rows must be taken in time order (which
-        row's facts are the latest depends on it); where their times go backwards, ``order()`` gives the order to
-        take them in (the source's own), and without it the array is refused.
+        All or nothing, typed decoding only: True when taken; False, with nothing changed, when the
+        kind has no typed decoding or any row does not fit -- the caller then hands the bodies to
+        ``add_bodies``. ``ordered``: refuse it too when the rows' times go backwards, for sources
+        whose order is not guaranteed (time order decides which row's facts are the latest).
         """
         bulk = _BULK.get(kind)
+        if bulk is None or kind not in TYPED_KINDS:
+            return False
         with paused_gc():
-            if bulk is None or kind not in TYPED_KINDS:
-                return self._add_records(kind, text, n, ordered=ordered, order=order)
-            return self._add_typed(kind, bulk, text, n, ordered=ordered, order=order)
+            return self._add_typed(kind, bulk, text, n, ordered=ordered)
 
-    @staticmethod
-    def _in_order(objs: list[Any], ts: np.ndarray, order: Callable[[], np.ndarray] | None) -> tuple[list[Any], np.ndarray] | None:
-        """The rows in time order: as they are when their times never go back, else in ``order()`` (None: refused)."""
-        if ts.size < 2 or bool(np.all(ts[1:] >= ts[:-1])):
-            return objs, ts
-        if order is None:
-            return None
-        index = order()
-        if index.size != ts.size:
-            return None
-        return [objs[i] for i in index.tolist()], ts[index]
-
-    def _add_records(
-        self, kind: str, text: str | bytes, n: int, *, ordered: bool, order: Callable[[], np.ndarray] | None
-    ) -> bool:
-        """A JSON array of a kind read record by record (few rows: GPU samples, OOM kills...), as ``add_json`` each."""
-        try:
-            objs = json.loads(text)
-        except (ValueError, RecursionError):
-            return False
-        if not isinstance(objs, list) or len(objs) != n or not all(o.__class__ is dict for o in objs):
-            return False
-        if ordered:
-            ts = np.array([to_float(o.get("ts")) for o in objs], dtype=np.float64)
-            if np.isnan(ts).any():
-                return False
-            found = self._in_order(objs, ts, order)
-            if found is None:
-                return False
-            objs = found[0]
-        for obj in objs:
-            self.add(obj)
-        return True
-
-    def _add_typed(
-        self, kind: str, bulk: Any, text: str | bytes, n: int, *, ordered: bool = False,
-        order: Callable[[], np.ndarray] | None = None,
-    ) -> bool:  # fmt: skip
+    def _add_typed(self, kind: str, bulk: Any, text: str | bytes, n: int, *, ordered: bool = False) -> bool:
         """The whole batch as Structs, or False (nothing changed) when any row does not fit."""
         if n == 0:
             return True
@@ -211,11 +171,8 @@ class TimelineBuilder:
         if objs is None or len(objs) != n:
             return False
         ts = np.fromiter(map(_ATTR_TS, objs), np.float64, n)  # typed: finite floats (JSON has no NaN)
-        if ordered:
-            found = self._in_order(objs, ts, order)
-            if found is None:
-                return False
-            objs, ts = found
+        if ordered and n > 1 and not bool(np.all(ts[1:] >= ts[:-1])):
+            return False
         try:
             commit = bulk(self, ts, objs, bulk_mapping.STRUCTS)
         except Exception:  # e.g. a Struct lacking a field a handler reads: the json path decides

@@ -71,33 +71,3 @@ def test_no_module_but_the_owner_spells_sql_against_the_records_table() -> None:
     ]
     assert found == []
     assert statement.search(owner.read_text())  # the pattern does match real SQL
-
-
-def test_one_pass_over_a_window_gives_each_kind_what_reading_it_alone_gives(tmp_path: Path) -> None:
-    with RecorderReader.open(_recorder(tmp_path / "r.db")) as reader:
-        rows = reader.window(["request", "host", "oom"], T0 + 4, T0 + 7)
-        assert rows is not None
-        got = rows.arrays
-        assert got["host"] == reader.joined("host", T0 + 4, T0 + 7) and got["host"][1] == 3
-        assert got["request"] == reader.joined("request", T0 + 4, T0 + 7) and got["request"][1] == 3
-        assert got["oom"] == (None, 0) and rows.times("host") == [T0 + 4, T0 + 5, T0 + 6]
-        empty = reader.window(["host"], T0 + 50, None)
-        assert empty is not None and empty.arrays == {"host": (None, 0)} and empty.times("host") == []
-        assert reader.lengths_by_kind(T0 + 9, None, 10) == (1, {"host": len(f'{{"kind":"host","ts":{T0 + 9}}}')})
-        count, sizes = reader.lengths_by_kind(T0 + 5, T0 + 5, 10)
-        assert count == 4 and set(sizes) == {"host", "request"}
-        assert reader.next_ts(None, T0 + 4) == T0 + 5 and reader.next_ts("host", T0 + 4, until=T0 + 4.5) is None
-
-
-def test_a_window_whose_rows_are_scattered_among_others_is_not_scanned(tmp_path: Path) -> None:
-    """Rows written late sit among many others: scanning their ids would read far more than the window holds."""
-    rows = [(T0 + i, "host", 1, f'{{"kind":"host","ts":{T0 + i}}}') for i in range(100)]
-    rows.insert(50, (T0 - 10, "request", 1, f'{{"kind":"request","ts":{T0 - 10}}}'))  # an old row, written late
-    rows.insert(0, (T0 - 11, "request", 1, f'{{"kind":"request","ts":{T0 - 11}}}'))
-    with FlightRecorder(tmp_path / "r.db") as rec:
-        rec.write_rows(rows)
-    with RecorderReader.open(tmp_path / "r.db") as reader:
-        assert reader.window(["request"], T0 - 20, T0) is None  # 2 rows, 52 ids apart
-        wide = reader.window(["request"], T0 - 20, T0, max_spread=100)
-        assert wide is not None and wide.arrays == {"request": reader.joined("request", T0 - 20, T0)}
-        assert wide.times("request") == [T0 - 11, T0 - 10]  # in the order written, which is time order here

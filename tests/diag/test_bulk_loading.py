@@ -320,37 +320,16 @@ def test_add_array_is_all_or_nothing() -> None:
     b = TimelineBuilder()
     assert not b.add_array("request", "[" + ",".join(reversed(bodies)) + "]", 5, ordered=True)  # times go backwards
     assert not b.add_array("request", "[" + ",".join(bodies) + "]", 4)  # not the count the caller expects
+    assert not b.add_array("oom", "[]", 0)  # a kind without typed decoding
     assert b.add_array("request", "[]", 0)  # nothing to take: taken
     assert not b.counts and not b.decode_paths
     assert b.add_array("request", "[" + ",".join(bodies) + "]", 5, ordered=True)
     assert b.counts == {"request": 5}
-    # A kind read record by record takes the array as add_json would take each body -- or nothing.
-    ooms = [_body("oom", T0 + i, pid=i) for i in range(3)]
-    assert not b.add_array("oom", "[" + ",".join(reversed(ooms)) + "]", 3, ordered=True)  # times go backwards
-    assert not b.add_array("oom", "[" + ",".join(ooms) + "]", 2)  # not the count the caller expects
-    assert not b.add_array("oom", "[" + ",".join([*ooms, "7"]) + "]", 4)  # not an object
-    assert b.counts == {"request": 5}
-    assert b.add_array("oom", "[" + ",".join(ooms) + "]", 3, ordered=True)
-    assert b.counts == {"request": 5, "oom": 3} and [o.pid for o in b.build().ooms] == [0, 1, 2]
-
-
-def test_an_array_out_of_time_order_is_taken_in_the_order_its_source_gives() -> None:
-    """Rows written out of time order come with the source's own order (its stored times); facts follow that order."""
-    bodies = [_body("process", T0 + i, pid=5, comm=f"c{i}", rss_bytes=i) for i in range(4)]
-    backwards = "[" + ",".join(reversed(bodies)) + "]"
-    b = TimelineBuilder()
-    assert not b.add_array("process", backwards, 4, ordered=True, order=lambda: np.arange(3))  # not one per row
-    assert b.add_array("process", backwards, 4, ordered=True, order=lambda: np.arange(3, -1, -1))
-    tl = b.build()
-    assert tl.processes["5@None"].comm == "c3" and tl.processes["5@None"].series["rss"].values.tolist() == [0, 1, 2, 3]
-    given = TimelineBuilder()
-    assert given.add_array("process", backwards, 4, ordered=True, order=lambda: np.arange(4))  # the source's word goes
-    assert given.build().processes["5@None"].comm == "c0"
 
 
 def test_late_writers_are_read_in_time_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A tracker's batch written late sits among later rows (its window is read kind by kind, not scanned), and a
-    process whose samples were written out of time order gets the facts of its latest sample, as row by row."""
+    """A tracker's batch written late sits among later rows, and a process's samples written out of time order: the
+    recorder is read in time order, so the requests come in time order and the process gets its latest sample's facts."""
     rows = [(T0 + i, "host", 1, HostSnapshot(ts=T0 + i, memory={"total": i}).to_json()) for i in range(300)]
     late = [RequestTiming(ts=T0 + 5 + i / 10, arrival=T0, finish=T0 + 5 + i / 10, route=f"/r{i}") for i in range(20)]
     rows[250:250] = [(r.ts, r.KIND, r.SCHEMA, r.to_json()) for r in late]  # written at ~T0+250, about T0+5
