@@ -38,7 +38,7 @@ def test_windows_of_one_kind(tmp_path: Path) -> None:
         assert reader.next_ts("host", T0 + 3) == T0 + 4 and reader.next_ts("host", T0 + 9) is None
         assert reader.ts_after_rows("host", T0, 4) == T0 + 4 and reader.ts_after_rows("host", T0, 4, until=T0 + 3) is None
         array, n = reader.joined("host", T0 + 1, T0 + 3)  # [lo, hi)
-        assert n == 2 and array == f'[{{"kind":"host","ts":{T0 + 1}}},{{"kind":"host","ts":{T0 + 2}}}]'.encode()
+        assert n == 2 and array == f'[{{"kind":"host","ts":{T0 + 1}}},{{"kind":"host","ts":{T0 + 2}}}]'
         assert len(reader.bodies("host", T0 + 8, None)) == 2 and len(reader.bodies("host", T0 + 8, None, until=T0 + 8)) == 1
         assert reader.joined("host", T0 + 20, None) == (None, 0)
         assert reader.sample("host", T0 + 8, 64) == [f'{{"kind":"host","ts":{T0 + 8}}}', f'{{"kind":"host","ts":{T0 + 9}}}']
