@@ -42,6 +42,7 @@ _FACT_SETS = tuple(dict.fromkeys(f for t in _TRACKS for f in t.sets))
 _PRESENT_FACTS = tuple(dict.fromkeys(f for t in _TRACKS for f in t.present))
 _TIMELINE_FIELDS = frozenset(f.name for f in dataclasses.fields(Timeline))
 
+TRIM_FROM_ROWS = 250_000  # records read: a few hours of a busy host; below it, nothing is handed back
 _GET_KIND = itemgetter("kind")
 _ATTR_TS = attrgetter("ts")
 
@@ -355,10 +356,17 @@ class TimelineBuilder:
         else:
             start, end = self.window or (0.0, 0.0)
         groups = self.groups
+        # Only a large Timeline is worth handing memory back for: each call walks the heap, and memory handed back is
+        # faulted in again by the next allocations (the live diagnosis builds a few minutes every 15 s).
+        large = sum(self.counts.values()) >= TRIM_FROM_ROWS
+
+        def give_back() -> None:
+            if large:
+                give_back_freed_memory()
 
         def joined(builder: SeriesBuilder | None) -> dict[str, Series]:
             series = builder.build() if builder is not None else {}
-            give_back_freed_memory()  # the group's pieces, before the next group's columns are allocated
+            give_back()  # the group's pieces, before the next group's columns are allocated
             return series
 
         processes = {}
@@ -368,7 +376,7 @@ class TimelineBuilder:
         tables = {}
         for name in dict.fromkeys([*self.rows, *self.table_chunks]):
             tables[name] = to_table(self.rows.pop(name, {}), self.table_chunks.pop(name, []))
-            give_back_freed_memory()
+            give_back()
         requests = tables.get("requests")
         if requests is not None and len(requests):
             tables["requests"] = _derive_request_columns(requests)
@@ -378,7 +386,7 @@ class TimelineBuilder:
         gpus = {index: joined(groups["gpus"].pop(index)) for index in list(groups["gpus"])}
         named = {name: table for name, table in tables.items() if name in _TIMELINE_FIELDS}
         kept = {attr: sorted(records, key=_ts) for attr, records in self.kept.items()}
-        give_back_freed_memory()  # what reading left behind (decoded rows, joined JSON), before the rules run
+        give_back()  # what reading left behind (decoded rows, joined JSON), before the rules run
         return Timeline(
             start=start,
             end=end,

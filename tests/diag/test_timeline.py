@@ -191,3 +191,26 @@ def test_sources_and_the_timeline_import_nothing_above_them() -> None:
                 names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
                 found += [f"{folder}/{path.name} imports {n}" for n in names if n.startswith(above)]
     assert found == []
+
+
+def test_only_a_large_build_hands_memory_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Handing freed pages back costs a walk of the heap and page faults later: worth it for a day, not for the live
+    diagnosis's few minutes every 15 s."""
+    import diag.timeline.builder as builder_module
+    from diag.timeline import TimelineBuilder
+
+    calls: list[int] = []
+    monkeypatch.setattr(builder_module, "give_back_freed_memory", lambda: calls.append(1))
+    records = [r.to_dict() for r in _records(1_000_000.0)]
+
+    def build() -> None:
+        b = TimelineBuilder()
+        for obj in records:
+            b.add(obj)
+        b.build()
+
+    build()
+    assert calls == []
+    monkeypatch.setattr(builder_module, "TRIM_FROM_ROWS", len(records))
+    build()
+    assert len(calls) >= 3  # after each group of series, each table, and once at the end
