@@ -20,9 +20,9 @@ Targets: full size <= 2.5 s (load + analyse) and <= 400 MiB peak RSS of the anal
 ``--order time`` reads the same rows written in time order (as an agent and a tracker append them) instead of one
 kind, and one process, after another as the generator writes them.
 
-``--compare-rev REV`` runs the same recorder files through the code at another git revision too (its own
-``bench/analyze.py`` child, unpacked from git into a temporary folder), alternating runs, so a before/after
-is measured side by side in one session on a machine whose load changes.
+``--compare-rev REV`` runs the same recorder files through the code at another git revision too (unpacked from
+git into a temporary folder, measured by this script's own child), alternating runs, so a before/after is
+measured the same way, side by side, in one session on a machine whose load changes.
 
     .venv/bin/python bench/analyze.py [--scales 1,4,16] [--keep DIR] [--profile] [--workers N] [--repeat N]
                                       [--order kind|time] [--compare-rev main]
@@ -44,7 +44,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# The tree whose code is measured: this one, or (a --compare-rev child) another revision's, measured by this script.
+TREE = Path(os.environ.get("LLMDIAG_BENCH_TREE") or ROOT)
+sys.path.insert(0, str(TREE))
 
 import numpy as np  # noqa: E402
 
@@ -273,6 +275,7 @@ def child(path: str, profile: bool, workers: int | None) -> None:
     result = analyze(timeline)
     t2 = time.perf_counter()
     c2 = time.process_time()
+    hwm = _vm_hwm()  # the peak of load + analyse (the rules timed alone below are the bench's own extra work)
     per_rule = []  # each evaluated rule again, alone: where the analysis time goes
     for rule_id in result.evaluated:
         r0 = time.perf_counter()
@@ -285,7 +288,7 @@ def child(path: str, profile: bool, workers: int | None) -> None:
         prof.disable()
         pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(25)
     print(json.dumps({
-        "load_s": t1 - t0, "analyze_s": t2 - t1, "base_rss": base_rss, "rss_loaded": rss_loaded, "hwm": _vm_hwm(),
+        "load_s": t1 - t0, "analyze_s": t2 - t1, "base_rss": base_rss, "rss_loaded": rss_loaded, "hwm": hwm,
         "load_cpu_s": c1 - c0 + kids.ru_utime + kids.ru_stime, "analyze_cpu_s": c2 - c1, "worker_hwm": kids.ru_maxrss * 1024,
         "slowest_rules": per_rule[:5], "load_avg": os.getloadavg()[0],
         "counts": timeline.counts, "rules_evaluated": len(result.evaluated),
@@ -308,12 +311,14 @@ def _tree_at(rev: str, folder: Path) -> Path:
 
 
 def _run(tree: Path, path: Path, workers: int | None, profile: bool) -> dict | None:
-    cmd = [sys.executable, str(tree / "bench" / "analyze.py"), "--child", str(path)]
+    """One measured load + analysis in a fresh process: this script's measurement, ``tree``'s code."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(path)]
     if workers is not None:
         cmd += ["--workers", str(workers)]
     if profile:
         cmd.append("--profile")
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=tree)
+    env = {**os.environ, "LLMDIAG_BENCH_TREE": str(tree)}
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=tree, env=env)
     if out.returncode != 0:
         print(f"{tree}: child failed (rc {out.returncode})\n{out.stderr[-3000:]}")
         return None
