@@ -1,5 +1,10 @@
 """The Alertmanager side, from the same spec: routes by severity, inhibition between tiers.
 
+The webhook URLs are the receiver's own paths (``alerts.receiver_routes``), on the base URL the spec names:
+Alertmanager drops a delivery answered 4xx without retrying, so a path the receiver does not serve would lose
+every alert routed to it. A page route posts to the page path and a ticket route to the ticket path, so the
+receiver keeps the severity even for an alert that carries no ``severity`` label.
+
 Inhibition rules carry ``alertname`` and ``slo=~".+"`` in their source matchers: Alertmanager treats
 a missing label as empty, so without them an OOM page (no ``slo`` label) would silence every other
 ticket that also lacks one. ``equal: [slo, model]`` keeps one SLO's page from muting another's.
@@ -9,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts.slo_rules import BURN_ALERT
+from alerts.receiver_routes import receiver_url
+from alerts.slo_names import BURN_ALERT
 from alerts.spec import Spec
 
 PAGE_RECEIVER = "llm-diag-page"
@@ -48,8 +54,11 @@ def alertmanager_config(spec: Spec, *, group_wait: str = "30s", group_interval: 
             ],
         },
         "receivers": [
-            {"name": PAGE_RECEIVER, "webhook_configs": [{"url": spec.page_url, "send_resolved": True}]},
-            {"name": TICKET_RECEIVER, "webhook_configs": [{"url": spec.ticket_url, "send_resolved": True}]},
+            {"name": PAGE_RECEIVER, "webhook_configs": [{"url": receiver_url(spec.receiver_url, "page"), "send_resolved": True}]},
+            {
+                "name": TICKET_RECEIVER,
+                "webhook_configs": [{"url": receiver_url(spec.receiver_url, "ticket"), "send_resolved": True}],
+            },
         ],
         "inhibit_rules": inhibit,
     }

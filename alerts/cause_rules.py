@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from alerts.causes import CAUSES, INCIDENT, Cause, info_query
+from alerts.links import panel_url
 from alerts.spec import Spec
 from collectors import catalog as cat
 
@@ -28,6 +29,8 @@ def cause_annotations(spec: Spec, cause: Cause) -> dict[str, str]:
         out["confidence"] = info_query("Value", cat.INCIDENT_CONFIDENCE.name)
     if spec.runbook_url:
         out["runbook_url"] = spec.runbook_url
+    if spec.grafana_url:
+        out["dashboard_url"] = panel_url(spec.grafana_url, cause.panel)
     return out
 
 

@@ -14,14 +14,19 @@ Meta alerts about llm-diag itself (agent down, recorder failing) carry no ``diag
 not incidents of the service.
 
 Each cause carries a small example (input series and when it must fire), from which the promtool
-unit tests are generated; the thresholds are constants here, documented by the ``why`` text.
+unit tests are generated; the thresholds are constants here, documented by the ``why`` text. Each also
+names the dashboard panel that shows its signal (``panel``): the generator turns it into the alert's
+``dashboard_url`` from the dashboards' own uid and panel id, with the variables the alert's labels fill.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from alerts.links import PanelRef
 from collectors import catalog as cat
+from dashboards.definitions import UIDS
+from diag.rules import levels
 
 AGENT = 'job="llm-diag-agent", instance="host-a:9464"'
 APP = 'job="llm-api", instance="host-a:8000"'
@@ -48,11 +53,16 @@ class Cause:
     for_: str
     summary: str
     example: CauseExample
+    panel: PanelRef  # the panel that shows the signal; its variables must be labels the alert carries
     extra_labels: dict[str, str] = field(default_factory=dict)
 
 
 def _rate(name: str, window: str = "2m", sel: str = "") -> str:
     return f"rate({name}{sel}[{window}])"
+
+
+def _num(value: float) -> str:
+    return f"{value:g}"
 
 
 STALLED = cat.CGROUP_PSI_STALLED.name
@@ -62,23 +72,42 @@ REFAULT = cat.CGROUP_STAT_COUNTERS["workingset_refault_file"].name
 QWAIT = cat.REQUEST_QUEUE_WAIT.name
 INFER = cat.REQUEST_INFERENCE.name
 CG = 'cgroup="/system.slice/llm.service"'
+HOST_VARS = ("job", "instance")  # the agent's alerts: one target
+APP_VARS = ("job", "model")  # the service's alerts, summed over its instances
 REFUSED = '{reason=~"queue_full|queue_timeout"}'  # refusals of the queue (memory refusals have their own alert)
+WSET, LIMIT, EVENTS = cat.CGROUP_WORKING_SET.name, cat.CGROUP_LIMIT.name, cat.CGROUP_EVENTS.name
+USS, RSS, HOLDS = cat.PROCESS_USS.name, cat.PROCESS_RSS.name, cat.MODEL_PROCESS_INFO.name
+# Memory pressure as the rule counts it: its indicators, each 1 or 0 per cgroup (0 where a signal is missing, so the
+# others still count), at least PRESSURE_INDICATORS of them.
+PRESSURE_EXPR = (
+    f"(\n  (({_rate(WAITING)} * 100 >= bool {_num(levels.PSI_SOME_UP)}) or (0 * {LIMIT}))\n"
+    f"  + (({WSET} / {LIMIT} >= bool {_num(levels.NEAR_LIMIT)}) or (0 * {LIMIT}))\n"
+    f"  + ((\n      (max without (event, scope) (increase({EVENTS}{{event=~\"max|high\"}}[2m])) > bool 0)\n"
+    f"      * ({WSET} / {LIMIT} >= bool {_num(levels.LIMIT_EVENTS_NEAR)})\n    ) or (0 * {LIMIT}))\n"
+    f") >= {levels.PRESSURE_INDICATORS}"
+)
 
 CAUSES: tuple[Cause, ...] = (
     Cause(
-        "LLMDiagCgroupMemoryStall",
+        "LLMDiagMemoryPressure",
         "memory_pressure",
         "ticket",
         "stalls show as latency first, which the latency SLOs page on; this names the cause",
-        f"{_rate(STALLED)} > 0.1",
+        PRESSURE_EXPR,
         "2m",
-        "cgroup {{ $labels.cgroup }}: all its tasks stall on memory more than 10 % of the time (PSI full)",
+        f"cgroup {{{{ $labels.cgroup }}}}: memory pressure -- at least {levels.PRESSURE_INDICATORS} of memory PSI some >= "
+        f"{_num(levels.PSI_SOME_UP)} %, working set >= {levels.NEAR_LIMIT:.0%} of the limit, limit hits near it",
         CauseExample(
-            ((f"{STALLED}{{{CG}, {AGENT}}}", "0x10 0+30x20"),),
+            (
+                (f"{WAITING}{{{CG}, {AGENT}}}", "0x10 0+30x20"),
+                (f"{WSET}{{{CG}, {AGENT}}}", "50x10 95x20"),
+                (f"{LIMIT}{{{CG}, {AGENT}}}", "100x30"),
+            ),
             "8m",
             "18m",
             {"cgroup": "/system.slice/llm.service", "job": "llm-diag-agent", "instance": "host-a:9464"},
         ),
+        PanelRef(UIDS["memory"], "cgroup memory PSI", HOST_VARS),
     ),
     Cause(
         "LLMDiagOOMKill",
@@ -95,6 +124,7 @@ CAUSES: tuple[Cause, ...] = (
             "12m",
             {"constraint": "CONSTRAINT_MEMCG", "job": "llm-diag-agent", "instance": "host-a:9464"},
         ),
+        PanelRef(UIDS["memory"], "OOM kills", HOST_VARS),
     ),
     Cause(
         "LLMDiagCgroupOOMKill",
@@ -110,19 +140,22 @@ CAUSES: tuple[Cause, ...] = (
             "12m",
             {"cgroup": "/system.slice/llm.service", "event": "oom_kill", "job": "llm-diag-agent", "instance": "host-a:9464"},
         ),
+        PanelRef(UIDS["memory"], "memory.events rates", HOST_VARS),
     ),
     Cause(
         "LLMDiagThrashing",
         "thrashing",
         "page",
         "a thrashing host serves next to nothing and recovers only when someone frees memory",
-        f"({_rate(WAITING)} > 0.2)\nand\n({_rate(MAJFAULT)} + {_rate(REFAULT)} > 100)",
+        f"({_rate(STALLED)} * 100 >= {_num(levels.PSI_FULL_UP)})\nand\n"
+        f"({_rate(MAJFAULT)} >= {_num(levels.FAULTS_UP)} or {_rate(REFAULT)} >= {_num(levels.REFAULTS_UP)})",
         "2m",
-        "cgroup {{ $labels.cgroup }} is thrashing: tasks wait on memory over 20 % of the time while re-reading "
-        "evicted pages (major faults + refaults > 100/s)",
+        f"cgroup {{{{ $labels.cgroup }}}} is thrashing: all its tasks stall on memory >= {_num(levels.PSI_FULL_UP)} % of the "
+        f"time while re-reading evicted pages (major faults >= {_num(levels.FAULTS_UP)}/s or refaults >= "
+        f"{_num(levels.REFAULTS_UP)}/s)",
         CauseExample(
             (
-                (f"{WAITING}{{{CG}, {AGENT}}}", "0x10 0+40x20"),
+                (f"{STALLED}{{{CG}, {AGENT}}}", "0x10 0+40x20"),
                 (f"{MAJFAULT}{{{CG}, {AGENT}}}", "0x10 0+9000x20"),
                 (f"{REFAULT}{{{CG}, {AGENT}}}", "0x10 0+9000x20"),
             ),
@@ -130,16 +163,19 @@ CAUSES: tuple[Cause, ...] = (
             "18m",
             {"cgroup": "/system.slice/llm.service", "job": "llm-diag-agent", "instance": "host-a:9464"},
         ),
+        PanelRef(UIDS["memory"], "cgroup memory PSI", HOST_VARS),
     ),
     Cause(
         "LLMDiagQueueWaitDominates",
         "queue_backlog",
         "ticket",
         "users feel it as latency, which the queue-wait and TTFT SLOs page on; this names the cause",
-        f"sum by (job, model) ({_rate(QWAIT + '_sum')})\n> 1.5 * sum by (job, model) ({_rate(INFER + '_sum')})\n"
+        f"sum by (job, model) ({_rate(QWAIT + '_sum')})\n>= {_num(levels.OVERWHELM_FACTOR)} * "
+        f"sum by (job, model) ({_rate(INFER + '_sum')})\n"
         f"and\nsum by (job, model) ({_rate(QWAIT + '_count')}) > 0.05",
         "1m",
-        "{{ $labels.model }}: requests wait longer for an inference slot than they spend in inference (queue backlog)",
+        f"{{{{ $labels.model }}}}: requests wait >= {_num(levels.OVERWHELM_FACTOR)}x their inference time for a slot "
+        "(queue backlog)",
         CauseExample(
             (
                 (f'{QWAIT}_sum{{model="m1", route="/v1/completions", {APP}}}', "0x10 0+120x20"),
@@ -150,6 +186,7 @@ CAUSES: tuple[Cause, ...] = (
             "14m",
             {"model": "m1", "job": "llm-api"},
         ),
+        PanelRef(UIDS["latency"], "Mean phases (stacked)", APP_VARS),
     ),
     Cause(
         "LLMDiagRequestsRefused",
@@ -170,6 +207,7 @@ CAUSES: tuple[Cause, ...] = (
             "14m",
             {"model": "m1", "reason": "queue_full", "job": "llm-api"},
         ),
+        PanelRef(UIDS["latency"], "Outcomes and refusals", APP_VARS),
     ),
     Cause(
         "LLMDiagMemoryGuardRefusing",
@@ -185,21 +223,33 @@ CAUSES: tuple[Cause, ...] = (
             "16m",
             {"model": "m1", "job": "llm-api"},
         ),
+        PanelRef(UIDS["latency"], "Outcomes and refusals", APP_VARS),
     ),
     Cause(
         "LLMDiagDuplicateModelCopies",
         "duplicate_model_processes",
         "ticket",
         "extra copies waste memory and invite OOM kills later; nothing is lost yet",
-        f"{cat.MODEL_PROCESSES.name} > 1",
+        f"count by (job, instance, model) (\n  ({USS} >= {_num(levels.PRIVATE_DOMINANT)} * {RSS})\n"
+        f"  * on (job, instance, pid) group_right\n  {HOLDS}\n) > 1",
         "10m",
-        "model file {{ $labels.model }} is held by several processes: each may keep a private copy in memory",
+        f"model file {{{{ $labels.model }}}} is held by several processes each keeping most of its memory private "
+        f"(USS >= {levels.PRIVATE_DOMINANT:.0%} of RSS): private copies, not one shared mapping",
         CauseExample(
-            ((f'{cat.MODEL_PROCESSES.name}{{model="/models/m1.safetensors", {AGENT}}}', "1x10 4x30"),),
+            tuple(
+                (f'{name}{{{labels}, {AGENT}}}', values)
+                for pid in ("101", "102")
+                for name, labels, values in (
+                    (USS, f'pid="{pid}", comm="python"', "10x10 900x30"),
+                    (RSS, f'pid="{pid}", comm="python"', "1000x40"),
+                    (HOLDS, f'model="/models/m1.safetensors", pid="{pid}", comm="python"', "1x40"),
+                )
+            ),
             "15m",
             "25m",
             {"model": "/models/m1.safetensors", "job": "llm-diag-agent", "instance": "host-a:9464"},
         ),
+        PanelRef(UIDS["overview"], "Model copies over time", HOST_VARS),
     ),
     Cause(
         "LLMDiagGPUMemoryNearFull",
@@ -218,6 +268,7 @@ CAUSES: tuple[Cause, ...] = (
             "18m",
             {"gpu": "0", "uuid": "GPU-1", "job": "llm-diag-agent", "instance": "host-a:9464"},
         ),
+        PanelRef(UIDS["gpu"], "Device memory used share", HOST_VARS),
     ),
     Cause(
         "LLMDiagCudaOOM",
@@ -233,6 +284,7 @@ CAUSES: tuple[Cause, ...] = (
             "12m",
             {"model": "m1", "device": "cuda:0", "job": "llm-api", "instance": "host-a:8000"},
         ),
+        PanelRef(UIDS["gpu"], "CUDA OOM errors", (*HOST_VARS, "model")),
     ),
     Cause(
         "LLMDiagAgentDown",
@@ -249,6 +301,7 @@ CAUSES: tuple[Cause, ...] = (
             "16m",
             {"job": "llm-diag-agent", "instance": "host-a:9464"},
         ),
+        PanelRef(UIDS["overview"], "Targets up", HOST_VARS),
         {"component": "llm-diag"},
     ),
     Cause(
@@ -265,6 +318,7 @@ CAUSES: tuple[Cause, ...] = (
             "18m",
             {"job": "llm-diag-agent", "instance": "host-a:9464"},
         ),
+        PanelRef(UIDS["overview"], "Agent errors", HOST_VARS),
         {"component": "llm-diag"},
     ),
 )
@@ -305,4 +359,5 @@ INCIDENT = Cause(
         {"class": "host_oom", "job": "llm-diag-agent", "instance": "host-a:9464"},
         {"summary": "python (pid 42) was OOM-killed in /llm", "evidence": "OOM kills: 1", "confidence": "0.9"},
     ),
+    PanelRef(UIDS["overview"], "Live diagnosis", HOST_VARS),
 )

@@ -24,20 +24,21 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote_plus
 
 from alerts.cause_rules import cause_annotations, cause_labels
 from alerts.causes import CAUSES, INCIDENT, Cause
-from alerts.slo_rules import (
+from alerts.slo_names import (
     ABSENT_ALERT,
     BURN_ALERT,
+    PERIOD_RATIO,
     RATIO,
     REQUESTS,
-    burn_alert,
-    group_names,
-    slo_rule_file,
-    tier_can_fire,
-    total_metric,
+    TIER_LONG_RATIO,
+    TIER_SHORT_RATIO,
+    TIER_THRESHOLD,
 )
+from alerts.slo_rules import burn_alert, group_names, slo_rule_file, tier_can_fire, total_metric
 from alerts.spec import SLO, Availability, Spec, Tier, duration_s, format_number
 
 RATE = 1000  # requests per minute in the SLO scenarios
@@ -171,8 +172,10 @@ def humanize_duration(seconds: float) -> str:
 
 
 def _render(template: str, labels: dict[str, str], value: str = "") -> str:
+    """Prometheus' rendering of the templates the generator writes (labels, ``urlquery``, ``humanizeDuration``)."""
     out = template.replace("{{ $value | humanizeDuration }}", value)
     for k, v in labels.items():
+        out = out.replace("{{ $labels." + k + " | urlquery }}", quote_plus(v, safe=""))  # Go's url.QueryEscape
         out = out.replace("{{ $labels." + k + " }}", v)
     return out
 
@@ -210,7 +213,9 @@ def slo_tests(spec: Spec, slo: SLO) -> list[dict[str, Any]]:
             annotations = {k: _render(v, labels, value) for k, v in burn_alert(spec, slo, tier)["annotations"].items()}
             exp.append({"exp_labels": labels, "exp_annotations": annotations})
         rule_test = [{"eval_time": f"{t}m", "alertname": BURN_ALERT, "exp_alerts": exp}]
-        tests.append(group("every request failing fires every tier, labelled and annotated", sc, alert_rule_test=rule_test))
+        series = _dashboard_series_tests(spec, slo, fast, t)
+        tests.append(group("every request failing fires every tier, labelled and annotated; the dashboards' series agree",
+                           sc, alert_rule_test=rule_test, promql_expr_test=series))  # fmt: skip
 
     # full outage after 2 h of clean traffic: the fast page by factor x budget x long window
     clean, outage, after = 120, 20, 60
@@ -266,6 +271,25 @@ def slo_tests(spec: Spec, slo: SLO) -> list[dict[str, Any]]:
     absent = _absent_test(spec, slo)
     tests.extend(absent)
     return tests
+
+
+def _dashboard_series_tests(spec: Spec, slo: SLO, tier: Tier, t: int) -> list[dict[str, Any]]:
+    """With every request failing: the period-free and tier-free series the dashboards read hold the alert's numbers
+    (ratio 1 over the tier's windows and the period, the tier's threshold), labelled with what they stand for."""
+    out = []
+    threshold = round(tier.burn_factor(spec.period) * slo.budget, 10)
+    for name, extra, value in (
+        (TIER_LONG_RATIO, {"tier": tier.name, "window": tier.long, "job": "llm-api"}, 1),
+        (TIER_SHORT_RATIO, {"tier": tier.name, "window": tier.short, "job": "llm-api"}, 1),
+        (TIER_THRESHOLD, {"tier": tier.name, "severity": tier.severity, "long_window": tier.long,
+                          "short_window": tier.short, "burn_factor": format_number(tier.burn_factor(spec.period))},
+         threshold),
+        (PERIOD_RATIO, {"period": spec.period, "job": "llm-api"}, 1),
+    ):  # fmt: skip
+        labels = {"__name__": name, "slo": slo.name, "model": OUT_LABELS["model"], **extra}
+        selector = f'{name}{{slo="{slo.name}"' + (f', tier="{tier.name}"}}' if "tier" in extra else "}")
+        out.append({"expr": selector, "eval_time": f"{t}m", "exp_samples": [{"labels": _labels_text(labels), "value": value}]})
+    return out
 
 
 def _absent_test(spec: Spec, slo: SLO) -> list[dict[str, Any]]:

@@ -21,14 +21,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from alerts.links import PanelRef, panel_url
+from alerts.slo_names import (
+    ABSENT_ALERT,
+    BURN_ALERT,
+    ERRORS,
+    OBJECTIVE,
+    PERIOD_RATIO,
+    RATIO,
+    REQUESTS,
+    TIER_LONG_RATIO,
+    TIER_SHORT_RATIO,
+    TIER_THRESHOLD,
+)
 from alerts.spec import SLO, Availability, Latency, Spec, Tier, duration_s, format_number
+from dashboards.definitions import EVENTS_PANEL, TIER_PANEL, UIDS
 
-ERRORS = "llmdiag:slo_errors:increase{w}"
-REQUESTS = "llmdiag:slo_requests:increase{w}"
-RATIO = "llmdiag:slo_error_ratio:ratio{w}"
-OBJECTIVE = "llmdiag:slo_objective:ratio"
-BURN_ALERT = "LLMDiagSLOBurn"
-ABSENT_ALERT = "LLMDiagSLOMetricAbsent"
+# The panel each SLO alert links to, with the dashboard variables its labels fill.
+BURN_PANEL = PanelRef(UIDS["slo"], TIER_PANEL, ("slo", "model", "job"))
+ABSENT_PANEL = PanelRef(UIDS["slo"], EVENTS_PANEL, ("job",))  # and the SLO's name, written in
 ABSENT_FOR = "10m"  # rides out a restart or a deploy: the series come back within seconds
 ABSENT_LOOKBACK = "1d"  # a job counts as serving this SLI when its series existed within this long
 
@@ -80,10 +91,31 @@ def recording_group(spec: Spec, slo: SLO) -> dict[str, Any]:
         rules.append({"record": RATIO.format(w=w),
                       "expr": f"{ERRORS.format(w=w)}{sel}\n/\n({REQUESTS.format(w=w)}{sel} > 0)", "labels": labels})  # fmt: skip
     objective = format_number(slo.objective / 100)
-    rules.append(
-        {"record": OBJECTIVE, "labels": labels, "expr": f"max by (model) (0 * {REQUESTS.format(w='5m')}{sel}) + {objective}"}
-    )
+    per_model = f"max by (model) (0 * {REQUESTS.format(w='5m')}{sel})"
+    rules.append({"record": OBJECTIVE, "labels": labels, "expr": f"{per_model} + {objective}"})
+    rules += tier_series(spec, slo, per_model)
     return {"name": f"llmdiag-slo-{slo.name}", "rules": rules}
+
+
+def tier_series(spec: Spec, slo: SLO, per_model: str) -> list[dict[str, Any]]:
+    """Each tier's windows and threshold under names that spell neither (labels say which): what dashboards read.
+
+    Copies of series recorded above (a selector, no new arithmetic), so a dashboard drawn for the default
+    tiers is right for custom tiers too, and the threshold it draws is the one the alert compares with."""
+    rules: list[dict[str, Any]] = []
+    sel = f'{{slo="{slo.name}"}}'
+    for tier in slo.tiers:
+        factor = tier.burn_factor(spec.period)
+        tier_labels = {"slo": slo.name, "tier": tier.name}
+        rules.append({"record": TIER_LONG_RATIO, "labels": {**tier_labels, "window": tier.long},
+                      "expr": f"{RATIO.format(w=tier.long)}{sel}"})  # fmt: skip
+        rules.append({"record": TIER_SHORT_RATIO, "labels": {**tier_labels, "window": tier.short},
+                      "expr": f"{RATIO.format(w=tier.short)}{sel}"})  # fmt: skip
+        rules.append({"record": TIER_THRESHOLD,
+                      "labels": {**tier_labels, "severity": tier.severity, "long_window": tier.long,
+                                 "short_window": tier.short, "burn_factor": format_number(factor)},
+                      "expr": f"{per_model} + {format_number(round(factor * slo.budget, 10))}"})  # fmt: skip
+    return rules
 
 
 def period_group(spec: Spec, slo: SLO) -> dict[str, Any]:
@@ -97,6 +129,8 @@ def period_group(spec: Spec, slo: SLO) -> dict[str, Any]:
     ]
     rules.append({"record": RATIO.format(w=p), "labels": labels,
                   "expr": f"{ERRORS.format(w=p)}{sel}\n/\n({REQUESTS.format(w=p)}{sel} > 0)"})  # fmt: skip
+    # The same ratio under a name that does not spell the period: the dashboards read it, whatever the spec's period.
+    rules.append({"record": PERIOD_RATIO, "labels": {**labels, "period": p}, "expr": f"{RATIO.format(w=p)}{sel}"})
     return {"name": f"llmdiag-slo-{slo.name}-period", "interval": "5m", "rules": rules}
 
 
@@ -132,8 +166,8 @@ def burn_alert(spec: Spec, slo: SLO, tier: Tier) -> dict[str, Any]:
     }  # fmt: skip
     if spec.runbook_url:
         annotations["runbook_url"] = spec.runbook_url
-    if spec.dashboard_url:
-        annotations["dashboard_url"] = spec.dashboard_url
+    if spec.grafana_url:
+        annotations["dashboard_url"] = panel_url(spec.grafana_url, BURN_PANEL)
     return {"alert": BURN_ALERT, "expr": expr, "labels": labels, "annotations": annotations}
 
 
@@ -161,6 +195,7 @@ def absent_alert(spec: Spec, slo: SLO) -> dict[str, Any]:
             "description": "The series existed within the last day and the job's targets answer scrapes, so the "
                            "exporter stopped exporting them (tracking disabled, renamed metric, crashed worker).",
             **({"runbook_url": spec.runbook_url} if spec.runbook_url else {}),
+            **({"dashboard_url": panel_url(spec.grafana_url, ABSENT_PANEL, {"slo": slo.name})} if spec.grafana_url else {}),
         },
     }  # fmt: skip
 

@@ -13,8 +13,9 @@ Shape (see ``alerts/slo.yaml`` for the shipped, commented default)::
     model_label: model               # label that names the model on the metrics (vLLM: model_name)
     selector: ''                     # extra matchers on every SLI metric, e.g. job="llm-api"
     labels: {team: llm}              # added to every generated alert (routing)
-    runbook_url / dashboard_url      # alert annotations; may use {{ $labels.slo }} templates
-    routing: {page_url, ticket_url}  # Alertmanager webhook receivers
+    runbook_url: URL                 # alert annotation; may use {{ $labels.slo }} templates
+    grafana_url: http://HOST:3000    # Grafana's base URL: alerts link panels of the generated dashboards
+    routing: {receiver_url}          # base URL of `diag triage serve`; routes post to its page/ticket paths
     tiers: [{name, severity, long, short, budget_percent, min_events}, ...]
     slos:
       - name: availability
@@ -37,12 +38,11 @@ from typing import Any
 
 import yaml
 
+from alerts.receiver_routes import DEFAULT_RECEIVER_URL
+from alerts.slo_names import PERIODS, WINDOWS
 from collectors import catalog
 
-PERIODS = ("30d", "28d", "7d")
 SEVERITIES = ("page", "ticket")
-# Windows every SLO gets recording rules for (the contract the dashboards read), besides the period.
-WINDOWS: tuple[str, ...] = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
 # At most 12 digits: int() refuses more than 4300, and no window is longer than a few years.
 _DURATION_RE = re.compile(r"(\d{1,12})([smhdw])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -134,17 +134,19 @@ class Spec:
     selector: str
     labels: dict[str, str]
     runbook_url: str
-    dashboard_url: str
-    page_url: str
-    ticket_url: str
+    grafana_url: str  # Grafana's base URL ('' = no dashboard links)
+    receiver_url: str  # base URL of `diag triage serve`
     slos: tuple[SLO, ...]
     tiers: tuple[Tier, ...]  # the spec's full tier table, in order fastest first
 
     @property
     def windows(self) -> tuple[str, ...]:
-        """Every window a recording rule is needed for: the fixed set plus any custom tier windows."""
+        """Every window a recording rule is needed for: the fixed set plus any custom tier windows.
+
+        The period is left out even when a tier uses it as a window: the period's own group records it, and
+        recording one name twice would give two series with the same labels."""
         extra = {w for t in self.tiers for w in (t.long, t.short)} - set(WINDOWS)
-        return WINDOWS + tuple(sorted(extra, key=duration_s))
+        return tuple(w for w in WINDOWS + tuple(sorted(extra, key=duration_s)) if w != self.period)
 
 
 DEFAULT_SPEC_PATH = Path(__file__).with_name("slo.yaml")
@@ -285,6 +287,29 @@ def _finite(value: int | float) -> bool:
         return False
 
 
+# A base URL the generator appends paths to: scheme, host (name, IPv4 or [IPv6]), optional port, optional path.
+# No user:password (it would be written into every generated file), no query or fragment (paths go after it).
+_BASE_URL_RE = re.compile(r"(https?)://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:\d{1,5})?(/[A-Za-z0-9._~/-]*)?")
+
+
+def _base_url(doc: dict[str, Any], key: str, where: str, default: str, *, allow_path: bool) -> str:
+    """An http(s) base URL without credentials, query or fragment; trailing slashes removed ('' stays '')."""
+    url = _string(doc, key, where, default).strip()
+    if not url:
+        if default:
+            raise SpecError(f"{where}.{key}: empty; give a URL like {default} (or leave the field out)")
+        return ""
+    m = _BASE_URL_RE.fullmatch(url)
+    if m is None:
+        raise SpecError(f"{where}.{key}: {_show(url)} is not an http(s) base URL like "
+                        f"{default or 'http://127.0.0.1:3000'} (no user:password, query or fragment)")  # fmt: skip
+    path = (m.group(4) or "").rstrip("/")
+    if path and not allow_path:
+        raise SpecError(f"{where}.{key}: {_show(url)} has a path ({path}); give the receiver's base URL like "
+                        f"{default}: the generator appends the paths the receiver serves")  # fmt: skip
+    return url.rstrip("/")
+
+
 def _labels(value: Any, where: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in _mapping(value or {}, where).items():
@@ -386,7 +411,10 @@ def _sli(doc: dict[str, Any], where: str, live: dict[str, tuple[float, ...]] | N
 def parse_spec(doc: Any, live_buckets: dict[str, tuple[float, ...]] | None = None) -> Spec:
     """Validate a decoded YAML document. ``live_buckets``: histogram -> ``le`` bounds read from a live /metrics."""
     doc = _mapping(doc, "spec")
-    _known(doc, "spec", {"version", "period", "model_label", "selector", "labels", "runbook_url", "dashboard_url",
+    if "dashboard_url" in doc:
+        raise SpecError("spec.dashboard_url: replaced by grafana_url (Grafana's base URL, e.g. http://127.0.0.1:3000); "
+                        "each alert's link is built from the generated dashboards' uids and panels")  # fmt: skip
+    _known(doc, "spec", {"version", "period", "model_label", "selector", "labels", "runbook_url", "grafana_url",
                          "routing", "tiers", "slos"})  # fmt: skip
     if doc.get("version", 1) != 1:
         raise SpecError(f"spec.version: {_show(doc.get('version'))} is not supported (only 1)")
@@ -401,7 +429,13 @@ def parse_spec(doc: Any, live_buckets: dict[str, tuple[float, ...]] | None = Non
                                  selector):  # fmt: skip
         raise SpecError(f'spec.selector: {_show(selector)} is not a list of label matchers like job="llm-api"')
     routing = _mapping(doc.get("routing") or {}, "spec.routing")
-    _known(routing, "spec.routing", {"page_url", "ticket_url"})
+    for old_key in ("page_url", "ticket_url"):
+        if old_key in routing:
+            raise SpecError(f"spec.routing.{old_key}: replaced by receiver_url, the base URL of `diag triage serve` "
+                            f"(e.g. {DEFAULT_RECEIVER_URL}); the page and ticket routes post to the paths it serves")  # fmt: skip
+    _known(routing, "spec.routing", {"receiver_url"})
+    receiver_url = _base_url(routing, "receiver_url", "spec.routing", DEFAULT_RECEIVER_URL, allow_path=False)
+    grafana_url = _base_url(doc, "grafana_url", "spec", "", allow_path=True)
     tiers_doc = doc.get("tiers")
     if tiers_doc is None:
         tiers = DEFAULT_TIERS
@@ -448,9 +482,8 @@ def parse_spec(doc: Any, live_buckets: dict[str, tuple[float, ...]] | None = Non
         selector=selector,
         labels=_labels(doc.get("labels"), "spec.labels"),
         runbook_url=_string(doc, "runbook_url", "spec", ""),
-        dashboard_url=_string(doc, "dashboard_url", "spec", ""),
-        page_url=_string(routing, "page_url", "spec.routing", "http://127.0.0.1:9095/page"),
-        ticket_url=_string(routing, "ticket_url", "spec.routing", "http://127.0.0.1:9095/ticket"),
+        grafana_url=grafana_url,
+        receiver_url=receiver_url,
         slos=tuple(slos),
         tiers=tiers,
     )

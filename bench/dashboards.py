@@ -76,7 +76,7 @@ def default_step(width_cols: int) -> float:
 def substitute(expr: str, step: float) -> str:
     rate_interval = max(step + SCRAPE_S, 4 * SCRAPE_S)
     out = expr.replace("$__rate_interval", f"{int(rate_interval)}s").replace("$__interval", f"{int(step)}s")
-    return re.sub(r"\$\{?(job|instance|model)\}?", ".+", out)
+    return re.sub(r"\$\{?(job|instance|model|slo)\}?", ".+", out)
 
 
 def generation(runs: int) -> tuple[float, float]:

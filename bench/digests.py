@@ -1,22 +1,38 @@
-"""Digests of every analysis and every Timeline the loaders build from the replay fixtures: run it on two trees, diff.
+"""Digests of the rules' analyses over every recorded fixture: proof that a refactoring changed no verdict.
 
-Why: a change to how records become a Timeline (the record declarations, the builder, the loaders, the
-recorder's queries) must not change a single finding. This prints, for every fixture under
-``tests/fixtures`` (scenario recordings, their variants, the uninstrumented replays) and every way a
-Timeline is built from it, the sha256 of ``json.dumps(analyze(timeline).to_dict(), sort_keys=True)``
-and of the Timeline itself (every series, table column, track, record and count, in order):
+A change that only moves code (a rule split into helpers, helpers moved between modules, precedence
+moved into the engine) must leave every analysis byte for byte as it was. This prints, for each *view*,
+the sha256 of ``json.dumps(analyze(timeline).to_dict(), sort_keys=True)``; run it on the code before
+and after the change and compare.
 
-- ``rows``: ``timeline_from_records`` (one record at a time), whole and over windows;
-- ``recorder``: the records in a flight recorder, ``load_recorder`` whole and over the same windows,
-  in one reader, in tiny batches, and in two forked readers;
-- ``live``: ``RecorderWindow`` (the live diagnosis's incremental reader) at several instants;
-- ``bundle-dir`` / ``bundle-tar``: a bundle's ``timeline/*.jsonl`` as a folder and as a .tar.gz;
-- ``prometheus``: ``load_prometheus`` against an in-process stand-in for the HTTP API (the test suite's
-  approach: every catalog family answered, per selection of families; values rise, fall and skip).
+Views, for every recording in ``tests/fixtures/scenarios/`` (the GPU replays built by
+``diag/demo/scenarios/replays.py`` included), its ``variants/`` and ``tests/fixtures/uninstrumented/``:
 
-    .venv/bin/python bench/digests.py > after.txt   # on each tree; then: diff before.txt after.txt
+- ``recorded`` and ``uninstrumented`` (the agent's records and the operator's watch scope only, as
+  ``bench/accuracy.py`` builds it), each over several windows of the recording: all of it, each half,
+  each third, the middle half, the first and last 30 s and the last 10 s (short windows reach the
+  rules' "too little data" answers);
+- ``fleet``: the request rows folded into per-step mean queue wait and inference time with the rows
+  removed -- what the Prometheus path holds (as ``tests/diag/test_rules_aggregated.py`` builds it) --
+  over the whole recording and each half;
+- with ``--timelines DIR``: every pickled Timeline there (``*.pkl``), e.g. ones built once by
+  ``load_prometheus`` against a live Prometheus, so the Prometheus path's own Timelines are compared too.
 
-Prints digests; asserts nothing.
+``--code DIR`` imports ``diag`` from another checkout (``git archive main | tar -x -C /tmp/base``), so
+one command digests the code before the change; fixtures are always this checkout's.
+
+Rule ids are user-visible, so renaming one changes the document. ``--rename OLD=NEW`` (repeatable)
+rewrites OLD to NEW wherever a document of this run names a rule (give it to either run: the old
+names on the run before, or NEW=OLD on the run after). Renaming also reorders what the engine lists
+in rule-id order (``evaluated``, ``not_evaluated``, ``too_little_data``), so each view has two
+digests: ``exact`` (the document as it is) and ``canonical`` (those three lists sorted by rule id).
+Findings keep their ranking in both: findings of equal score stay in the order the engine ran their
+rules (by id), so a rename that reorders a tie shows as a difference -- a reader sees it too.
+``--compare FILE`` reads an earlier run's output (``--out``) and reports, per view, whether the exact
+digests match, only the canonical ones, or neither.
+
+    .venv/bin/python bench/digests.py --code /tmp/base --out /tmp/before.json
+    .venv/bin/python bench/digests.py --compare /tmp/before.json --rename stalls.new_id=memory.old_id
 """
 
 from __future__ import annotations
@@ -25,303 +41,206 @@ import argparse
 import gzip
 import hashlib
 import json
-import re
-import shutil
+import pickle
 import sys
-import tarfile
-import zlib
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+RECORDINGS = (FIXTURES / "scenarios", FIXTURES / "scenarios" / "variants", FIXTURES / "uninstrumented")
+TRACKER_KINDS = {"request", "batch", "routing", "loader", "config", "torch_memory", "cuda_oom"}
+# (name, start share, end share) of the recording's span; negative seconds count back from the end.
+WINDOWS: tuple[tuple[str, float, float], ...] = (
+    ("all", 0.0, 1.0),
+    ("half1", 0.0, 0.5),
+    ("half2", 0.5, 1.0),
+    ("third1", 0.0, 1 / 3),
+    ("third2", 1 / 3, 2 / 3),
+    ("third3", 2 / 3, 1.0),
+    ("middle", 0.25, 0.75),
+)
+SECONDS: tuple[tuple[str, float, float], ...] = (("first30s", 0.0, 30.0), ("last30s", -30.0, 0.0), ("last10s", -10.0, 0.0))
+FLEET_STEP_S = 5.0
+SHOWN = 20  # differences listed by name; the rest are counted
 
-import numpy as np  # noqa: E402
 
-FIXTURES = ROOT / "tests" / "fixtures"
-WORK = Path("/tmp/llmdiag-digests")
-
-
-def _read(path: Path) -> list[dict[str, Any]]:
-    with gzip.open(path, "rt", encoding="utf-8") as fh:
+def read_records(path: Path) -> list[dict[str, Any]]:
+    with gzip.open(path, "rt") as fh:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-# --------------------------------------------------------------------------- canonical forms
+def _span(records: list[dict[str, Any]]) -> tuple[float, float]:
+    ts = [float(r["ts"]) for r in records if r.get("ts") is not None and r["kind"] not in ("config", "watch_scope")]
+    return min(ts), max(ts)
 
 
-def _array(h: Any, a: np.ndarray) -> None:
-    h.update(f"{a.dtype.str}{a.shape}".encode())
-    if a.dtype == object:
-        h.update(json.dumps([None if v is None else str(v) for v in a.tolist()]).encode())
-    else:
-        h.update(np.ascontiguousarray(a).tobytes())
-
-
-def _series_map(h: Any, series: dict[str, Any]) -> None:
-    for name, s in series.items():  # in the Timeline's order: a reordering shows
-        h.update(f"|{name}".encode())
-        _array(h, s.ts)
-        _array(h, s.values)
-
-
-def timeline_digest(tl: Any) -> str:
-    h = hashlib.sha256()
-    h.update(repr((tl.start, tl.end, tl.source, tl.gpu_unavailable_reason)).encode())
-    h.update(b"host")
-    _series_map(h, tl.host)
-    for path, series in tl.cgroups.items():
-        h.update(f"cgroup {path}".encode())
-        _series_map(h, series)
-    for key, t in tl.processes.items():
-        h.update(repr((key, t.pid, t.start_time_s, t.comm, t.cmdline, t.memory_cgroup, sorted(t.model_files), t.ppid)).encode())
-        _series_map(h, t.series)
-    for index, series in tl.gpus.items():
-        h.update(f"gpu {index}".encode())
-        _series_map(h, series)
-    h.update(b"service")
-    _series_map(h, tl.service)
-    for name in ("requests", "batches", "routing", "loader", "torch", "gpu_processes"):
-        table = getattr(tl, name)
-        h.update(f"table {name}".encode())
-        for col, values in table.columns.items():
-            h.update(col.encode())
-            _array(h, values)
-    for name in ("ooms", "cuda_ooms", "configs", "watch_scopes"):
-        h.update(name.encode())
-        h.update(json.dumps([r.to_dict() for r in getattr(tl, name)], sort_keys=True).encode())
-    h.update(json.dumps([tl.counts, tl.skipped]).encode())
-    return h.hexdigest()[:16]
-
-
-def analysis_digest(tl: Any) -> str:
-    from diag.rules.engine import analyze
-
-    return hashlib.sha256(json.dumps(analyze(tl).to_dict(), sort_keys=True).encode()).hexdigest()[:16]
-
-
-# --------------------------------------------------------------------------- the views of one fixture
-
-
-def _windows(records: list[dict[str, Any]]) -> list[tuple[str, float, float]]:
-    ts = sorted(float(r["ts"]) for r in records if isinstance(r.get("ts"), (int, float)))
-    lo, hi = ts[0], ts[-1]
-    span = hi - lo
-    return [
-        ("last-20s", hi - 20, hi),
-        ("last-30pct", hi - 0.3 * span, hi),
-        ("first-half", lo, lo + span / 2),
-        ("middle", lo + span / 4, lo + 3 * span / 4),
-        ("tail-from-40pct", lo + 0.4 * span, hi),
-    ]
-
-
-def _recorder(records: list[dict[str, Any]], path: Path) -> Path:
-    from collectors.recorder import FlightRecorder
-
-    with FlightRecorder(path, retention_s=1e12, max_size_bytes=1 << 40) as rec:
-        rec.write_rows([(float(r["ts"]), r["kind"], int(r.get("schema", 1)), json.dumps(r)) for r in records])
-    return path
-
-
-def _bundle(records: list[dict[str, Any]], root: Path) -> tuple[Path, Path]:
-    folder = root / "bundle"
-    (folder / "timeline").mkdir(parents=True)
-    kinds: dict[str, list[str]] = {}
+def _window(records: list[dict[str, Any]], t0: float, t1: float) -> list[dict[str, Any]]:
+    """What a bundle covering [t0, t1] holds: samples in it, requests that arrived and finished in it."""
+    out = []
     for r in records:
-        kinds.setdefault(r["kind"], []).append(json.dumps(r))
-    for kind, lines in kinds.items():
-        (folder / "timeline" / f"{kind}.jsonl").write_text("\n".join(lines) + "\n")
-    archive = root / "bundle.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-        tar.add(folder, arcname="bundle")
-    return folder, archive
+        if r["kind"] == "request":
+            if t0 <= r["arrival"] and r["finish"] is not None and r["finish"] <= t1:
+                out.append(r)
+        elif r["kind"] in ("config", "watch_scope") or t0 <= float(r["ts"]) <= t1:
+            out.append(r)
+    return out
 
 
-def views(fixture: Path, work: Path) -> Iterator[tuple[str, Callable[[], Any]]]:
-    import diag.sources.recorder as rec_source
-    from diag.sources import load_bundle, load_recorder
-    from diag.timeline import timeline_from_records
-
-    records = _read(fixture)
-    windows = _windows(records)
-    yield "rows", lambda: timeline_from_records(records, source="digest")
-    for name, lo, hi in windows:
-        yield f"rows@{name}", lambda lo=lo, hi=hi: timeline_from_records(
-            [r for r in records if lo <= float(r["ts"]) <= hi], source="digest")  # fmt: skip
-    db = _recorder(records, work / "r.db")
-    yield "recorder", lambda: load_recorder(db, workers=1)
-    for name, lo, hi in windows:
-        yield f"recorder@{name}", lambda lo=lo, hi=hi: load_recorder(db, since_s=hi - lo, until=hi, workers=1)
-
-    def tiny_batches() -> Any:
-        saved = rec_source.BATCH_ROWS
-        rec_source.BATCH_ROWS = 7
-        try:
-            return load_recorder(db, workers=1)
-        finally:
-            rec_source.BATCH_ROWS = saved
-
-    yield "recorder-batches-of-7", tiny_batches
-
-    def two_readers() -> Any:
-        saved = rec_source.PARALLEL_MIN_ROWS
-        rec_source.PARALLEL_MIN_ROWS = 0
-        try:
-            return load_recorder(db, workers=2)
-        finally:
-            rec_source.PARALLEL_MIN_ROWS = saved
-
-    yield "recorder-2-readers", two_readers
-    lo, hi = windows[2][1], windows[0][2]
-    live = rec_source.RecorderWindow(db, window_s=0.3 * (hi - lo), segment_s=5.0)
-    for k, now in enumerate(np.linspace(lo + 0.2 * (hi - lo), hi + 5, 6)):
-        yield f"live-{k}", lambda now=float(now): live.load(now)
-    folder, archive = _bundle(records, work)
-    yield "bundle-dir", lambda: load_bundle(folder)
-    yield "bundle-tar", lambda: load_bundle(archive)
+def _uninstrumented(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The agent's records only, plus the watch scope an operator would give (the service's pids and their groups)."""
+    if any(r["kind"] == "watch_scope" for r in records):
+        return [r for r in records if r["kind"] not in TRACKER_KINDS]
+    pids = sorted({int(r["pid"]) for r in records if r["kind"] in TRACKER_KINDS and r.get("pid")})
+    groups = sorted(
+        {r["memory_cgroup"] for r in records if r["kind"] == "process" and r.get("pid") in pids and r.get("memory_cgroup")}
+    )
+    scope = {"kind": "watch_scope", "schema": 1, "ts": _span(records)[0], "pids": pids, "cgroups": groups,
+             "resolved_pids": pids, "resolved_cgroups": groups, "missing": []}  # fmt: skip
+    return [r for r in records if r["kind"] not in TRACKER_KINDS] + [scope]
 
 
-# --------------------------------------------------------------------------- the Prometheus path
+def record_views(name: str, records: list[dict[str, Any]]) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    t0, t1 = _span(records)
+    span = t1 - t0
+    cuts = [(w, t0 + a * span, t0 + b * span) for w, a, b in WINDOWS]
+    cuts += [(w, (t1 if a < 0 else t0) + a, (t1 if a < 0 else t0) + b) for w, a, b in SECONDS]
+    for flavour, recs in (("recorded", records), ("uninstrumented", _uninstrumented(records))):
+        for window, lo, hi in cuts:
+            yield f"{name}/{flavour}/{window}", _window(recs, lo, hi) if window != "all" else recs
 
 
-def _catalog_names() -> set[str]:
-    from collectors import catalog as cat
+def as_fleet(tl: Any, series_cls: Any, table_cls: Any) -> Any | None:
+    """The timeline as Prometheus would hold it: per-step mean queue wait and inference time, no rows."""
+    import numpy as np
 
-    return {
-        n
-        for spec in vars(cat).values()
-        for s in (spec.values() if isinstance(spec, dict) else (spec,))
-        if isinstance(n := getattr(s, "name", None), str)
+    req = tl.requests
+    if not len(req) or "start" not in req:
+        return None
+    ok = np.isfinite(req["start"]) & np.isfinite(req["finish"])
+    finish, wait, infer = req["finish"][ok], req["queue_wait_s"][ok], req["inference_s"][ok]
+    edges = np.arange(tl.start, tl.end + FLEET_STEP_S, FLEET_STEP_S)
+    idx = np.digitize(finish, edges)
+    steps = [i for i in np.unique(idx) if (idx == i).sum() >= 2]
+    ts = np.array([edges[i - 1] + FLEET_STEP_S for i in steps])
+    tl.service = {
+        "queue_wait_mean_s": series_cls(ts, np.array([wait[idx == i].mean() for i in steps])),
+        "inference_mean_s": series_cls(ts, np.array([infer[idx == i].mean() for i in steps])),
+        "inference_p50_s": series_cls(ts, np.array([np.median(infer[idx == i]) for i in steps])),
     }
+    for table in ("requests", "batches", "loader", "routing"):
+        setattr(tl, table, table_cls())
+    tl.configs = []
+    return tl
 
 
-LABELS = {
-    "cgroup": "/svc", "id": "/svc", "pid": "42", "comm": "python", "gpu": "0", "resource": "memory", "kind": "some",
-    "event": "oom_kill", "model": "/m/w.safetensors", "constraint": "CONSTRAINT_MEMCG",
-}  # fmt: skip
-OUTCOMES = ("ok", "error", "rejected", "queue_timeout", "inference_timeout")
+def renamed(doc: Any, names: dict[str, str]) -> Any:
+    """The document with every rule id in ``names`` replaced (values of "rule" keys and the ``evaluated`` list)."""
+    if isinstance(doc, dict):
+        out = {}
+        for key, value in doc.items():
+            if key == "rule" and isinstance(value, str):
+                out[key] = names.get(value, value)
+            elif key == "evaluated" and isinstance(value, list):
+                out[key] = [names.get(v, v) for v in value]
+            else:
+                out[key] = renamed(value, names)
+        return out
+    if isinstance(doc, list):
+        return [renamed(v, names) for v in doc]
+    return doc
 
 
-class _FakePrometheus:
-    """Answers ``query_range``/``query`` as if the chosen catalog families were exported by ``hosts``.
-
-    Deterministic but uneven: each series' values follow its name (a counter that rises, resets once, and
-    skips some steps), so merges, resets and gaps are exercised. Two hosts: the second with fewer samples.
-    """
-
-    def __init__(self, only: Callable[[str], bool], hosts: tuple[str, ...] = ("10.0.0.5:9464",), cgroups: int = 1) -> None:
-        self.only, self.hosts, self.cgroups = only, hosts, cgroups
-        self.names = _catalog_names()
-
-    def families(self, query: str) -> list[str]:
-        found = {n for group in re.findall(r'__name__=~"([^"]*)"', query) for n in group.split("|")}
-        found |= set(re.findall(r"([A-Za-z_:][A-Za-z0-9_:]*)\{", query))
-        fam = {n: re.sub(r"_(bucket|sum|count)$", "", n) for n in found}
-        return sorted(n for n in found if fam[n] in self.names and self.only(fam[n]))
-
-    def _values(self, seed: str, ts: list[float], host_k: int) -> list[list[Any]]:
-        k = zlib.crc32(seed.encode()) % 97
-        out = []
-        for i, t in enumerate(ts):
-            if (i + k) % (11 + host_k) == 0:
-                continue  # a missed scrape
-            v = (i + 1) * (k + 1) if i < len(ts) * 2 // 3 else (i - len(ts) * 2 // 3) * (k + 1)  # one reset
-            out.append([t, str(float(v))])
-        return out[: len(out) - 3 * host_k] if host_k else out
-
-    def call(self, path: str, params: dict[str, Any]) -> dict[str, Any]:
-        query = params["query"]
-        names = self.families(query)
-        if path == "/api/v1/query":
-            t = float(params["time"])
-            ts = [t - 30, t - 15, t]
-            return self._matrix([({"__name__": n, **LABELS, "instance": h}, n) for n in names for h in self.hosts], ts)
-        start, end, step = float(params["start"]), float(params["end"]), float(params["step"])
-        ts = [float(x) for x in np.arange(start, end + step / 2, step)]
-        if not names:
-            return self._matrix([], ts)
-        if query.startswith("{"):
-            series = []
-            for n in names:
-                for h in self.hosts:
-                    for g in range(self.cgroups):
-                        labels = {"__name__": n, **LABELS, "instance": h}
-                        if g:
-                            labels.update(cgroup=f"/svc/{g}", id=f"/svc/{g}", pid=str(42 + g), gpu=str(g))
-                        series.append((labels, f"{n}{h}{g}"))
-            return self._matrix(series, ts)
-        if "sum by (outcome)" in query:
-            return self._matrix([({"outcome": o}, query + o) for o in OUTCOMES], ts)
-        return self._matrix([({**LABELS, "instance": self.hosts[0]}, query)], ts)
-
-    def _matrix(self, series: list[tuple[dict[str, str], str]], ts: list[float]) -> dict[str, Any]:
-        result = []
-        for labels, seed in series:
-            host_k = self.hosts.index(labels["instance"]) if labels.get("instance") in self.hosts else 0
-            result.append({"metric": labels, "values": self._values(seed, ts, host_k)})
-        return {"resultType": "matrix", "result": result}
+def canonical(doc: dict[str, Any]) -> dict[str, Any]:
+    """The lists the engine keeps in rule-id order, sorted by rule id; everything else as it is."""
+    out = dict(doc)
+    out["evaluated"] = sorted(doc["evaluated"])
+    out["not_evaluated"] = sorted(doc["not_evaluated"], key=lambda x: x["rule"])
+    out["verdict"] = {**doc["verdict"], "too_little_data": sorted(doc["verdict"]["too_little_data"], key=lambda x: x["rule"])}
+    return out
 
 
-def prometheus_views() -> Iterator[tuple[str, Callable[[], Any]]]:
-    from diag.sources import prometheus as prom
-
-    ours = re.compile(r"^llmdiag_")
-    selections: dict[str, tuple[Callable[[str], bool], dict[str, Any]]] = {
-        "ours": (lambda n: bool(ours.match(n)), {}),
-        "external": (lambda n: not ours.match(n), {}),
-        "everything": (lambda n: True, {}),
-        "node-exporter": (lambda n: n.startswith("node_"), {}),
-        "cadvisor": (lambda n: n.startswith("container_"), {}),
-        "vllm-tgi-dcgm": (lambda n: n.startswith(("vllm", "tgi_", "DCGM")), {}),
-        "ours-two-hosts-two-groups": (lambda n: bool(ours.match(n)), {"hosts": ("10.0.0.5:9464", "10.0.0.6:9464"), "cgroups": 2}),
-        "external-two-hosts": (lambda n: not ours.match(n), {"hosts": ("10.0.0.6:9100", "10.0.0.5:9100")}),
-        "nothing": (lambda n: False, {}),
-    }
-    for name, (only, kwargs) in selections.items():
-
-        def load(only: Callable[[str], bool] = only, kwargs: dict[str, Any] = kwargs) -> Any:
-            fake = _FakePrometheus(only, **kwargs)
-            saved = prom._Prometheus._call
-            prom._Prometheus._call = lambda self, path, params: fake.call(path, params)  # type: ignore[method-assign]
-            try:
-                return prom.load_prometheus("http://127.0.0.1:9", since_s=600, until=1_800_000_000.0)
-            finally:
-                prom._Prometheus._call = saved  # type: ignore[method-assign]
-
-        yield f"prometheus-{name}", load
+def sha(doc: Any) -> str:
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-# --------------------------------------------------------------------------- driver
+def digest_all(timelines: Path | None, names: dict[str, str]) -> dict[str, dict[str, str]]:
+    from diag.rules.engine import analyze
+    from diag.timeline import Series, Table, timeline_from_records
+
+    def digests(tl: Any) -> dict[str, str]:
+        doc = renamed(analyze(tl).to_dict(), names)
+        return {"exact": sha(doc), "canonical": sha(canonical(doc)), "primary": doc["verdict"]["primary"]}
+
+    out: dict[str, dict[str, str]] = {}
+    for folder in RECORDINGS:
+        for path in sorted(folder.glob("*.jsonl.gz")):
+            name = str(path.relative_to(FIXTURES)).removesuffix(".jsonl.gz")
+            records = read_records(path)
+            for view, recs in record_views(name, records):
+                out[view] = digests(timeline_from_records(recs, source=view))
+            for window, recs in (("all", records), *[(w, _window(records, *_cut(records, a, b))) for w, a, b in WINDOWS[1:3]]):
+                fleet = as_fleet(timeline_from_records(recs, source=name), Series, Table)
+                if fleet is not None:
+                    out[f"{name}/fleet/{window}"] = digests(fleet)
+    for path in sorted(timelines.glob("*.pkl")) if timelines else []:
+        with path.open("rb") as fh:
+            out[f"pickled/{path.stem}"] = digests(pickle.load(fh))  # only files you made: unpickling runs code
+    return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", help="fixtures whose path contains this text")
-    args = ap.parse_args()
-    from diag.rules.engine import load_rules
+def _cut(records: list[dict[str, Any]], a: float, b: float) -> tuple[float, float]:
+    t0, t1 = _span(records)
+    return t0 + a * (t1 - t0), t0 + b * (t1 - t0)
 
-    load_rules()
-    fixtures = sorted(p for p in FIXTURES.rglob("*.jsonl.gz") if not args.only or args.only in str(p))
-    n = 0
-    for fixture in fixtures:
-        name = str(fixture.relative_to(FIXTURES))
-        work = WORK / "fixture"  # the same path on every tree: it is in the Timeline's source
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        for view, build in views(fixture, work):
-            tl = build()
-            print(f"{name} {view} analysis={analysis_digest(tl)} timeline={timeline_digest(tl)}", flush=True)
-            n += 1
-        shutil.rmtree(work, ignore_errors=True)
-    if not args.only:
-        for view, build in prometheus_views():
-            tl = build()
-            print(f"- {view} analysis={analysis_digest(tl)} timeline={timeline_digest(tl)}", flush=True)
-            n += 1
-    print(f"# {n} views of {len(fixtures)} fixtures", file=sys.stderr)
+
+def compare(before: dict[str, dict[str, str]], after: dict[str, dict[str, str]]) -> int:
+    """Print the comparison; 0 when every view of ``before`` has the same canonical digest after, else 1."""
+    missing = sorted(set(before) - set(after))
+    extra = sorted(set(after) - set(before))
+    exact = [v for v in before if v in after and before[v]["exact"] == after[v]["exact"]]
+    order_only = [v for v in before if v in after and v not in exact and before[v]["canonical"] == after[v]["canonical"]]
+    differ = [v for v in before if v in after and before[v]["canonical"] != after[v]["canonical"]]
+    print(f"views compared: {len(before) - len(missing)}; identical: {len(exact)}; "
+          f"identical but for the order of rules: {len(order_only)}; different: {len(differ)}")  # fmt: skip
+    for label, views in (("missing after", missing), ("new after", extra), ("different", differ)):
+        for v in views[:SHOWN]:
+            print(f"  {label}: {v} ({before.get(v, {}).get('primary')} -> {after.get(v, {}).get('primary')})")
+        if len(views) > SHOWN:
+            print(f"  ... and {len(views) - SHOWN} more {label}")
+    return 0 if not (missing or differ) else 1
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--code", type=Path, help="import diag from this checkout instead of this one (the code before a change)")
+    ap.add_argument("--rename", action="append", default=[], metavar="OLD=NEW", help="a rule id renamed by the change")
+    ap.add_argument("--timelines", type=Path, help="a folder of pickled Timelines (*.pkl) to digest too")
+    ap.add_argument("--out", type=Path, help="write the digests here (JSON)")
+    ap.add_argument("--compare", type=Path, help="an earlier --out to compare with")
+    args = ap.parse_args(argv)
+    bad = [r for r in args.rename if r.count("=") != 1 or not all(r.split("="))]
+    if bad:
+        print(f"--rename takes OLD=NEW, not {bad[0]!r}", file=sys.stderr)
+        return 2
+    if args.code is not None and not (args.code / "diag" / "rules" / "engine.py").is_file():
+        print(f"--code {args.code}: not a checkout of this project (no diag/rules/engine.py)", file=sys.stderr)
+        return 2
+    if args.compare is not None and not args.compare.is_file():
+        print(f"--compare {args.compare}: no such file", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(args.code.resolve() if args.code else REPO))
+    t0 = time.monotonic()
+    got = digest_all(args.timelines, dict(r.split("=") for r in args.rename))
+    import diag
+
+    print(f"{len(got)} views digested in {time.monotonic() - t0:.1f} s (code: {Path(diag.__file__).parents[1]})", file=sys.stderr)
+    if args.out:
+        args.out.write_text(json.dumps(got, indent=1, sort_keys=True))
+    return compare(json.loads(args.compare.read_text()), got) if args.compare else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main(sys.argv[1:]))

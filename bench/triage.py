@@ -3,15 +3,21 @@
 1. Throughput and webhook latency *while diagnoses run*: ``wrk`` (C, 2 threads, 32 connections, keep-alive)
    posts pre-built webhook bodies -- 70 % new alerts (a new incident every 4th body, so the diagnosis worker
    is busy the whole time), 30 % exact duplicates of earlier bodies (retries / the other HA peer). The
-   receiver diagnoses from a real flight recorder holding a real scenario run. Two front ends over the
-   same receiver core, side by side in one run: the receiver's own asyncio HTTP/1.1 server (what
-   ``diag triage serve`` uses) and FastAPI on uvicorn (pinned already). The receiver's CPU time per
-   delivery is reported too: on a shared host, deliveries/s measures the share of CPU we got as much as
-   the code, CPU per delivery measures the code.
+   receiver diagnoses from a real flight recorder holding a real scenario run. Each front end is a
+   ``Receiver`` built the way ``diag triage serve`` builds it, in its own process. ``--compare-server FILE``
+   adds another server module with the same ``Receiver``/``ReceiverConfig`` API (say an older
+   ``diag/triage/server.py`` from git; it runs against this tree's other ``diag.triage`` modules),
+   alternated with this one ``--rounds`` times in one run so both see the same host; ``--fastapi`` adds this
+   receiver's core behind FastAPI. ``--http-only`` posts one body over and over: after the first, the
+   duplicate-body cache answers without the store or the validator, so what is left is the HTTP layer.
+   The receiver's CPU time per delivery is reported too: on a shared host, deliveries/s measures the share
+   of CPU we got as much as the code, CPU per delivery measures the code.
 2. Time from delivery to stored diagnosis: POST one alert, poll the store until the diagnosis is stored;
    from the local recorder and from a real Prometheus scraping a real ``diag collect`` agent.
 
     .venv/bin/python bench/triage.py [--duration 15] [--connections 32] [--skip-prometheus]
+    git show OLD:diag/triage/server.py > /tmp/old_server.py
+    .venv/bin/python bench/triage.py --only throughput --compare-server /tmp/old_server.py --rounds 3
 
 Targets: >= 500 deliveries/s sustained, webhook p99 <= 50 ms while diagnoses run. Prints figures; asserts nothing.
 """
@@ -71,12 +77,14 @@ def make_recorder(folder: Path) -> tuple[Path, float]:
     return path, max(r["ts"] for r in records) - 5
 
 
-def make_bodies(folder: Path, starts: float, n: int = 20_000) -> Path:
-    """n bodies, one per line: 70 % new (a new incident every 4th), 30 % duplicates of earlier ones."""
+def make_bodies(folder: Path, starts: float, n: int = 20_000, *, one: bool = False) -> Path:
+    """n bodies, one per line: 70 % new (a new incident every 4th), 30 % duplicates of earlier ones (``one``: one body)."""
     import random
 
     rng = random.Random(1)
     out: list[str] = []
+    if one:
+        n = 1
     for i in range(n):
         if out and rng.random() < 0.30:
             out.append(rng.choice(out))
@@ -113,6 +121,29 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def serve_module(module: str, port: int, db: str, recorder: str) -> None:
+    """Run the ``Receiver`` of a server module (a dotted name, or a file) until SIGTERM, as the CLI does."""
+    import importlib
+    import importlib.util
+
+    from diag.triage.diagnosis import Source
+
+    if module.endswith(".py"):
+        spec = importlib.util.spec_from_file_location("compared_triage_server", module)
+        assert spec is not None and spec.loader is not None
+        server = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = server  # dataclasses look their module up while the class is built
+        spec.loader.exec_module(server)
+    else:
+        server = importlib.import_module(module)
+    rx = server.Receiver(server.ReceiverConfig(host="127.0.0.1", port=port, db=Path(db), source=Source("recorder", recorder)))
+    signal.signal(signal.SIGTERM, lambda signum, frame: rx.shutdown())
+    try:
+        rx.serve_forever()
+    finally:
+        rx.close()
 
 
 def serve_fastapi(port: int, db: str, recorder: str) -> None:
@@ -183,30 +214,24 @@ def diagnosed_count(db: Path) -> tuple[int, int]:
 
 def throughput(folder: Path, args: argparse.Namespace) -> None:
     recorder, starts = make_recorder(folder)
-    bodies = make_bodies(folder, starts)
-    print(f"load: wrk 2 threads, {args.connections} connections, {args.duration}s; loadavg {os.getloadavg()[0]:.1f}")
-    runs = [("asyncio", args.connections), ("fastapi", args.connections), ("asyncio", args.connections)]
-    runs += [("asyncio", c) for c in args.light_connections]
-    for kind, connections in runs:
+    bodies = make_bodies(folder, starts, one=args.http_only)
+    what = "one body over and over (the HTTP layer)" if args.http_only else "70 % new alerts, 30 % duplicates"
+    print(f"load: {what}; wrk 2 threads, {args.connections} connections, {args.duration}s; loadavg {os.getloadavg()[0]:.1f}")
+    fronts = [("this", "diag.triage.server")]
+    fronts += [(Path(path).stem, str(Path(path).resolve())) for path in args.compare_server]
+    if args.fastapi:
+        fronts.append(("fastapi", ""))
+    runs = [(name, module, args.connections) for _ in range(args.rounds) for name, module in fronts]
+    runs += [("this", "diag.triage.server", c) for c in args.light_connections]
+    for name, module, connections in runs:
         port = free_port()
-        db = folder / f"{kind}-{port}.db"
-        if kind == "asyncio":
-            cmd = [
-                PY,
-                "-m",
-                "diag.cli",
-                "triage",
-                "serve",
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--db",
-                str(db),
-                "--recorder",
-                str(recorder),
-            ]
+        db = folder / f"{name}-{port}.db"
+        me = str(Path(__file__).resolve())
+        if name == "fastapi":
+            cmd = [PY, me, "--serve-fastapi", str(port), str(db), str(recorder)]
         else:
-            cmd = [PY, str(Path(__file__).resolve()), "--serve-fastapi", str(port), str(db), str(recorder)]
-        proc = start(cmd, port, folder / f"{kind}.log")
+            cmd = [PY, me, "--serve-module", module, str(port), str(db), str(recorder)]
+        proc = start(cmd, port, folder / f"{name}.log")
         try:
             cpu0 = cpu_s(proc.pid)
             res = run_wrk(port, bodies, args.duration, connections, folder)
@@ -214,11 +239,11 @@ def throughput(folder: Path, args: argparse.Namespace) -> None:
             done, total = diagnosed_count(db)
         finally:
             stop(proc)
-        print(f"{kind:8s} c={connections:<3d} {res['rps']:7.0f} deliveries/s ({res['requests']} in {args.duration}s)  "
+        print(f"{name:14s} c={connections:<3d} {res['rps']:7.0f} deliveries/s ({res['requests']} in {args.duration}s)  "
               f"p50 {res['p50']:.1f} ms  p90 {res['p90']:.1f} ms  p99 {res['p99']:.1f} ms  non-2xx {res['non2xx']}  "
               f"socket errors {res['socket_errors']}  "
               f"receiver CPU {cpu / max(1, res['requests']) * 1e6:.0f} us/delivery ({cpu / args.duration:.2f} cores)  "
-              f"incidents {total}, diagnosed during the run {done}; loadavg {os.getloadavg()[0]:.1f}")  # fmt: skip
+              f"incidents {total}, diagnosed during the run {done}; loadavg {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
 
 
 def time_to_diagnosis(port: int, db: Path, labels: dict[str, str], starts: float, n: int) -> list[float]:
@@ -296,6 +321,9 @@ def main() -> None:
     if len(sys.argv) == 5 and sys.argv[1] == "--serve-fastapi":
         serve_fastapi(int(sys.argv[2]), sys.argv[3], sys.argv[4])
         return
+    if len(sys.argv) == 6 and sys.argv[1] == "--serve-module":
+        serve_module(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5])
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=int, default=15, help="seconds of wrk load per front end")
     ap.add_argument("--connections", type=int, default=32)
@@ -303,13 +331,29 @@ def main() -> None:
         "--light-connections",
         type=lambda v: [int(x) for x in v.split(",") if x],
         default=[4],
-        help="extra asyncio runs at these connection counts (latency below saturation), comma-separated",
+        help="extra runs of this server at these connection counts (latency below saturation), comma-separated",
     )
+    ap.add_argument(
+        "--compare-server", metavar="FILE", action="append", default=[],
+        help="another server module (same Receiver API) to run side by side, named by its file; repeatable",
+    )  # fmt: skip
+    ap.add_argument("--rounds", type=int, default=2, help="times each front end runs, alternated (default 2)")
+    ap.add_argument("--fastapi", action="store_true", help="also run this receiver's core behind FastAPI")
+    ap.add_argument("--http-only", action="store_true", help="post one body over and over (duplicates: the HTTP layer's cost)")
     ap.add_argument("--samples", type=int, default=5, help="deliveries timed to a stored diagnosis, per source")
     ap.add_argument("--skip-prometheus", action="store_true")
     ap.add_argument("--keep", help="write logs and stores here instead of a temporary folder")
     ap.add_argument("--only", choices=("throughput", "latency"), default=None)
     args = ap.parse_args()
+    for path in args.compare_server:
+        if not Path(path).is_file():
+            sys.exit(f"bench/triage.py: --compare-server {path}: no such file")
+    if args.rounds < 1:
+        sys.exit("bench/triage.py: --rounds must be at least 1")
+    throughput_only = [name for name, given in (("--compare-server", args.compare_server), ("--fastapi", args.fastapi),
+                                                ("--http-only", args.http_only)) if given]  # fmt: skip
+    if args.only == "latency" and throughput_only:
+        sys.exit(f"bench/triage.py: {', '.join(throughput_only)} cannot apply with --only latency")
     if shutil.which("wrk") is None and args.only != "latency":
         sys.exit("bench/triage.py: wrk is not installed (Debian package wrk)")
     with tempfile.TemporaryDirectory(prefix="llmdiag-triage-bench-") as tmp:

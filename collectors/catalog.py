@@ -338,6 +338,17 @@ MODEL_PROCESSES = _declare(
         "collectors.processes",
     )
 )
+MODEL_PROCESS_INFO = _declare(
+    MetricSpec(
+        "llmdiag_model_process_info",
+        "gauge",
+        "1 for each process that maps or holds open a model file (pid, comm as on the process series): joined with "
+        "llmdiag_process_uss_bytes / _rss_bytes it tells private copies from processes sharing one mapping.",
+        ("model", "pid", "comm"),
+        "",
+        "collectors.processes",
+    )
+)
 
 # --------------------------------------------------------------------------- GPU (NVML)
 

@@ -105,6 +105,9 @@ def process_metrics(out: _Families, processes: Iterable[ProcessSample], model_co
         out.add(cat.PROCESS_MAJOR_FAULTS, p.major_faults, lbl)
     for model, count in sorted(model_counts.items()):
         out.add(cat.MODEL_PROCESSES, count, (model,))
+    for p in processes:  # bounded as the process series are: the sampled processes that hold a model file
+        for model in sorted(set(p.model_files)):
+            out.add(cat.MODEL_PROCESS_INFO, 1, (model, str(p.pid), p.comm))
 
 
 def gpu_metrics(out: _Families, gpu: GpuSnapshot) -> None:

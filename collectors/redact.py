@@ -28,6 +28,11 @@ What makes a *name* secret-looking (``is_secret_name``) is decided on words, not
 
 The rules prefer over-redaction to leaks: ``--sort-key name`` loses ``name``, which costs nothing.
 Nothing here ever raises on odd input.
+
+The rules run in a ``RedactionEngine``, which owns everything they remember between texts (names already
+judged, patterns compiled for a text's secret names): no module-level state changes, so two engines never
+share memory and a test can start from a fresh one. ``redact_text``, ``redact_argv`` and
+``redact_argv_counts`` use one default engine; ``is_secret_name`` is a pure function.
 """
 
 from __future__ import annotations
@@ -324,11 +329,12 @@ _SETTING_NAMES_REVERSED_RE = re.compile(r"[:=][ \t]*+[\"']?([A-Za-z0-9_.\-]++)")
 _SETTING_NAMES_AFTER_RE = {sep: re.compile(rf"{sep}[ \t]*+[\"']?([A-Za-z0-9_.\-]++)") for sep in ("=", ":")}
 # A pattern made of the text's secret names (literals first, so the regex engine skips between them) is
 # faster than ``_SECRET_SETTING_RE``; it is compiled (about half a millisecond a name) only for at most this
-# many names, none longer than this, and only when the text has this many settings per name, or it is cached.
+# many names, none longer than this, and only when the text has this many settings per name, or it is cached
+# (an engine keeps at most ``_FAST_PATTERNS_MAX`` of them).
 _FAST_NAMES_MAX = 64
 _FAST_NAME_LEN_MAX = 64
 _FAST_MIN_SETTINGS_PER_NAME = 32
-_fast_patterns: dict[frozenset[str], re.Pattern[str]] = {}
+_FAST_PATTERNS_MAX = 64
 # The same backward scan as a split: [text, separator, name, "" (where a mark goes), text, ...].
 _SETTING_NAMES_REVERSED_SPLIT_RE = re.compile(r"([:=][ \t]*+[\"']?)([A-Za-z0-9_.\-]++)()")
 # ... from one separator, for a text that holds only that one (literal first: the fast scan above).
@@ -337,35 +343,19 @@ _SETTING_NAMES_AFTER_SPLIT_RE = {sep: re.compile(rf"({sep}[ \t]*+[\"']?)([A-Za-z
 _SECRET_RUN_LINES_RE = re.compile(rf"(?:({_SECRET_RUN})|[^\n]*+)\n")
 # Characters that mark secret settings (``_key_value_marked``); the first one a text does not hold is used.
 _MARKS = ("\x00", "\x01", "\x02", "\x03", "\ufdd0", "\ufdd1", "\ufdd2", "\ufdd3")
-_marked_patterns: dict[str, re.Pattern[str]] = {}
 
 
 def _marked_settings_re(mark: str) -> re.Pattern[str]:
-    """A setting that starts with ``mark``, in ``_SECRET_SETTING_RE``'s groups (the mark is in group 1)."""
-    pattern = _marked_patterns.get(mark)
-    if pattern is None:
-        mark_re = re.escape(mark)
-        pattern = re.compile(rf"({mark_re}{_NAME_CHAR}++{_SEPARATOR}){_value(f'{mark_re}?')}")
-        _marked_patterns[mark] = pattern
-    return pattern
+    """A setting that starts with ``mark``, in ``_SECRET_SETTING_RE``'s groups (the mark is in group 1).
+    Compiled on demand (an engine keeps what it compiled): most texts need only the first mark."""
+    mark_re = re.escape(mark)
+    return re.compile(rf"({mark_re}{_NAME_CHAR}++{_SEPARATOR}){_value(f'{mark_re}?')}")
 
 
 # "-" first (fast literal scan); "(?<!\S-)" = the dash starts a whitespace-separated argument.
 _FLAG_RE = re.compile(r"(?P<flag>-(?<!\S-)-?[A-Za-z][A-Za-z0-9_.\-]*+)(?P<sep>[ \t]++)(?P<value>[^\s\-][^\s]*)")
+# How many names an engine remembers judging (flags and argv names; setting names, reversed, apart).
 _NAME_CACHE_MAX = 4096
-_secret_name_cache: dict[str, bool] = {}
-# Setting names (reversed, as the settings scan reads them) already judged, and those found secret.
-_judged_reversed: set[str] = set()
-_secret_reversed: set[str] = set()
-
-
-def _secret_name_cached(name: str) -> bool:
-    hit = _secret_name_cache.get(name)
-    if hit is None:
-        hit = is_secret_name(name)
-        if len(name) <= 256 and len(_secret_name_cache) < _NAME_CACHE_MAX:
-            _secret_name_cache[name] = hit
-    return hit
 
 
 class _Text:
@@ -479,79 +469,6 @@ def _run_is_secret(run: str) -> bool:
     return _SECRET_RUN_RE.fullmatch(run) is not None
 
 
-def _key_value(t: _Text, counts: dict[str, int]) -> None:
-    """``name=value`` settings whose name is secret-looking: the value goes.
-
-    Why this way: the names are read backwards from their separators (a scan the regex engine runs in C from
-    separator to separator), each distinct name is judged once, and the text is then redacted by one split,
-    with no Python per setting. Known secret names in a text with many settings take a pattern of literals;
-    other texts have each secret name marked by a character absent from them (``_key_value_marked``)."""
-    text = t.text
-    low = t.low
-    for root in _SECRET_ROOTS:  # every secret name holds one
-        if root in low:
-            break
-    else:
-        return
-    # A text dense with separators likely takes the marked path, which needs the backward scan as a split: the
-    # split then also gives the names (one scan instead of two); others take the cheaper findall.
-    pieces = None
-    equals = text.count("=")
-    colons = text.count(":")
-    if (equals + colons) * _DENSE_SEPARATORS > len(text):
-        pieces = _reversed_split(text)
-        found = pieces[2::4]
-    elif not colons:
-        found = _SETTING_NAMES_AFTER_RE["="].findall(text[::-1])
-    elif not equals:
-        found = _SETTING_NAMES_AFTER_RE[":"].findall(text[::-1])
-    else:
-        reverse = text[::-1]
-        found = _SETTING_NAMES_AFTER_RE["="].findall(reverse) + _SETTING_NAMES_AFTER_RE[":"].findall(reverse)
-    reversed_names = set(found)
-    secret_reversed = _secret_among(reversed_names)
-    if not secret_reversed:
-        return
-    pattern = None
-    if len(secret_reversed) <= _FAST_NAMES_MAX:
-        secret = frozenset(r[::-1] for r in secret_reversed)
-        pattern = _fast_patterns.get(secret)
-        if pattern is None and (
-            max(map(len, secret)) <= _FAST_NAME_LEN_MAX and len(found) >= _FAST_MIN_SETTINGS_PER_NAME * len(secret)
-        ):
-            pattern = _named_settings_re(secret)
-    if pattern is not None:
-        _redact_settings(t, counts, pattern)
-    else:
-        _key_value_marked(t, counts, secret_reversed, pieces, every_name=len(secret_reversed) == len(reversed_names))
-
-
-def _secret_among(reversed_names: set[str]) -> set[str]:
-    """The secret ones among setting names (reversed, as the backward scan reads them).
-
-    Set operations in C against the names judged before. New names are judged one by one when they are few
-    (most hold no secret root, which ``in`` tells fastest), else all at once by one ``findall`` over them
-    joined by newlines (one C call however many). They are remembered; a full memory starts afresh."""
-    new = reversed_names - _judged_reversed
-    if not new:
-        return reversed_names & _secret_reversed
-    if len(new) <= _NEW_NAMES_ONE_BY_ONE:
-        secret_new = {name for name in new if _holds_root_reversed(name) and _run_is_secret(name[::-1])}
-    else:
-        # Joined then reversed: the names forwards, one a line (in the opposite order, which does not matter).
-        lines = ("\n".join(new))[::-1] + "\n"
-        secret_new = {name[::-1] for name in _SECRET_RUN_LINES_RE.findall(lines) if name}
-    # The answer before the memory changes: a full memory is emptied, names judged before with it.
-    secret = (reversed_names & _secret_reversed) | secret_new
-    if len(_judged_reversed) + len(new) > _NAME_CACHE_MAX:
-        _judged_reversed.clear()
-        _secret_reversed.clear()
-    if len(new) <= _NAME_CACHE_MAX:
-        _judged_reversed.update(new)
-        _secret_reversed.update(secret_new)
-    return secret
-
-
 _NEW_NAMES_ONE_BY_ONE = 8
 # At least one separator in this many characters makes a text dense (``_key_value``).
 _DENSE_SEPARATORS = 16
@@ -574,52 +491,6 @@ def _reversed_split(text: str) -> list[str]:
     if "=" not in text:
         return _SETTING_NAMES_AFTER_SPLIT_RE[":"].split(text[::-1])
     return _SETTING_NAMES_REVERSED_SPLIT_RE.split(text[::-1])
-
-
-def _key_value_marked(
-    t: _Text, counts: dict[str, int], secret_reversed: set[str], pieces: list[str] | None = None, every_name: bool = False
-) -> None:
-    """Redact the settings of these names (reversed) by marking where each starts, then one split.
-    ``every_name``: the text has no other setting names (all are marked).
-
-    The marks are put in the reversed text, right after each secret name as the backward scan reads it (one
-    split, then a list assignment in C from a per-name table), so forwards each such setting starts with the
-    mark: the split pattern then starts with a literal the regex engine skips to. The mark is a character the
-    text does not hold, and is removed after; inside a value it is a value character, as the ``:`` or ``=``
-    after it is, so values end where they did."""
-    text = t.text
-    mark = next((m for m in _MARKS if m not in text), None)
-    if mark is None:
-        _redact_settings(t, counts, _SECRET_SETTING_RE)  # every mark in the text: the slower, mark-free pattern
-        return
-    if pieces is None:
-        pieces = _reversed_split(text)
-    names = pieces[2::4]
-    if every_name:
-        pieces[3::4] = [mark] * len(names)  # every setting is secret: no table to look each name up in
-    else:
-        mark_of = dict.fromkeys(names, "")
-        mark_of.update(dict.fromkeys(secret_reversed, mark))
-        pieces[3::4] = map(mark_of.__getitem__, names)
-    marked = "".join(pieces)[::-1]
-    before = counts.get("key_value", 0)
-    m = _Text(marked)
-    _redact_settings(m, counts, _marked_settings_re(mark))
-    if counts.get("key_value", 0) != before:
-        t.set(m.text.replace(mark, ""))
-
-
-def _named_settings_re(names: frozenset[str]) -> re.Pattern[str]:
-    """The settings of exactly these (secret) names, in ``_SECRET_SETTING_RE``'s groups. Each name is checked
-    to be a whole run by a look-behind placed after it, so the pattern still starts with literals."""
-    pattern = _fast_patterns.get(names)
-    if pattern is None:
-        alternatives = "|".join(f"{re.escape(n)}(?<!{_NAME_CHAR}{re.escape(n)})" for n in sorted(names, key=len, reverse=True))
-        pattern = re.compile(rf"((?:{alternatives}){_SEPARATOR}){_VALUE}")
-        if len(_fast_patterns) >= 64:
-            _fast_patterns.clear()
-        _fast_patterns[names] = pattern
-    return pattern
 
 
 _DOUBLE_QUOTED_REDACTED = f'"{REDACTED}"'
@@ -659,26 +530,6 @@ def _redact_settings(t: _Text, counts: dict[str, int], pattern: re.Pattern[str])
     t.set("".join(pieces))
 
 
-def _flag_value(t: _Text, counts: dict[str, int]) -> None:
-    # [text, flag, sep, value, text, ...]: one split in C, then one cached decision per flag.
-    pieces = _FLAG_RE.split(t.text)
-    if len(pieces) == 1:
-        return
-    n = 0
-    cache_get = _secret_name_cache.get
-    for i in range(1, len(pieces), 4):
-        flag = pieces[i]
-        secret = cache_get(flag)
-        if secret is None:
-            secret = _secret_name_cached(flag)
-        if secret and not pieces[i + 2].startswith(REDACTED):
-            pieces[i + 2] = REDACTED
-            n += 1
-    if n:
-        counts["flag_value"] = counts.get("flag_value", 0) + n
-        t.set("".join(pieces))
-
-
 # Each rule with the literals one of which it needs (in the text, or in its lower-cased copy): a rule whose
 # literals are all absent is not called (``in`` per literal: a C scan each, cheaper than the call). And a
 # character the rule cannot fire without (in every literal, or in every match of its pattern), or "": a scan
@@ -694,13 +545,13 @@ _RULE_CHAR = {
     "token_google": "A",
     "token_jwt": "J",
 }
-_TEXT_RULES: tuple[tuple[Callable[[_Text, dict], None], tuple[str, ...], bool, str], ...] = (
+_Rule = Callable[[_Text, dict], None]
+# The rules that keep no memory, in order; an engine appends its two that do (settings, then flags).
+_STATELESS_RULES: tuple[tuple[_Rule, tuple[str, ...], bool, str], ...] = (
     (_sub(_PRIVATE_KEY_RE, "private_key", _private_key), ("-----BEGIN ",), False, "B"),
     (_url_credentials, ("://",), False, ""),
     (_bearer, ("bearer",), True, ""),
     *((_sub_redacted(pattern, name), needles, False, _RULE_CHAR[name]) for name, needles, pattern in _TOKEN_SHAPES),
-    (_key_value, ("=", ":"), False, ""),  # separators first (two scans), the roots inside
-    (_flag_value, _SECRET_ROOTS, True, "-"),  # every flag starts with "-"
 )
 
 
@@ -737,90 +588,337 @@ def _has_trigger(low: str) -> bool:
 _SHORT = 512
 
 
-def redact_text(text: str) -> tuple[str, dict[str, int]]:
-    """Apply every rule to free text; return the redacted text and how often each rule fired.
+# --------------------------------------------------------------------------- the engine
 
-    Linear in the length of the text (see the notes above the rules)."""
-    counts: dict[str, int] = {}
-    if not isinstance(text, str) or not text:
-        return (text if isinstance(text, str) else ""), counts
-    t = _Text(text)
-    if len(text) <= _SHORT and not _has_trigger(t.low):
-        return text, counts  # most arguments and short lines: one scan per literal instead of every rule's checks
-    for rule, needles, lowered, char in _TEXT_RULES:
-        if char and char not in t.text:
-            continue
-        haystack = t.low if lowered else t.text
-        for needle in needles:
-            if needle in haystack:
-                rule(t, counts)
+
+class RedactionEngine:
+    """The rules plus everything they remember between texts: which names were judged secret, the patterns
+    compiled for the secret names of busy texts and for each mark character.
+
+    Why an object: the memory makes repeated texts cheap (a serving log names the same few settings on every
+    line), but memory shared through module globals couples every caller -- a test could not start from a
+    clean state, and one caller's unusual texts would evict another's names. Each engine owns its memory; two
+    engines never share any, and their answers are the same (the memory only saves work). The module-level
+    functions use one default engine, so callers that do not care need no object.
+
+    The keyword arguments tune when each settings path is taken (tests force one path with them); the
+    defaults are the module's. Not thread-safe beyond what CPython's dict and set operations give, as before:
+    a lost update only costs a name judged again."""
+
+    __slots__ = (
+        "_fast_min_settings_per_name",
+        "_fast_names_max",
+        "_fast_patterns",
+        "_fast_patterns_max",
+        "_judged_reversed",
+        "_marked_patterns",
+        "_marks",
+        "_name_cache_max",
+        "_rules",
+        "_secret_name_cache",
+        "_secret_reversed",
+    )
+
+    def __init__(
+        self,
+        *,
+        fast_names_max: int = _FAST_NAMES_MAX,
+        fast_min_settings_per_name: int = _FAST_MIN_SETTINGS_PER_NAME,
+        fast_patterns_max: int = _FAST_PATTERNS_MAX,
+        marks: tuple[str, ...] = _MARKS,
+        name_cache_max: int = _NAME_CACHE_MAX,
+    ) -> None:
+        self._fast_names_max = fast_names_max
+        self._fast_min_settings_per_name = fast_min_settings_per_name
+        self._fast_patterns_max = fast_patterns_max
+        self._marks = marks
+        self._name_cache_max = name_cache_max
+        self._secret_name_cache: dict[str, bool] = {}
+        # Setting names (reversed, as the settings scan reads them) already judged, and those found secret.
+        self._judged_reversed: set[str] = set()
+        self._secret_reversed: set[str] = set()
+        self._fast_patterns: dict[frozenset[str], re.Pattern[str]] = {}
+        self._marked_patterns: dict[str, re.Pattern[str]] = {}
+        self._rules: tuple[tuple[_Rule, tuple[str, ...], bool, str], ...] = (
+            *_STATELESS_RULES,
+            (self._key_value, ("=", ":"), False, ""),  # separators first (two scans), the roots inside
+            (self._flag_value, _SECRET_ROOTS, True, "-"),  # every flag starts with "-"
+        )
+
+    def remembered(self) -> dict[str, int]:
+        """How much this engine holds: judged flag/argv names, judged setting names, compiled patterns of
+        secret names and of mark characters (for tests and benchmarks; the sizes are bounded)."""
+        return {
+            "names": len(self._secret_name_cache),
+            "setting_names": len(self._judged_reversed),
+            "name_patterns": len(self._fast_patterns),
+            "mark_patterns": len(self._marked_patterns),
+        }
+
+    # ----------------------------------------------------------------------- names
+
+    def is_secret_name(self, name: str) -> bool:
+        """``is_secret_name``, remembered for names up to 256 characters (at most ``name_cache_max`` of them)."""
+        hit = self._secret_name_cache.get(name)
+        if hit is None:
+            hit = is_secret_name(name)
+            if len(name) <= 256 and len(self._secret_name_cache) < self._name_cache_max:
+                self._secret_name_cache[name] = hit
+        return hit
+
+    # ----------------------------------------------------------------------- text
+
+    def redact_text(self, text: str) -> tuple[str, dict[str, int]]:
+        """Apply every rule to free text; return the redacted text and how often each rule fired.
+
+        Linear in the length of the text (see the notes above the rules)."""
+        counts: dict[str, int] = {}
+        if not isinstance(text, str) or not text:
+            return (text if isinstance(text, str) else ""), counts
+        t = _Text(text)
+        if len(text) <= _SHORT and not _has_trigger(t.low):
+            return text, counts  # most arguments and short lines: one scan per literal instead of every rule's checks
+        for rule, needles, lowered, char in self._rules:
+            if char and char not in t.text:
+                continue
+            haystack = t.low if lowered else t.text
+            for needle in needles:
+                if needle in haystack:
+                    rule(t, counts)
+                    break
+        return t.text, counts
+
+    # ----------------------------------------------------------------------- settings (name=value)
+
+    def _key_value(self, t: _Text, counts: dict[str, int]) -> None:
+        """``name=value`` settings whose name is secret-looking: the value goes.
+
+        Why this way: the names are read backwards from their separators (a scan the regex engine runs in C from
+        separator to separator), each distinct name is judged once, and the text is then redacted by one split,
+        with no Python per setting. Known secret names in a text with many settings take a pattern of literals;
+        other texts have each secret name marked by a character absent from them (``_key_value_marked``)."""
+        text = t.text
+        low = t.low
+        for root in _SECRET_ROOTS:  # every secret name holds one
+            if root in low:
                 break
-    return t.text, counts
+        else:
+            return
+        # A text dense with separators likely takes the marked path, which needs the backward scan as a split: the
+        # split then also gives the names (one scan instead of two); others take the cheaper findall.
+        pieces = None
+        equals = text.count("=")
+        colons = text.count(":")
+        if (equals + colons) * _DENSE_SEPARATORS > len(text):
+            pieces = _reversed_split(text)
+            found = pieces[2::4]
+        elif not colons:
+            found = _SETTING_NAMES_AFTER_RE["="].findall(text[::-1])
+        elif not equals:
+            found = _SETTING_NAMES_AFTER_RE[":"].findall(text[::-1])
+        else:
+            reverse = text[::-1]
+            found = _SETTING_NAMES_AFTER_RE["="].findall(reverse) + _SETTING_NAMES_AFTER_RE[":"].findall(reverse)
+        reversed_names = set(found)
+        secret_reversed = self._secret_among(reversed_names)
+        if not secret_reversed:
+            return
+        pattern = None
+        if len(secret_reversed) <= self._fast_names_max:
+            secret = frozenset(r[::-1] for r in secret_reversed)
+            pattern = self._fast_patterns.get(secret)
+            if pattern is None and (
+                max(map(len, secret)) <= _FAST_NAME_LEN_MAX and len(found) >= self._fast_min_settings_per_name * len(secret)
+            ):
+                pattern = self._named_settings_re(secret)
+        if pattern is not None:
+            _redact_settings(t, counts, pattern)
+        else:
+            every_name = len(secret_reversed) == len(reversed_names)
+            self._key_value_marked(t, counts, secret_reversed, pieces, every_name=every_name)
+
+    def _secret_among(self, reversed_names: set[str]) -> set[str]:
+        """The secret ones among setting names (reversed, as the backward scan reads them).
+
+        Set operations in C against the names judged before. New names are judged one by one when they are few
+        (most hold no secret root, which ``in`` tells fastest), else all at once by one ``findall`` over them
+        joined by newlines (one C call however many). They are remembered; a full memory starts afresh."""
+        judged, secret_before = self._judged_reversed, self._secret_reversed
+        new = reversed_names - judged
+        if not new:
+            return reversed_names & secret_before
+        if len(new) <= _NEW_NAMES_ONE_BY_ONE:
+            secret_new = {name for name in new if _holds_root_reversed(name) and _run_is_secret(name[::-1])}
+        else:
+            # Joined then reversed: the names forwards, one a line (in the opposite order, which does not matter).
+            lines = ("\n".join(new))[::-1] + "\n"
+            secret_new = {name[::-1] for name in _SECRET_RUN_LINES_RE.findall(lines) if name}
+        # The answer before the memory changes: a full memory is emptied, names judged before with it.
+        secret = (reversed_names & secret_before) | secret_new
+        if len(judged) + len(new) > self._name_cache_max:
+            judged.clear()
+            secret_before.clear()
+        if len(new) <= self._name_cache_max:
+            judged.update(new)
+            secret_before.update(secret_new)
+        return secret
+
+    def _key_value_marked(
+        self,
+        t: _Text,
+        counts: dict[str, int],
+        secret_reversed: set[str],
+        pieces: list[str] | None = None,
+        every_name: bool = False,
+    ) -> None:
+        """Redact the settings of these names (reversed) by marking where each starts, then one split.
+        ``every_name``: the text has no other setting names (all are marked).
+
+        The marks are put in the reversed text, right after each secret name as the backward scan reads it (one
+        split, then a list assignment in C from a per-name table), so forwards each such setting starts with the
+        mark: the split pattern then starts with a literal the regex engine skips to. The mark is a character the
+        text does not hold, and is removed after; inside a value it is a value character, as the ``:`` or ``=``
+        after it is, so values end where they did."""
+        text = t.text
+        mark = next((m for m in self._marks if m not in text), None)
+        if mark is None:
+            _redact_settings(t, counts, _SECRET_SETTING_RE)  # every mark in the text: the slower, mark-free pattern
+            return
+        if pieces is None:
+            pieces = _reversed_split(text)
+        names = pieces[2::4]
+        if every_name:
+            pieces[3::4] = [mark] * len(names)  # every setting is secret: no table to look each name up in
+        else:
+            mark_of = dict.fromkeys(names, "")
+            mark_of.update(dict.fromkeys(secret_reversed, mark))
+            pieces[3::4] = map(mark_of.__getitem__, names)
+        marked = "".join(pieces)[::-1]
+        before = counts.get("key_value", 0)
+        m = _Text(marked)
+        pattern = self._marked_patterns.get(mark)
+        if pattern is None:
+            pattern = self._marked_patterns[mark] = _marked_settings_re(mark)
+        _redact_settings(m, counts, pattern)
+        if counts.get("key_value", 0) != before:
+            t.set(m.text.replace(mark, ""))
+
+    def _named_settings_re(self, names: frozenset[str]) -> re.Pattern[str]:
+        """The settings of exactly these (secret) names, in ``_SECRET_SETTING_RE``'s groups. Each name is checked
+        to be a whole run by a look-behind placed after it, so the pattern still starts with literals."""
+        pattern = self._fast_patterns.get(names)
+        if pattern is None:
+            alternatives = "|".join(
+                f"{re.escape(n)}(?<!{_NAME_CHAR}{re.escape(n)})" for n in sorted(names, key=len, reverse=True)
+            )
+            pattern = re.compile(rf"((?:{alternatives}){_SEPARATOR}){_VALUE}")
+            if len(self._fast_patterns) >= self._fast_patterns_max:
+                self._fast_patterns.clear()
+            self._fast_patterns[names] = pattern
+        return pattern
+
+    # ----------------------------------------------------------------------- flags (--name value)
+
+    def _flag_value(self, t: _Text, counts: dict[str, int]) -> None:
+        # [text, flag, sep, value, text, ...]: one split in C, then one remembered decision per flag.
+        pieces = _FLAG_RE.split(t.text)
+        if len(pieces) == 1:
+            return
+        n = 0
+        cache_get = self._secret_name_cache.get
+        for i in range(1, len(pieces), 4):
+            flag = pieces[i]
+            secret = cache_get(flag)
+            if secret is None:
+                secret = self.is_secret_name(flag)
+            if secret and not pieces[i + 2].startswith(REDACTED):
+                pieces[i + 2] = REDACTED
+                n += 1
+        if n:
+            counts["flag_value"] = counts.get("flag_value", 0) + n
+            t.set("".join(pieces))
+
+    # ----------------------------------------------------------------------- argv
+
+    def redact_argv_counts(self, argv: Sequence[str]) -> tuple[str, dict[str, int]]:
+        """``redact_argv`` plus the per-rule counts (for bundles' redaction reports)."""
+        counts: dict[str, int] = {}
+        try:
+            joined = " ".join(argv)  # in C; a non-string argument (rare) makes it raise
+            args = argv if isinstance(argv, list) else list(argv)
+        except TypeError:
+            args = [a if isinstance(a, str) else str(a) for a in argv]
+            joined = " ".join(args)
+        joined_low = joined.lower()
+        present = [x for x in _TRIGGERS if x in joined_low]
+        if not present:
+            return joined, counts  # no rule and no flag can fire: one search instead of one redact_text per argument
+        # An argument without any of the literals present in the whole line is left as it is, by every rule and
+        # by the flag checks below (a secret flag name, "authorization" and "bearer" each hold one).
+        # Only the hot arguments (the indices of those holding a present literal) are looked at one by one: a
+        # list of booleans per present literal is built in C-speed comprehensions, not a generator per argument.
+        lows = [a.lower() for a in args]
+        first, *others = present
+        hot = [first in low for low in lows]
+        for x in others:
+            hot = [h or x in low for h, low in zip(hot, lows, strict=True)]
+        hot_at = [i for i, h in enumerate(hot) if h]
+        last = len(args) - 1
+        redact_next: set[int] = set()
+        for i in hot_at:
+            if i >= last:
+                break
+            arg = args[i]
+            lowered = lows[i]
+            nxt = args[i + 1]
+            if arg.startswith("-") and "=" not in arg and len(arg) > 1 and self.is_secret_name(arg):
+                # "--api-key VALUE"; a following flag means this one takes no value.
+                if nxt and not nxt.startswith("-"):
+                    redact_next.add(i + 1)
+            elif lowered.rstrip(":") in ("authorization", "proxy-authorization"):
+                # curl -H split by a shell: "Authorization:" "Bearer" "X" or "Authorization:" "X".
+                if nxt.lower() in _AUTH_SCHEMES and i + 2 < len(args):
+                    redact_next.add(i + 2)
+                elif nxt.lower() not in _AUTH_SCHEMES:
+                    redact_next.add(i + 1)
+            elif lowered == "bearer":
+                redact_next.add(i + 1)
+        out = list(args)
+        for i in sorted(redact_next.union(hot_at)):
+            arg = args[i]
+            if i in redact_next and arg != REDACTED:
+                out[i] = REDACTED
+                rule = "bearer" if i > 0 and lows[i - 1] in _AUTH_SCHEMES else "flag_value"
+                counts[rule] = counts.get(rule, 0) + 1
+                continue
+            if not hot[i]:
+                continue
+            redacted, arg_counts = self.redact_text(arg)
+            for rule, n in arg_counts.items():
+                counts[rule] = counts.get(rule, 0) + n
+            out[i] = redacted
+        return " ".join(out), counts
+
+    def redact_argv(self, argv: Sequence[str]) -> str:
+        """Join argv for display (space-separated, like ps) with secret argument values replaced by ``<redacted>``."""
+        return self.redact_argv_counts(argv)[0]
 
 
-# --------------------------------------------------------------------------- argv
+# --------------------------------------------------------------------------- the default engine
+
+_default = RedactionEngine()
+
+
+def redact_text(text: str) -> tuple[str, dict[str, int]]:
+    """Apply every rule to free text; return the redacted text and how often each rule fired (default engine)."""
+    return _default.redact_text(text)
 
 
 def redact_argv_counts(argv: Sequence[str]) -> tuple[str, dict[str, int]]:
-    """``redact_argv`` plus the per-rule counts (for bundles' redaction reports)."""
-    counts: dict[str, int] = {}
-    try:
-        joined = " ".join(argv)  # in C; a non-string argument (rare) makes it raise
-        args = argv if isinstance(argv, list) else list(argv)
-    except TypeError:
-        args = [a if isinstance(a, str) else str(a) for a in argv]
-        joined = " ".join(args)
-    joined_low = joined.lower()
-    present = [x for x in _TRIGGERS if x in joined_low]
-    if not present:
-        return joined, counts  # no rule and no flag can fire: one search instead of one redact_text per argument
-    # An argument without any of the literals present in the whole line is left as it is, by every rule and
-    # by the flag checks below (a secret flag name, "authorization" and "bearer" each hold one).
-    # Only the hot arguments (the indices of those holding a present literal) are looked at one by one: a
-    # list of booleans per present literal is built in C-speed comprehensions, not a generator per argument.
-    lows = [a.lower() for a in args]
-    first, *others = present
-    hot = [first in low for low in lows]
-    for x in others:
-        hot = [h or x in low for h, low in zip(hot, lows, strict=True)]
-    hot_at = [i for i, h in enumerate(hot) if h]
-    last = len(args) - 1
-    redact_next: set[int] = set()
-    for i in hot_at:
-        if i >= last:
-            break
-        arg = args[i]
-        lowered = lows[i]
-        nxt = args[i + 1]
-        if arg.startswith("-") and "=" not in arg and len(arg) > 1 and _secret_name_cached(arg):
-            # "--api-key VALUE"; a following flag means this one takes no value.
-            if nxt and not nxt.startswith("-"):
-                redact_next.add(i + 1)
-        elif lowered.rstrip(":") in ("authorization", "proxy-authorization"):
-            # curl -H split by a shell: "Authorization:" "Bearer" "X" or "Authorization:" "X".
-            if nxt.lower() in _AUTH_SCHEMES and i + 2 < len(args):
-                redact_next.add(i + 2)
-            elif nxt.lower() not in _AUTH_SCHEMES:
-                redact_next.add(i + 1)
-        elif lowered == "bearer":
-            redact_next.add(i + 1)
-    out = list(args)
-    for i in sorted(redact_next.union(hot_at)):
-        arg = args[i]
-        if i in redact_next and arg != REDACTED:
-            out[i] = REDACTED
-            rule = "bearer" if i > 0 and lows[i - 1] in _AUTH_SCHEMES else "flag_value"
-            counts[rule] = counts.get(rule, 0) + 1
-            continue
-        if not hot[i]:
-            continue
-        redacted, arg_counts = redact_text(arg)
-        for rule, n in arg_counts.items():
-            counts[rule] = counts.get(rule, 0) + n
-        out[i] = redacted
-    return " ".join(out), counts
+    """``redact_argv`` plus the per-rule counts (for bundles' redaction reports; default engine)."""
+    return _default.redact_argv_counts(argv)
 
 
 def redact_argv(argv: Sequence[str]) -> str:
     """Join argv for display (space-separated, like ps) with secret argument values replaced by ``<redacted>``."""
-    return redact_argv_counts(argv)[0]
+    return _default.redact_argv_counts(argv)[0]

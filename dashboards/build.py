@@ -11,6 +11,7 @@ every query naming only known metrics.
 from __future__ import annotations
 
 import json
+import re
 import string
 from typing import Any
 
@@ -46,20 +47,25 @@ class LayoutError(ValueError):
     """The generated grid or numbering is broken (an overlap, a panel past column 24, a duplicate id)."""
 
 
-def _variables(board: sdk.Dashboard) -> sdk.Dashboard:
+def _variables(board: sdk.Dashboard, d: Dashboard) -> sdk.Dashboard:
     board = board.with_variable(sdk.DatasourceVariable("datasource").label("Data source").type("prometheus"))
+    for v in d.variables:
+        check_expr(_variable_expr(v.query), f"{d.uid} / variable {v.name}")
+        var = (sdk.QueryVariable(v.name).label(v.label).query(v.query).datasource(DATASOURCE)
+               .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).sort(VariableSort.ALPHABETICAL_ASC)
+               .multi(True).include_all(True).all_value(".+"))  # fmt: skip
+        if v.regex:
+            var = var.regex(v.regex)
+        board = board.with_variable(var)
+    return board
 
-    def query_var(name: str, label: str, query: str) -> sdk.QueryVariable:
-        return (sdk.QueryVariable(name).label(label).query(query).datasource(DATASOURCE)
-                .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).sort(VariableSort.ALPHABETICAL_ASC)
-                .multi(True).include_all(True).all_value(".+"))  # fmt: skip
 
-    board = board.with_variable(query_var("job", "Job", f"label_values({m('up')}, job)"))
-    board = board.with_variable(query_var("instance", "Instance", f'label_values({m("up")}{{job=~"$job"}}, instance)'))
-    # Scoped to our request counter: an unscoped label_values(model) also lists other exporters' labels.
-    return board.with_variable(
-        query_var("model", "Model", f'label_values({m("llmdiag_requests_total")}{{job=~"$job", instance=~"$instance"}}, model)')
-    )
+def _variable_expr(query: str) -> str:
+    """The PromQL inside ``label_values(EXPR, label)`` or ``query_result(EXPR)``."""
+    for prefix, suffix in (("label_values(", r",\s*\w+\)"), ("query_result(", r"\)")):
+        if query.startswith(prefix):
+            return re.sub(suffix + "$", "", query[len(prefix) :])
+    raise LayoutError(f"variable query {query!r} is neither label_values(...) nor query_result(...)")
 
 
 def _target(query: Any, legend: str) -> prometheus.Dataquery:
@@ -103,7 +109,7 @@ def _panel(p: Panel) -> Any:
 def to_sdk(d: Dashboard) -> sdk.Dashboard:
     board = (sdk.Dashboard(d.title).uid(d.uid).description(d.description).tags([TAG, *d.extra_tags]).readonly()
              .tooltip(DashboardCursorSync.CROSSHAIR).refresh("30s").time("now-1h", "now").timezone("browser"))  # fmt: skip
-    board = _variables(board)
+    board = _variables(board, d)
     board = board.link(sdk.DashboardLink("llm-diag dashboards").type(DashboardLinkType.DASHBOARDS).tags([TAG])
                        .as_dropdown(True).include_vars(True).keep_time(True))  # fmt: skip
     board = board.annotation(sdk.AnnotationQuery().name("OOM kills").datasource(DATASOURCE).enable(True)
@@ -119,14 +125,13 @@ def to_sdk(d: Dashboard) -> sdk.Dashboard:
 def finish(raw: dict[str, Any], d: Dashboard) -> dict[str, Any]:
     """The post-build pass: grid from the spec, ids, refIds, and Grafana-12 placement keys dropped."""
     y = 0
-    next_id = 1
+    ids = iter(pid for _, pid in d.numbered())
     out_panels = raw["panels"]
     it = iter(out_panels)
     for row in d.rows:
         row_json = next(it)
         row_json["gridPos"] = {"h": 1, "w": GRID_WIDTH, "x": 0, "y": y}
-        row_json["id"] = next_id
-        next_id += 1
+        row_json["id"] = next(ids)
         y += 1
         x, line_h = 0, 0
         for p in row.panels:
@@ -134,8 +139,7 @@ def finish(raw: dict[str, Any], d: Dashboard) -> dict[str, Any]:
             if x + p.w > GRID_WIDTH:
                 x, y, line_h = 0, y + line_h, 0
             pj["gridPos"] = {"h": p.h, "w": p.w, "x": x, "y": y}
-            pj["id"] = next_id
-            next_id += 1
+            pj["id"] = next(ids)
             for i, target in enumerate(pj.get("targets", [])):
                 target["refId"] = string.ascii_uppercase[i]
             x += p.w

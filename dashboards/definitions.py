@@ -1,4 +1,4 @@
-"""The five dashboards, one question each. Every panel says what it shows and what to do about it.
+"""The six dashboards, one question each. Every panel says what it shows and what to do about it.
 
 Each query lists our series first and the upstream equivalent second (``ours or theirs``): a host
 running vLLM, TGI, node_exporter, cAdvisor or DCGM instead of -- or beside -- the llm-diag agent gets
@@ -7,18 +7,36 @@ a filled panel either way. Upstream names come only from the catalog's pinned up
 
 from __future__ import annotations
 
-from dashboards.promql import MODEL, RATE, SLO_PERIOD, m, mean, q, quantile, rate, ratio, sel
-from dashboards.spec import Dashboard, Row, heatmap, stat, ts
+from alerts import slo_names as slo
+from dashboards.promql import MODEL, RATE, m, mean, q, quantile, rate, ratio, sel
+from dashboards.spec import Dashboard, Row, Variable, heatmap, stat, ts
 
 VLLM_MODEL = 'model_name=~"$model"'
 UIDS = {
     "overview": "llmdiag-overview",
+    "slo": "llmdiag-slo",
     "latency": "llmdiag-latency",
     "memory": "llmdiag-memory",
     "gpu": "llmdiag-gpu",
     "moe": "llmdiag-batching-moe",
 }
 MiB = 1048576
+
+# --------------------------------------------------------------------------- variables
+
+JOB = Variable("job", "Job", f"label_values({m('up')}, job)")
+INSTANCE = Variable("instance", "Instance", f'label_values({m("up")}{{job=~"$job"}}, instance)')
+# The models of whichever family is present: ours label `model`, vLLM's `model_name` (copied to `model` by the
+# shipped scrape config, or not: label_replace covers a Prometheus configured without it). TGI serves one
+# model and labels none. Scoped to request series: an unscoped label_values(model) also lists other exporters'
+# labels (llmdiag_model_processes' model is a file path).
+MODEL_VARIABLE = Variable(
+    "model", "Model",
+    f"query_result(count by (model) ({sel('llmdiag_requests_total')}) or count by (model) "
+    f"(label_replace({sel('vllm:num_requests_running')}, \"model\", \"$1\", \"model_name\", \"(.+)\")))",
+    regex='/model="([^"]+)"/',
+)  # fmt: skip
+STANDARD_VARIABLES = (JOB, INSTANCE, MODEL_VARIABLE)
 
 
 def _sum(expr: str, by: str = "") -> str:
@@ -63,15 +81,21 @@ def _phase_quantiles(ours: str, *theirs: tuple[str, str]) -> tuple:
 # --------------------------------------------------------------------------- Overview
 
 
+def _burn(slo_sel: str, objective_sel: str, windows: tuple[str, ...]) -> list:
+    """Error ratio over each window / the allowed error ratio (1 - objective): 1 spends the budget over the period."""
+    objective = m(slo.OBJECTIVE)
+    return [
+        q(f"{m(slo.RATIO.format(w=w))}{{{slo_sel}}} / on(slo, model) group_left() (1 - {objective}{{{objective_sel}}})",
+          legend=f"{{{{slo}}}} {{{{model}}}} {w}")
+        for w in windows
+    ]  # fmt: skip
+
+
 def overview() -> Dashboard:
     slo_sel = 'job=~"$job", model=~"$model"'
-    ratio_period = m(f"llmdiag:slo_error_ratio:ratio{SLO_PERIOD}")
-    objective = m("llmdiag:slo_objective:ratio")
-    burn = [
-        q(f"{m(f'llmdiag:slo_error_ratio:ratio{w}')}{{{slo_sel}}} / on(slo, model) group_left() "
-          f"(1 - {objective}{{model=~\"$model\"}})", legend=f"{{{{slo}}}} {{{{model}}}} {w}")
-        for w in ("5m", "1h", "6h", "3d")
-    ]  # fmt: skip
+    ratio_period = m(slo.PERIOD_RATIO)
+    objective = m(slo.OBJECTIVE)
+    burn = _burn(slo_sel, 'model=~"$model"', ("5m", "1h", "6h", "3d"))
     red = Row("Requests, errors, duration", (
         stat("Request rate", "Finished requests per second: llmdiag_requests_total (or vllm:request_success_total, "
              "tgi_request_count). A drop to 0 with traffic still arriving means the backend stopped answering: check "
@@ -94,11 +118,11 @@ def overview() -> Dashboard:
              "instances). More copies than workers means duplicate private copies of the weights: share one mmap.",
              "short", q(f"max({sel('llmdiag_model_processes')})")),
     ))  # fmt: skip
-    slo = Row("SLO", (
-        ts("SLO attainment (period)", f"1 - llmdiag:slo_error_ratio:ratio{SLO_PERIOD} per SLO (availability, "
-           "latency) and model, against llmdiag:slo_objective:ratio. Below the objective: the error budget is spent; "
-           "freeze risky changes and work the top burn-rate window.", "percentunit",
-           q(f"1 - {ratio_period}{{{slo_sel}}}", legend="{{slo}} {{model}}"),
+    slo_row = Row("SLO", (
+        ts("SLO attainment (period)", f"1 - {slo.PERIOD_RATIO} (the error ratio over the spec's period, named in "
+           "its period label) per SLO and model, against llmdiag:slo_objective:ratio. Below the objective: the error "
+           "budget is spent; freeze risky changes and work the top burn-rate window (SLOs dashboard).", "percentunit",
+           q(f"1 - {ratio_period}{{{slo_sel}}}", legend="{{slo}} {{model}} ({{period}})"),
            q(f'max by (slo, model) ({objective}{{model=~"$model"}})', legend="objective {{slo}} {{model}}"), w=12),
         ts("SLO burn rate", "Error ratio over 5m, 1h, 6h and 3d windows (llmdiag:slo_error_ratio:ratio<W>) divided by "
            "the allowed error ratio (1 - llmdiag:slo_objective:ratio). 1 spends the budget exactly over the period; "
@@ -113,9 +137,91 @@ def overview() -> Dashboard:
            "autoscale means another private copy of the weights is resident: check Memory & pressure.", "short",
            q(f"max by (model) ({sel('llmdiag_model_processes')})", legend="{{model}}")),
     ))  # fmt: skip
-    return Dashboard(
-        UIDS["overview"], "llm-diag / Overview", "Is the inference service meeting its SLOs right now?", (red, slo, health)
+    incident = sel("llmdiag_incident")
+    itself = Row("Diagnosis and the agent", (
+        ts("Live diagnosis", "Hosts whose agent concludes each incident class now (llmdiag_incident == 1, from "
+           "`diag collect --diagnose-every`, the LLMDiagIncident alert's signal); 'none' while nothing is concluded, "
+           "no data while the live diagnosis is off. Run `diag analyze` on that host for the evidence.", "short",
+           q(f'(sum by (class) ({incident}) > 0) or on() label_replace(0 * count({incident}), "class", "none", "", "")',
+             legend="{{class}}")),
+        ts("Agent errors", "Failed flight-recorder writes (llmdiag_recorder_write_errors_total), writes that met a "
+           "full disk (llmdiag_recorder_disk_full_total) and failing samplers (llmdiag_agent_sampler_errors_total) "
+           "per second. Non-zero writes: the recorder loses the history a bundle needs (disk full or read-only).",
+           "ops",
+           q(_sum(rate("llmdiag_recorder_write_errors_total"), "instance"), legend="recorder write errors {{instance}}"),
+           q(_sum(rate("llmdiag_recorder_disk_full_total"), "instance"), legend="disk full {{instance}}"),
+           q(_sum(rate("llmdiag_agent_sampler_errors_total"), "instance, sampler"),
+             legend="{{sampler}} sampler errors {{instance}}")),
+    ))  # fmt: skip
+    return Dashboard(UIDS["overview"], "llm-diag / Overview", "Is the inference service meeting its SLOs right now?",
+                     (red, slo_row, health, itself), STANDARD_VARIABLES)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- SLOs
+
+TIER_PANEL = "Error ratio per tier window vs threshold"  # what an LLMDiagSLOBurn alert links to
+EVENTS_PANEL = "SLI requests and errors"  # what an LLMDiagSLOMetricAbsent alert links to
+
+
+def slos() -> Dashboard:
+    """Per SLO and model: the period's attainment and budget, each tier's windows against its threshold, burn rates.
+
+    Reads only names every spec records (alerts.slo_names.DASHBOARD_NAMES): the period and the tiers' windows are
+    labels here, so the one committed dashboard is right for a 30d, 28d or 7d spec and for custom tiers."""
+    sel_ = 'slo=~"$slo", model=~"$model", job=~"$job"'
+    const = 'slo=~"$slo", model=~"$model"'  # objective and thresholds are recorded without a job
+    period, objective = m(slo.PERIOD_RATIO), m(slo.OBJECTIVE)
+    budget_left = f"1 - {period}{{{sel_}}} / on(slo, model) group_left() (1 - {objective}{{{const}}})"
+    budget = Row("Error budget over the period", (
+        stat("Attainment", f"Good events over the SLO's period: 1 - {slo.PERIOD_RATIO} (errors / requests summed "
+             "over the period named in the period label). Below llmdiag:slo_objective:ratio the budget is gone.",
+             "percentunit", q(f"1 - {period}{{{sel_}}}", legend="{{slo}} {{model}} ({{period}})"), w=8),
+        stat("Error budget remaining", f"1 - {slo.PERIOD_RATIO} / (1 - llmdiag:slo_objective:ratio): the share of "
+             "the period's allowed errors not yet spent. Under 0 the objective is missed; near 0, freeze risky "
+             "changes until the window rolls on.", "percentunit", q(budget_left, legend="{{slo}} {{model}}"), w=8),
+        stat("Objective", "llmdiag:slo_objective:ratio per SLO and model: the share of good events promised (from "
+             "the spec the rules were generated from).", "percentunit",
+             q(f"max by (slo, model) ({objective}{{{const}}})", legend="{{slo}} {{model}}"), w=8),
+        ts("Attainment over time", f"1 - {slo.PERIOD_RATIO} against llmdiag:slo_objective:ratio. A line falling "
+           "towards the objective is a budget being spent: the burn-rate panels below say how fast.", "percentunit",
+           q(f"1 - {period}{{{sel_}}}", legend="{{slo}} {{model}} ({{period}})"),
+           q(f"max by (slo, model) ({objective}{{{const}}})", legend="objective {{slo}} {{model}}")),
+        ts("Error budget remaining over time", f"1 - {slo.PERIOD_RATIO} / (1 - llmdiag:slo_objective:ratio) over "
+           "time. A steep drop is an incident; a slow slide is a service that misses its objective every day.",
+           "percentunit", q(budget_left, legend="{{slo}} {{model}}")),
+    ))  # fmt: skip
+    tiers = Row("Burn-rate tiers", (
+        ts(TIER_PANEL, f"Each tier's long and short window error ratios ({slo.TIER_LONG_RATIO}, "
+           f"{slo.TIER_SHORT_RATIO}; the window is a label) against its threshold ({slo.TIER_THRESHOLD} = burn "
+           "factor x error budget). A tier pages or tickets when both of its windows are above its threshold: this "
+           "is the panel an LLMDiagSLOBurn alert links to. Then open Latency phases for the phase that failed.",
+           "percentunit",
+           q(f"{m(slo.TIER_LONG_RATIO)}{{{sel_}}}", legend="{{tier}} long {{window}} {{slo}} {{model}}"),
+           q(f"{m(slo.TIER_SHORT_RATIO)}{{{sel_}}}", legend="{{tier}} short {{window}} {{slo}} {{model}}"),
+           q(f"max by (slo, model, tier) ({m(slo.TIER_THRESHOLD)}{{{const}}})",
+             legend="{{tier}} threshold {{slo}} {{model}}"), w=24),
+        ts("Burn rate", "Error ratio over 5m ... 3d (llmdiag:slo_error_ratio:ratio<W>) divided by the allowed error "
+           "ratio (1 - llmdiag:slo_objective:ratio). 1 spends the budget exactly over the period; a tier fires above "
+           "its burn factor (e.g. 14.4 on 1h and 5m for a 30-day period).", "short",
+           *_burn(sel_, const, slo.WINDOWS), w=24),
+    ))  # fmt: skip
+    traffic = Row("SLI events", (
+        ts(EVENTS_PANEL, f"Requests and errors per 5 minutes as the SLO counts them ({slo.REQUESTS.format(w='5m')}, "
+           f"{slo.ERRORS.format(w='5m')}). Requests falling to nothing with the job still up is what "
+           "LLMDiagSLOMetricAbsent warns of: the SLO is blind, not met.", "short",
+           q(f"sum by (slo, model) ({m(slo.REQUESTS.format(w='5m'))}{{{sel_}}})", legend="requests {{slo}} {{model}}"),
+           q(f"sum by (slo, model) ({m(slo.ERRORS.format(w='5m'))}{{{sel_}}})", legend="errors {{slo}} {{model}}"),
+           w=24),
+    ))  # fmt: skip
+    events = m(slo.REQUESTS.format(w="5m"))
+    variables = (
+        JOB,
+        INSTANCE,
+        Variable("slo", "SLO", f'label_values({events}{{job=~"$job"}}, slo)'),
+        Variable("model", "Model", f'label_values({events}{{job=~"$job", slo=~"$slo"}}, model)'),
     )
+    return Dashboard(UIDS["slo"], "llm-diag / SLOs", "Is each SLO within its error budget, and which tier burns it?",
+                     (budget, tiers, traffic), variables)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- Latency phases
@@ -185,6 +291,7 @@ def latency() -> Dashboard:
         "llm-diag / Latency phases",
         "Where does request time go: queue, inference, first token, end to end?",
         (quant, phases, heat, outcomes),
+        STANDARD_VARIABLES,
     )
 
 
@@ -278,6 +385,7 @@ def memory() -> Dashboard:
         "llm-diag / Memory & pressure",
         "Is memory the problem: host, cgroup limit, or a process?",
         (host, cgroups, procs),
+        STANDARD_VARIABLES,
     )
 
 
@@ -319,9 +427,8 @@ def gpu() -> Dashboard:
            q(_sum(f"increase({sel('llmdiag_cuda_oom_errors_total', MODEL)}[{RATE}])", "model, device"),
              legend="{{model}} {{device}}")),
     ))  # fmt: skip
-    return Dashboard(
-        UIDS["gpu"], "llm-diag / GPU", "Is a GPU full, idle, or shared by more processes than it should be?", (dev, procs)
-    )
+    return Dashboard(UIDS["gpu"], "llm-diag / GPU", "Is a GPU full, idle, or shared by more processes than it should be?",
+                     (dev, procs), STANDARD_VARIABLES)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- Batching & MoE
@@ -354,10 +461,15 @@ def moe() -> Dashboard:
            "skew.", "short",
            q(_sum(rate("llmdiag_moe_expert_overflow_tokens_total", MODEL), "layer"), legend="layer {{layer}}"), w=24),
     ))  # fmt: skip
-    return Dashboard(
-        UIDS["moe"], "llm-diag / Batching & MoE", "Are batches well formed and experts evenly loaded?", (batch, experts)
-    )
+    return Dashboard(UIDS["moe"], "llm-diag / Batching & MoE", "Are batches well formed and experts evenly loaded?",
+                     (batch, experts), STANDARD_VARIABLES)  # fmt: skip
 
 
 def all_dashboards() -> list[Dashboard]:
-    return [overview(), latency(), memory(), gpu(), moe()]
+    return [overview(), slos(), latency(), memory(), gpu(), moe()]
+
+
+def dashboard(key: str) -> Dashboard:
+    """One dashboard by its key in ``UIDS`` (what alert links name)."""
+    (d,) = [d for d in all_dashboards() if d.uid == UIDS[key]]
+    return d

@@ -13,13 +13,13 @@ from typing import Any
 
 from dashboards.build import render
 from dashboards.definitions import all_dashboards
+from dashboards.paths import GRAFANA_DASHBOARDS_DIR, PROVISIONING_FILE
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "generated"
-PROVISIONING_FILE = "provisioning.yaml"
 FOLDER = "llm-diag"
 
 
-def provisioning(path_in_grafana: str = "/var/lib/grafana/dashboards/llm-diag") -> str:
+def provisioning(path_in_grafana: str = GRAFANA_DASHBOARDS_DIR) -> str:
     """A Grafana file-provisioning provider (apiVersion 1) for the generated JSON."""
     return (
         "# Grafana dashboard provisioning for llm-diag: copy the *.json next to this file to the path below\n"

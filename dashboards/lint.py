@@ -15,8 +15,9 @@ from typing import Any
 
 from grafana_foundation_sdk.models import units as sdk_units
 
+from alerts.slo_names import DASHBOARD_NAMES, WITHOUT_JOB
 from collectors import catalog as cat
-from dashboards.promql import SLO_RULES, metric_names
+from dashboards.promql import metric_names
 
 # Every unit constant Grafana's unit picker offers (the SDK generates them from Grafana's list).
 VALID_UNITS: frozenset[str] = frozenset(v for k, v in vars(sdk_units).items() if not k.startswith("_") and isinstance(v, str))
@@ -29,12 +30,12 @@ _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 # Selectors exempt from a rule, with the reason (the linter's exclusions).
 EXCLUSIONS: dict[str, tuple[frozenset[str], str]] = {
     "target-instance-rule": (
-        SLO_RULES,
+        DASHBOARD_NAMES,
         "SLO recording rules aggregate instances away (labels slo, model, job): the SLO is the service's, not a host's",
     ),
     "target-job-rule": (
-        frozenset({"llmdiag:slo_objective:ratio"}),
-        "the SLO objective is a constant per slo and model, recorded without a job",
+        WITHOUT_JOB,
+        "the SLO objective and the tiers' thresholds are constants per slo and model, recorded without a job",
     ),
 }
 
@@ -86,7 +87,12 @@ def _template_rules(dash: dict[str, Any], uid: str) -> Iterable[Violation]:
             yield Violation("template-on-time-change-reload-rule", uid, "-", f"variable {v['name']} must refresh on time change")
         query = v.get("query", "")
         m = re.fullmatch(r"label_values\((.+),\s*([A-Za-z_][A-Za-z0-9_]*)\)", query)
-        if m is None or not _balanced(m.group(1)):
+        result = re.fullmatch(r"query_result\((.+)\)", query)
+        if result is not None:  # values cut from the result's text by the variable's regex: one capture group needed
+            if not _balanced(result.group(1)) or not re.fullmatch(r"/.*\(.+\).*/", v.get("regex", "")):
+                problem = "query_result() needs balanced PromQL and a /regex/ with a capture group"
+                yield Violation("template-label-promql-rule", uid, "-", f"variable {v['name']}: {problem}")
+        elif m is None or not _balanced(m.group(1)):
             yield Violation("template-label-promql-rule", uid, "-", f"variable {v['name']}: unparseable query {query!r}")
 
 

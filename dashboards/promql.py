@@ -3,8 +3,9 @@
 Why a checked helper instead of string literals: a renamed or misspelt metric silently empties a
 panel, and users notice in the middle of an incident. ``m(name)`` refuses any name that is neither
 in ``collectors.catalog`` (ours and the pinned upstream families) nor one of the SLO recording
-rules the alerts generate, and ``metric_names`` re-scans every finished expression so a name typed
-into a raw string cannot slip through either.
+rules every spec records (``alerts.slo_names.DASHBOARD_NAMES``: never a name that spells a period
+or a tier's own window, which depend on the spec), and ``metric_names`` re-scans every finished
+expression so a name typed into a raw string cannot slip through either.
 """
 
 from __future__ import annotations
@@ -14,21 +15,13 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from alerts.slo_names import DASHBOARD_NAMES
 from collectors import catalog as cat
 
 # Template variables every selector carries (dashboard-linter: job and instance matchers everywhere).
 SEL = 'job=~"$job", instance=~"$instance"'
 MODEL = 'model=~"$model"'
 RATE = "$__rate_interval"
-
-# The SLO recording rules the alerts generate (names fixed by contract with the alert generator).
-SLO_WINDOWS: tuple[str, ...] = ("5m", "30m", "1h", "2h", "6h", "1d", "3d", "30d")
-SLO_PERIOD = "30d"
-SLO_RULES: frozenset[str] = frozenset(
-    [f"llmdiag:slo_{kind}:{suffix}{w}" for w in SLO_WINDOWS
-     for kind, suffix in (("errors", "increase"), ("requests", "increase"), ("error_ratio", "ratio"))]
-    + ["llmdiag:slo_objective:ratio"]
-)  # fmt: skip
 
 
 class UnknownMetric(ValueError):
@@ -39,7 +32,7 @@ class UnknownMetric(ValueError):
         super().__init__(
             f"unknown metric {name}"
             + (f" in {where}" if where else "")
-            + " (not in collectors/catalog.py, its upstream families, or the SLO recording rules)"
+            + " (not in collectors/catalog.py, its upstream families, or the SLO recording rules every spec records)"
         )
 
 
@@ -49,7 +42,7 @@ def known_metrics() -> dict[str, str]:
     names = {name: "llm-diag" for name in cat.CATALOG}
     for fam in cat.EXTERNAL:
         names.setdefault(fam.name, f"{fam.exporter} {fam.versions}")
-    for rule in SLO_RULES:
+    for rule in DASHBOARD_NAMES:
         names[rule] = "llm-diag SLO recording rule"
     return names
 

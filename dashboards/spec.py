@@ -35,16 +35,45 @@ class Row:
 
 
 @dataclass(frozen=True)
+class Variable:
+    """A query variable (multi-select, All = ``.+``). ``regex`` extracts values from a ``query_result()`` query."""
+
+    name: str
+    label: str
+    query: str
+    regex: str = ""
+
+
+@dataclass(frozen=True)
 class Dashboard:
     uid: str
     title: str
     description: str
     rows: tuple[Row, ...]
+    variables: tuple[Variable, ...]  # after the datasource variable, in this order
     extra_tags: tuple[str, ...] = field(default=())
 
     @property
     def panels(self) -> list[Panel]:
         return [p for r in self.rows for p in r.panels]
+
+    def numbered(self) -> list[tuple[Row | Panel, int]]:
+        """Rows and panels in grid order with their ids (1, 2, ...): the one numbering of the JSON and of links.
+
+        Why here and not only in the post-build pass: alert annotations link ``viewPanel=<id>``, and a link
+        must name the id the committed JSON has; both read this."""
+        out: list[tuple[Row | Panel, int]] = []
+        for row in self.rows:
+            out.append((row, len(out) + 1))
+            out.extend((p, len(out) + 1) for p in row.panels)
+        return out
+
+    def panel_id(self, title: str) -> int:
+        """The id of the panel titled ``title``; KeyError naming the dashboard and its panels when there is none."""
+        ids = {item.title: pid for item, pid in self.numbered() if isinstance(item, Panel)}
+        if title not in ids:
+            raise KeyError(f"dashboard {self.uid} has no panel titled {title!r} (panels: {', '.join(ids)})")
+        return ids[title]
 
 
 def ts(title: str, description: str, unit: str, *queries: Query, w: int = 12, h: int = 8, stacked: bool = False) -> Panel:

@@ -95,6 +95,7 @@ def alerts(
         return
     from alerts.cause_rules import UnknownIncidentClass
     from alerts.generate import DEFAULT_OUT, stale, write
+    from alerts.links import BrokenLink
     from alerts.spec import SpecError
 
     if slo is not None and not slo.is_file():
@@ -104,7 +105,7 @@ def alerts(
         _fail(f"--out {target}: exists and is not a directory")
     try:
         generated = generate_files(slo, metrics_url)
-    except (SpecError, UnknownIncidentClass) as exc:
+    except (SpecError, UnknownIncidentClass, BrokenLink) as exc:
         _fail(str(exc))
         return
     for warning in generated.warnings:

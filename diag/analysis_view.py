@@ -4,15 +4,57 @@ could not be evaluated and why. Thin: it prints what the rules concluded and der
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.text import Text
 
-from diag.rules.classes import PLAIN
-from diag.rules.engine import Analysis
+from diag.rules.classes import INCONCLUSIVE, PLAIN
+from diag.rules.engine import PRIMARY_CONFIDENCE, SUSPECT_CONFIDENCE, Analysis
 from diag.units import format_value
 
-__all__ = ["PLAIN", "render_analysis"]
+__all__ = ["PLAIN", "render_analysis", "verdict_headline"]
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _rule_names(entries: Sequence[Mapping[str, Any]], most: int = 3) -> str:
+    names = [str(e.get("rule", "?")) for e in entries]
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def verdict_headline(
+    primary: str, suspects: Sequence[Mapping[str, Any]] = (), too_little_data: Sequence[Mapping[str, Any]] = ()
+) -> str:
+    """The verdict in plain words, saying why when it is ``inconclusive``.
+
+    Why not one fixed sentence: "inconclusive" has two causes -- findings that reached only the suspect level,
+    and rules that could not judge because the window was too short -- and a headline pointing at suspects
+    when there are none (two samples in a fresh recorder) sends the reader looking for something that is not
+    there. The words follow what the analysis reported, in each combination."""
+    if primary != INCONCLUSIVE:
+        return PLAIN.get(primary, primary)
+    found = (
+        f"{_count(len(suspects), 'suspect', 'suspects')} reached confidence {SUSPECT_CONFIDENCE} but none "
+        f"{PRIMARY_CONFIDENCE}, not firmly enough to name the cause"
+    )
+    short = (
+        f"{_count(len(too_little_data), 'rule', 'rules')} had too little data to judge ({_rule_names(too_little_data)}); "
+        "record for longer and analyse again"
+    )
+    if suspects and too_little_data:
+        return f"Inconclusive: {found}; and {short}."
+    if suspects:
+        return f"Inconclusive: {found}."
+    if too_little_data:
+        return f"Inconclusive: nothing was found, but {short}."
+    return (
+        f"Inconclusive: no cause could be named, and this analysis gives no reason (no finding at {SUSPECT_CONFIDENCE} "
+        "or more, no rule short of data)."
+    )
 
 
 def _when(ts: float | None) -> str:
@@ -28,14 +70,14 @@ def render_analysis(analysis: Analysis, console: Console | None = None) -> None:
     style = {"healthy": "bold green", "inconclusive": "bold yellow"}.get(analysis.primary, "bold red")
     head.append(analysis.primary, style=style)
     console.print(head)
-    console.print(PLAIN.get(analysis.primary, analysis.primary))
+    console.print(verdict_headline(analysis.primary, analysis.suspects, analysis.too_little_data))
     if analysis.contributing:
         console.print("Contributing: " + ", ".join(analysis.contributing))
     inconclusive = analysis.primary == "inconclusive"
     for sus in analysis.suspects if inconclusive else []:  # otherwise they are listed among the findings below
         console.print(Text(f"Suspect: {sus['class']} (confidence {sus['confidence']:.2f}) -- {sus['summary']}", style="yellow"))
     for short in analysis.too_little_data:
-        note = f"Too little data for {short['rule']}: have {short['have']}, needs {short['needed']}"
+        note = f"Too little data for {short['rule']}: has {short['have']}, needs {short['needed']}"
         console.print(Text(note, style="yellow" if inconclusive else "dim"))
     console.print(Text(f"Window {_when(start)}–{_when(end)} UTC ({end - start:.0f} s) from {analysis.source}", style="dim"))
     for f in analysis.findings:

@@ -22,8 +22,9 @@ from collectors.processes import DEFAULT_MODEL_EXTENSIONS
 from collectors.recorder import ENV_RECORDER, default_recorder_path
 from collectors.snapshot import SamplerConfig
 from diag import cli_options as opts
+from diag.cli_errors import OneLineUsageErrors
 from diag.live_diagnosis import DiagnoseEvery, start_live_diagnosis
-from diag.units import format_bytes
+from diag.units import format_bytes, format_duration, parse_duration
 
 if TYPE_CHECKING:
     from collectors.agent import ListenAddress
@@ -40,6 +41,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=OneLineUsageErrors,
 )
 
 ProcRoot = Annotated[
@@ -139,6 +141,24 @@ def snapshot(
             raise typer.Exit(1)
 
 
+INTERVAL_EXAMPLES = ("500ms", "1s", "5s")
+RETENTION_EXAMPLES = ("30m", "2h", "1d")
+MAX_SIZE_EXAMPLES = ("64MiB", "256MiB", "1GiB")
+SINCE_EXAMPLES = ("30m", "2h", "1d")
+LISTEN_EXAMPLES = ("127.0.0.1:9464", "127.0.0.1:0", "off")
+
+
+def _listen_address(text: str, parse: type[ListenAddress]) -> ListenAddress:
+    """``--listen``'s HOST:PORT, with the reason and accepted forms in one line when it is not one."""
+    try:
+        return parse.parse(text)
+    except ValueError as exc:
+        reason = str(exc).replace(f"listen address {text!r}", "").lstrip(": ").split(", e.g.")[0] or "not HOST:PORT"
+        raise opts.OptionError(
+            f"--listen {text!r}: {reason}; use e.g. {opts.listing(LISTEN_EXAMPLES)} (port 0: any free port)"
+        ) from None
+
+
 @dataclass(frozen=True)
 class _CollectPlan:
     """``diag collect``'s options, all checked: what the agent will do, decided before it does anything."""
@@ -161,20 +181,19 @@ def _collect_plan(
     from collectors.agent import ListenAddress
 
     try:
-        interval_s = opts.duration("--interval", interval or "1s", low=0.01, high=3600)
-        retention_s = opts.duration("--retention", retention or "2h", low=1, high=400 * 86400)
-        max_size_bytes = opts.size("--max-size", max_size or "256MiB", low=64 * 1024)
+        interval_s = opts.duration("--interval", interval or "1s", low=0.01, high=3600, examples=INTERVAL_EXAMPLES)
+        # Suggested retentions keep at least two samples of the interval asked for (checked below).
+        kept = [e for e in RETENTION_EXAMPLES if parse_duration(e) >= 2 * interval_s] or [format_duration(2 * interval_s)]
+        retention_s = opts.duration("--retention", retention or "2h", low=1, high=400 * 86400, examples=kept)
+        max_size_bytes = opts.size("--max-size", max_size or "256MiB", low=64 * 1024, examples=MAX_SIZE_EXAMPLES)
         if samples is not None and samples < 1:
             raise opts.OptionError(f"--samples {samples}: at least 1 (leave it out to run until SIGTERM)")
         if retention_s < 2 * interval_s:
-            kept = f"--retention {retention or '2h'}"
-            raise opts.OptionError(f"{kept} keeps less than two samples of --interval {interval or '1s'}")
+            raise opts.OptionError(f"--retention {retention or '2h'} keeps less than two samples of --interval "
+                                   f"{interval or '1s'}; use e.g. {opts.listing(kept)}")  # fmt: skip
         address = None
         if listen is not None and listen.lower() != "off":
-            try:
-                address = ListenAddress.parse(listen)
-            except ValueError as exc:
-                raise opts.OptionError(f"--listen: {exc}; or 'off'") from None
+            address = _listen_address(listen, ListenAddress)
         elif listen is None and not once:
             address = ListenAddress.parse(DEFAULT_LISTEN)
         path = opts.writable_file_path("--recorder", recorder) if recorder is not None else default_recorder_path()
@@ -321,7 +340,7 @@ def _analysis_source(
         if sum(given.values()) > 1:
             got = ", ".join(k for k, v in given.items() if v)
             raise opts.OptionError(f"give one of --recorder, --bundle, --prometheus (got {got})")
-        since_s = opts.duration("--since", since or "1h", high=400 * 86400)
+        since_s = opts.duration("--since", since or "1h", high=400 * 86400, examples=SINCE_EXAMPLES)
         if prometheus is None:
             opts.refuse({"--selector": selector is not None}, "without --prometheus (it selects series in Prometheus)")
         if bundle is not None:

@@ -11,7 +11,12 @@ from typing import Annotated
 
 import typer
 
-HELP = """Write the Grafana dashboards (JSON + a provisioning file), check them, or preview them.
+from dashboards.paths import GRAFANA_DASHBOARDS_DIR, PROVISIONING_FILE
+
+HELP = f"""Write the Grafana dashboards (JSON + a provisioning file), check them, or preview them.
+
+Grafana reads them from {GRAFANA_DASHBOARDS_DIR} (the path the generated {PROVISIONING_FILE} names): \
+write them there with --out, and put {PROVISIONING_FILE} in Grafana's provisioning/dashboards/ directory.
 
 Examples:
 
@@ -19,7 +24,7 @@ Examples:
 
   diag dashboards --check              # exit 1 when the committed JSON is stale or breaks a lint rule
 
-  diag dashboards --out /etc/grafana/dashboards/llm-diag
+  diag dashboards --out {GRAFANA_DASHBOARDS_DIR}
 
   diag dashboards preview --prometheus http://127.0.0.1:9090 --since 1h --out preview.html
 """
@@ -45,7 +50,7 @@ def generate(
         bool, typer.Option("--check", help="Write nothing; exit 1 listing every stale file or lint violation (what CI runs).")
     ] = False,
 ) -> None:
-    """Write (or --check) the five dashboards and the Grafana provisioning file."""
+    """Write (or --check) the six dashboards and the Grafana provisioning file."""
     from dashboards.generate import DEFAULT_OUT
 
     if ctx.invoked_subcommand is not None:

@@ -44,7 +44,7 @@ class Window:
         """Grafana's variables as the preview sets them (All = .+)."""
         out = expr.replace("$__rate_interval", f"{int(self.rate_interval)}s").replace("$__interval", f"{int(self.step)}s")
         out = out.replace("$__range", f"{int(self.end - self.start)}s")
-        return re.sub(r"\$\{?(job|instance|model)\}?", ".+", out)
+        return re.sub(r"\$\{?(job|instance|model|slo)\}?", ".+", out)
 
 
 @dataclass

@@ -16,6 +16,11 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNOREC
 _SIZE_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
 
+class NotPositive(ValueError):
+    """A duration or size that parses but is zero: a ``ValueError`` like the others, told apart by callers that
+    word "must be positive" and "not a duration" differently."""
+
+
 def parse_duration(text: str) -> float:
     """Seconds from ``500ms``, ``90s``, ``30m``, ``2h``, ``1d``; a bare number is seconds."""
     match = _DURATION_RE.match(text)
@@ -23,7 +28,7 @@ def parse_duration(text: str) -> float:
         raise ValueError(f"{text!r} is not a duration; use e.g. 90s, 30m, 2h or 1d")
     value = float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "s").lower()]
     if value <= 0:
-        raise ValueError(f"{text!r}: a duration must be positive")
+        raise NotPositive(f"{text!r}: a duration must be positive")
     return value
 
 
@@ -35,8 +40,28 @@ def parse_size(text: str) -> int:
     number, prefix = float(match.group(1)), match.group(2).lower()
     value = int(number * 1024 ** _SIZE_POWERS[prefix])
     if value <= 0:
-        raise ValueError(f"{text!r}: a size must be positive")
+        raise NotPositive(f"{text!r}: a size must be positive")
     return value
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest spelling ``parse_duration`` reads back exactly: ``1h``, ``400d``, ``10ms``, ``90s``.
+
+    Why: option messages state their bounds in the units people type (``at most 1h``, not ``at most 3600s``
+    or ``3.456e+07s``), and a bound in a message must itself be a value the option accepts."""
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0), ("ms", 0.001)):
+        count = seconds / size
+        if count >= 1 and math.isclose(count, round(count), rel_tol=0, abs_tol=1e-9):
+            return f"{round(count)}{unit}"
+    return f"{seconds:g}s"
+
+
+def format_size(value: int) -> str:
+    """The shortest binary spelling ``parse_size`` reads back exactly: ``64KiB``, ``256MiB``, ``1GiB``, ``1000``."""
+    for unit, power in (("TiB", 4), ("GiB", 3), ("MiB", 2), ("KiB", 1)):
+        if value >= 1024**power and value % 1024**power == 0:
+            return f"{value // 1024**power}{unit}"
+    return str(value)
 
 
 def format_bytes(value: float | None) -> str:
@@ -48,6 +73,11 @@ def format_bytes(value: float | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"
+
+
+def format_seconds(seconds: float) -> str:
+    """``850 ms`` below ten seconds, ``12.3 s`` from there: a latency as a finding's summary says it."""
+    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
 def format_value(v: object, unit: str = "") -> str:

@@ -100,15 +100,24 @@ def _config(jobs: Sequence[ScrapeJob], interval: str) -> str:
 
 @contextlib.contextmanager
 def prometheus(
-    jobs: Sequence[ScrapeJob], interval: str = "1s", ready_timeout_s: float = 15.0, *, config: str | None = None
+    jobs: Sequence[ScrapeJob], interval: str = "1s", ready_timeout_s: float = 15.0, *, config: str | None = None,
+    backfill: Sequence[Path] = (),
 ) -> Iterator[PromServer]:
     """Run Prometheus scraping ``jobs`` every ``interval``; killed by PID and its data removed on exit.
 
-    ``config``: a whole prometheus.yml to run instead (e.g. a shipped example with its targets rewritten)."""
+    ``config``: a whole prometheus.yml to run instead (e.g. a shipped example with its targets rewritten).
+    ``backfill``: OpenMetrics files written into the TSDB first (``promtool tsdb create-blocks-from openmetrics``)."""
     binary = require_prometheus()
     folder = Path(tempfile.mkdtemp(prefix="llmdiag-prom-"))
     proc: subprocess.Popen[bytes] | None = None
     try:
+        if backfill:
+            promtool = shutil.which("promtool")
+            if promtool is None:
+                pytest.skip("promtool is not installed (Debian package 'prometheus'; `make test` installs it)")
+            for path in backfill:
+                subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(path), str(folder / "data")],
+                               check=True, capture_output=True, timeout=120)  # fmt: skip
         (folder / "prometheus.yml").write_text(config if config is not None else _config(jobs, interval))
         port = free_port()
         with (folder / "prometheus.log").open("wb") as log:

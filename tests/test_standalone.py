@@ -19,13 +19,15 @@ from tests.paths import EXTERNAL, FIXTURES, REPO
 
 # Assembled from parts so this file does not match itself.
 _SIBLING = r"\.\./" + "shared" + r"|/work/" + "shared" + r"|\b" + "shared/" + "docs"
-_NOTES = r"\bresearch/" + r"[a-z_]+\.md"
+_NOTES = r"\bresearch/" + r"[a-z_]+\.md" + r"|\bresearch" + r" notes?\b|\bresearch" + r" note's\b"
+# A section of a document cited by name (``notes.md`` and a section sign): the document must be in the repo.
+_SECTION = r"\w\.md\s*" + "\u00a7"
 _ISSUE = r"\b[Ii]" + r"ssue\s*#?\d+"
 # A hash and digits as a reference, but not a CSS colour (after ":" or before ";"/"}") nor an HTML entity.
 _HASH = r"(?<![\w&#:])#\d{1,5}\b(?![;}\w])"
 # An upstream tracker reference: a project name glued to a hash and digits.
 _UPSTREAM = r"[A-Za-z_]#\d+\b"
-OUTSIDE = re.compile("|".join(f"(?:{p})" for p in (_SIBLING, _NOTES, _ISSUE, _HASH, _UPSTREAM)))
+OUTSIDE = re.compile("|".join(f"(?:{p})" for p in (_SIBLING, _NOTES, _SECTION, _ISSUE, _HASH, _UPSTREAM)))
 
 
 def tracked_files() -> list[Path]:
@@ -59,7 +61,10 @@ def test_the_pattern_catches_each_kind_of_outside_reference() -> None:
     """The grep is only a proof if it would catch what it forbids (and spares CSS colours)."""
     forbidden = [
         "see " + "../" + "sha" + "red/docs/ARCHITECTURE.md",
-        "facts in research/" + "diagnosis.md §3",
+        "facts in research/" + "diagnosis" + ".md §3",
+        "p < 0.01 (diagnosis" + ".md \u00a73)",
+        "5 % of the limit per hour (the research" + " note's threshold)",
+        "signature (research" + " notes: memory full avg10 > 5 %)",
         "Targets (" + "iss" + "ue 4)",
         "fixed in " + "#" + "13",
         "upstream sos" + "#" + "407 hangs",

@@ -96,8 +96,8 @@ def _options(
     from diag.bundle.options import BundleOptions
 
     try:
-        since_s = opts.duration("--since", since, high=400 * 86400)
-        deadline_s = opts.duration("--deadline", deadline, low=2.0, high=3600)
+        since_s = opts.duration("--since", since, high=400 * 86400, examples=("30m", "2h", "1d"))
+        deadline_s = opts.duration("--deadline", deadline, low=2.0, high=3600, examples=("15s", "30s", "2m"))
         pids = opts.pids(pid)
         cgroups = opts.cgroups(cgroup)
         opts.unit_name(unit)

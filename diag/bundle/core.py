@@ -169,9 +169,11 @@ def take_bundle(options: BundleOptions, progress: Progress | None = stderr_progr
     if options.tar:
         archive, _ = make_archive(root, compresslevel=3)
         log(f"archive {archive}")
-    from diag.analysis_view import PLAIN
+    from diag.analysis_view import verdict_headline
 
-    return BundleResult(root, archive, verdict, PLAIN.get(verdict, verdict), manifest, time.monotonic() - t0, runs)
+    said = (analysis_doc or {}).get("verdict") or {}
+    headline = verdict_headline(verdict, said.get("suspects") or [], said.get("too_little_data") or [])
+    return BundleResult(root, archive, verdict, headline, manifest, time.monotonic() - t0, runs)
 
 
 # --------------------------------------------------------------------------- steps

@@ -18,7 +18,7 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
 
-from diag.analysis_view import PLAIN
+from diag.analysis_view import PLAIN, verdict_headline
 from diag.bundle.charts import ChartData
 from diag.bundle.redactor import rule_label
 from diag.units import format_bytes, format_value
@@ -139,7 +139,7 @@ def view(data: ReportData) -> dict[str, Any]:
     if primary == "unknown":
         headline = "No verdict: the analysis did not complete (" + (data.analysis_error or "unknown error") + ")."
     else:
-        headline = PLAIN.get(primary, primary)
+        headline = verdict_headline(primary, verdict.get("suspects") or [], verdict.get("too_little_data") or [])
     return {
         "d": data,
         "primary": primary,
@@ -149,6 +149,7 @@ def view(data: ReportData) -> dict[str, Any]:
         "weak": weak,
         "actions": actions,
         "not_evaluated": not_evaluated,
+        "too_little": list(verdict.get("too_little_data") or []),
         "evaluated": analysis.get("evaluated") or [],
         "problems": problems,
         "counts": counts,

@@ -18,13 +18,63 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 
 def _none_if_zero(value: float | int | None) -> float | int | None:
     return None if value is None or value <= 0 else value
+
+
+# uvicorn's levels that Python's logging also knows (uvicorn's extra "trace" is not one of them).
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.secho(f"diag: {message}", err=True, fg=typer.colors.RED)
+    return typer.Exit(2)
+
+
+def _checked_serve_options(o: dict[str, Any]) -> dict[str, Any]:
+    """Every ``serve`` option checked before anything starts, each message naming the option, its value and
+    what it accepts; returns the normalised choices. The paths are checked last."""
+    from diag import cli_options as opts
+    from diag.demo.batcher import BATCHING_MODES
+    from diag.demo.weights import PRELOAD_MODES, REFRESH_MODES
+
+    out = {
+        "preload": opts.choice("--preload", o["preload"], PRELOAD_MODES),
+        "refresh": opts.choice("--refresh", o["refresh"], REFRESH_MODES),
+        "batching": opts.choice("--batching", o["batching"], BATCHING_MODES),
+        "log_level": opts.choice("--log-level", o["log_level"], LOG_LEVELS),
+        "host": opts.host("--host", o["host"]),
+    }
+    opts.number("--max-concurrency", o["max_concurrency"], low=0, meaning="slots per worker; 0 = unlimited",
+                examples=("4", "1"))  # fmt: skip
+    opts.number("--queue-size", o["queue_size"], low=-1, meaning="waiting requests per worker; -1 = unbounded",
+                examples=("16", "64"))  # fmt: skip
+    for name in ("queue_timeout", "request_timeout"):
+        opts.number(f"--{name.replace('_', '-')}", o[name], low=0, meaning="seconds; 0 = no limit", examples=("10", "30"))
+    if o["refresh_ttl"] <= 0:
+        raise opts.OptionError(f"--refresh-ttl {o['refresh_ttl']:g}: seconds, more than 0; use e.g. 60 or 300")
+    opts.number("--max-prompt-tokens", o["max_prompt_tokens"], low=0, meaning="tokens; 0 = unbounded",
+                examples=("2048", "8192"))  # fmt: skip
+    opts.number("--memory-guard", o["memory_guard"], low=0, high=1, meaning="a fraction of memory in use; 0 = off",
+                examples=("0.9", "0.8"))  # fmt: skip
+    opts.number("--psi-guard", o["psi_guard"], low=0, high=100, meaning="percent of memory PSI some avg10; 0 = off",
+                examples=("10", "25"))  # fmt: skip
+    if o["experts"] and o["top_k"] > o["experts"]:
+        fitting = [str(k) for k in (1, 2) if k <= o["experts"]]
+        raise opts.OptionError(f"--top-k {o['top_k']}: at most --experts ({o['experts']}); use e.g. {opts.listing(fitting)}")
+    opts.port("--port", o["port"])
+    if o["no_recorder"] and o["recorder"] is not None:
+        raise opts.OptionError("--recorder cannot be used with --no-recorder")
+    if o["recorder"] is not None:
+        opts.writable_file_path("--recorder", Path(o["recorder"]))
+    if o["weights_dir"] is not None:
+        opts.folder_path("--weights-dir", o["weights_dir"])
+    return out
 
 
 def serve(
@@ -102,10 +152,19 @@ def serve(
         ),
     ] = 0,
     threads: Annotated[int, typer.Option(min=1, help="BLAS/OpenMP threads per worker.")] = 1,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level. Prompts and completions are never logged.")] = "info",
+    log_level: Annotated[
+        str, typer.Option(help=f"uvicorn log level: {', '.join(LOG_LEVELS)}. Prompts and completions are never logged.")
+    ] = "info",
     access_log: Annotated[bool, typer.Option(help="uvicorn's access log (method, path, status; never bodies).")] = True,
 ) -> None:
     """Serve the reference LLM backend: POST /v1/completions, GET /healthz, GET /metrics."""
+    from diag import cli_options as opts
+
+    try:
+        checked = _checked_serve_options(dict(locals()))
+    except opts.OptionError as exc:
+        raise _fail(str(exc)) from None
+    preload, refresh, batching, log_level, host = (checked[k] for k in ("preload", "refresh", "batching", "log_level", "host"))
     # Imported here, not at module level: `diag collect` (the always-on agent) must not pay for numpy.
     from diag.demo.server import serve as run_server
     from diag.demo.settings import DemoSettings
@@ -191,17 +250,41 @@ def demo_group(
       diag demo --scenario thrash --json --keep-recorder /tmp/thrash.db\n
       diag demo --scenario queue --param ramp=0.5,1,2 --seed 3
     """
-    if ctx.invoked_subcommand is not None:
-        if scenario or list_:
-            raise typer.BadParameter("--scenario/--list cannot be combined with a subcommand")
-        return
-    if list_:
-        _list_scenarios()
-        return
-    if scenario is None:
-        typer.echo(ctx.get_help())
-        return
+    from diag import cli_options as opts
+
+    given = {name: _given(ctx, key) for name, key in _SCENARIO_OPTIONS.items()}
+    try:
+        if ctx.invoked_subcommand is not None:
+            opts.refuse({"--scenario": scenario is not None, "--list": list_, **given}, "before a subcommand")
+            return
+        if list_:
+            opts.refuse({"--scenario": scenario is not None, **given}, "with --list (it only lists the scenarios)")
+            _list_scenarios()
+            return
+        if scenario is None:
+            opts.refuse(given, "without --scenario")
+            typer.echo(ctx.get_help())
+            return
+    except opts.OptionError as exc:
+        raise _fail(str(exc)) from None
     raise typer.Exit(_run_scenario(scenario, as_json, seed, keep_recorder, export, param or [], weights_dir))
+
+
+# The scenario options (flag -> parameter): refused where they cannot apply, not ignored.
+_SCENARIO_OPTIONS = {
+    "--json": "as_json",
+    "--seed": "seed",
+    "--keep-recorder": "keep_recorder",
+    "--export": "export",
+    "--param": "param",
+    "--weights-dir": "weights_dir",
+}
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether the option was typed on the command line (not its default)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
 
 
 def _list_scenarios() -> None:
@@ -213,14 +296,61 @@ def _list_scenarios() -> None:
         typer.echo("    params: " + ", ".join(f"{k}={v}" for k, v in s.defaults.items()))
 
 
-def _parse_params(items: list[str]) -> dict[str, str]:
+def _parse_params(items: list[str], defaults: dict[str, Any]) -> dict[str, str]:
+    """``KEY=VALUE`` overrides, each checked against the scenario's parameter of that name: known, and of its
+    type (a number, or a comma-separated list of numbers where the default is one)."""
+    from diag import cli_options as opts
+
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
+        key, value = key.strip().replace("-", "_"), value.strip()
         if not sep or not key:
-            raise typer.BadParameter(f"--param {item!r}: expected KEY=VALUE")
-        out[key.strip().replace("-", "_")] = value.strip()
+            example = next(iter(defaults.items()), None)
+            hint = f"; use e.g. {example[0]}={example[1]}" if example else ""
+            raise opts.OptionError(f"--param {item!r}: expected KEY=VALUE{hint}")
+        if key not in defaults:
+            known = ", ".join(sorted(defaults)) or "none"
+            raise opts.OptionError(f"--param {item!r}: this scenario has no parameter {key!r} (known: {known})")
+        default = defaults[key]
+        if not _same_kind(value, default):
+            raise opts.OptionError(f"--param {item!r}: {_kind(default)}; use e.g. {key}={default}")
+        out[key] = value
     return out
+
+
+def _kind(default: Any) -> str:
+    if isinstance(default, bool):
+        return "true or false"
+    if isinstance(default, int):
+        return "a whole number"
+    if isinstance(default, float):
+        return "a number"
+    if isinstance(default, str) and _numbers(default):
+        return "numbers separated by commas"
+    return "a value"
+
+
+def _numbers(text: str) -> bool:
+    try:
+        return all(float(x) == float(x) for x in text.split(","))  # NaN is not a setting
+    except ValueError:
+        return False
+
+
+def _same_kind(value: str, default: Any) -> bool:
+    """Whether ``value`` converts the way the scenario will convert it (``type(default)(value)``)."""
+    if isinstance(default, bool) or default is None:
+        return True
+    if isinstance(default, (int, float)):
+        try:
+            type(default)(value)
+        except ValueError:
+            return False
+        return True
+    if isinstance(default, str) and _numbers(default):
+        return _numbers(value)
+    return True
 
 
 def _run_scenario(
@@ -235,18 +365,23 @@ def _run_scenario(
     import json
     import sys
 
+    from diag import cli_options as opts
     from diag.demo.scenarios import EXIT_NO_CGROUPS
     from diag.demo.scenarios.cgroups import CgroupUnavailable
     from diag.demo.scenarios.library import SCENARIOS
     from diag.demo.scenarios.runner import run_scenario
 
-    if name not in SCENARIOS:
-        typer.secho(f"diag: unknown scenario {name!r}; one of: {', '.join(SCENARIOS)}", err=True, fg=typer.colors.RED)
-        return 2
-    try:
-        overrides = _parse_params(params)
-        SCENARIOS[name].params(overrides)  # validate before anything starts
-    except (ValueError, typer.BadParameter) as exc:
+    try:  # everything checked before anything starts; --param last
+        name = opts.choice("--scenario", name, tuple(SCENARIOS))
+        for option, path, example in (("--keep-recorder", keep_recorder, "recorder.db"),
+                                      ("--export", export, f"{name}.jsonl.gz")):  # fmt: skip
+            if path is not None:
+                opts.writable_file_path(option, path, example)
+        if weights_dir is not None:
+            opts.folder_path("--weights-dir", weights_dir)
+        overrides = _parse_params(params, SCENARIOS[name].defaults)
+        SCENARIOS[name].params(overrides)
+    except ValueError as exc:  # OptionError, or a parameter the scenario refuses
         typer.secho(f"diag: {exc}", err=True, fg=typer.colors.RED)
         return 2
     try:

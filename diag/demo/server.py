@@ -23,11 +23,13 @@ worker drains (``timeout_graceful_shutdown``), stops its batcher and flushes its
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from diag.demo.settings import SETTINGS_ENV, DemoSettings
@@ -38,6 +40,12 @@ log = logging.getLogger("diag.demo")
 APP_FACTORY = "diag.demo.app:create_app_from_env"
 THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def _params(callable_: Callable[..., object]) -> Mapping[str, inspect.Parameter]:
+    """The keyword arguments ``callable_`` accepts: the demo runs on the range of uvicorn releases that
+    pyproject.toml allows (it installs beside a service's own uvicorn), whose signatures differ."""
+    return inspect.signature(callable_).parameters
 
 
 def set_thread_env(threads: int) -> None:
@@ -93,12 +101,15 @@ def serve(
             log_level=log_level,
             access_log=access_log,
             timeout_graceful_shutdown=int(graceful_timeout_s),
-            # A worker busy in a long batch must not be declared hung and killed by the supervisor.
-            timeout_worker_healthcheck=30,
+            # A worker busy in a long batch must not be declared hung and killed by the supervisor
+            # (uvicorn < 0.37 has no such option: its supervisor waits 5 s for a worker's answer).
+            **({"timeout_worker_healthcheck": 30} if "timeout_worker_healthcheck" in _params(uvicorn.Config) else {}),
         )
         sock = uv_config.bind_socket()
         try:
-            Multiprocess(uv_config, sockets=[sock]).run()
+            # uvicorn < 0.51's supervisor takes the worker's entry point; later ones build it from the config.
+            target = {"target": uvicorn.Server(uv_config).run} if "target" in _params(Multiprocess) else {}
+            Multiprocess(uv_config, sockets=[sock], **target).run()
         finally:
             sock.close()
         return 0

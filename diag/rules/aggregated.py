@@ -20,22 +20,27 @@ import numpy as np
 
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext
-from diag.rules.requests import (
+from diag.rules.requestload import (
     MIN_REQUESTS,
     OVERWHELM_FACTOR,
     OVERWHELM_SHARE,
     S_INFLATED,
+    S_SEVERE,
     W_MIN_S,
     W_MIN_VS_S,
     W_RISE,
-    excerpt,
-    memory_stall,
-    ms,
-    service_context,
+    W_RISE_MARGIN_S,
+    WAIT_DOMINATES,
 )
+from diag.rules.stall_signals import memory_stall
+from diag.rules.stats import excerpt_arrays, service_context
 from diag.timeline import Series, Timeline
+from diag.units import format_seconds
 
 MIN_STEPS = 5  # steps with requests: fewer cannot tell a calm level from a busy one
+DOMINANT_CONFIDENCE = 0.6  # a wait that dwarfs a (less than severely) slowed inference: a backlog, the slowdown contributing
+CALM_QUARTER, BUSY_QUARTER = 0.25, 0.75  # steps by queue wait: the calm and the busy quarter
+TIME_PARTS = 3  # a service can slow at constant load: inference time of the later thirds against the first
 
 
 def _pick(svc: dict[str, Series], key: str) -> tuple[str, Series] | None:
@@ -47,7 +52,7 @@ def _pick(svc: dict[str, Series], key: str) -> tuple[str, Series] | None:
 
 
 @rule(
-    "service.queue_vs_thrash",
+    "aggregated.queue_vs_thrash",
     "queue_backlog",
     needs=("service:inference_p50_s",),
     needs_any=("service:queue_wait_mean_s", "service:queue_wait_p50_s"),
@@ -67,24 +72,24 @@ def queue_vs_thrash(tl: Timeline, ac: AnalysisContext | None = None) -> Finding 
         return TooLittleData(f"{ts.size} steps with requests", f"{MIN_STEPS} steps with requests")
     # Busy steps: the top quarter by queue wait; calm: the bottom quarter. Inference is compared between them, as the
     # per-request rule compares it between load quartiles (medians: a step or two of noise must not decide).
-    w_lo, w_hi = np.quantile(wv, [0.25, 0.75])
+    w_lo, w_hi = np.quantile(wv, [CALM_QUARTER, BUSY_QUARTER])
     calm, busy = wv <= w_lo, wv >= w_hi
     w_calm, w_busy = float(np.median(wv[calm])), float(np.median(wv[busy]))
     s_calm, s_busy = float(np.median(sv[calm])), float(np.median(sv[busy]))
-    thirds = [float(np.median(part)) for part in np.array_split(sv, 3)]  # a service can slow at constant load
+    thirds = [float(np.median(part)) for part in np.array_split(sv, TIME_PARTS)]
     by_time = max(thirds) / thirds[0] if thirds[0] > 0 else 1.0
     inflation = max(s_busy / s_calm if s_calm > 0 else 1.0, by_time)
     overwhelming = float(np.mean(wv >= OVERWHELM_FACTOR * np.maximum(sv, 1e-3))) >= OVERWHELM_SHARE
-    rose = (w_busy >= max(W_MIN_S, W_MIN_VS_S * s_calm) and w_busy >= W_RISE * w_calm + 0.02) or overwhelming
+    rose = (w_busy >= max(W_MIN_S, W_MIN_VS_S * s_calm) and w_busy >= W_RISE * w_calm + W_RISE_MARGIN_S) or overwhelming
     stall = [x for x in memory_stall(tl, service_context(tl, ac), None) if x.up and x.service]
     depth = tl.service.get("queue_depth")
     never_empty = depth is not None and len(depth.valid()) >= MIN_STEPS and float(np.min(depth.valid().values)) > 0
     t0, t1 = float(ts[0]), float(ts[-1])
     evidence = [
         Evidence(f"queue wait per step ({w_name}), busy vs calm quarter (median)", f"{w_busy:.3g} vs {w_calm:.3g}", "s", t0, t1,
-                 excerpt(ts, wv)),
+                 excerpt_arrays(ts, wv)),
         Evidence(f"inference time per step ({s_name}), busy vs calm quarter (median)", f"{s_busy:.3g} vs {s_calm:.3g}", "s",
-                 t0, t1, excerpt(ts, sv)),
+                 t0, t1, excerpt_arrays(ts, sv)),
         Evidence("inference time inflation (worst of busy/calm and later/first third)", round(inflation, 2), "x", t0, t1),
         Evidence(f"steps with queue wait >= {OVERWHELM_FACTOR:g}x inference", round(float(np.mean(wv >= OVERWHELM_FACTOR * sv)),
                  3), f"ratio of {ts.size} steps", t0, t1),
@@ -97,10 +102,10 @@ def queue_vs_thrash(tl: Timeline, ac: AnalysisContext | None = None) -> Finding 
     if inflation >= S_INFLATED and stall:
         return Finding(
             cls="thrashing",
-            rule="service.queue_vs_thrash",
-            confidence=0.6 + (0.1 if inflation >= 3 else 0.0),
+            rule="aggregated.queue_vs_thrash",
+            confidence=0.6 + (0.1 if inflation >= S_SEVERE else 0.0),
             summary=(
-                f"Inference time itself inflates {inflation:.1f}x ({ms(thirds[0])} -> {ms(max(thirds))}) "
+                f"Inference time itself inflates {inflation:.1f}x ({format_seconds(thirds[0])} -> {format_seconds(max(thirds))}) "
                 f"while the service's memory stalls: thrashing, not only a queue"
             ),
             evidence=evidence,
@@ -111,15 +116,22 @@ def queue_vs_thrash(tl: Timeline, ac: AnalysisContext | None = None) -> Finding 
         )
     if not rose:
         return None
-    # The wait rose, but inference slowed or memory stalls too: the queue may be a symptom (a suspect only).
-    conf = 0.65 + (0.05 if never_empty else 0.0) if inflation < S_INFLATED and not stall else 0.4
+    # The wait rose, but inference slowed or memory stalls too: the queue may be a symptom (a suspect only) --
+    # unless the wait dwarfs an inference slowed less than severely: a backlog with a contributing slowdown.
+    flat = inflation < S_INFLATED and not stall
+    dominant = not stall and inflation < S_SEVERE and s_busy > 0 and w_busy >= WAIT_DOMINATES * s_busy
+    conf = 0.65 + (0.05 if never_empty else 0.0) if flat else (DOMINANT_CONFIDENCE if dominant else 0.4)
+    stays = (f"stays at {format_seconds(s_busy)} ({inflation:.2f}x its calm level): too little capacity, not a slower service"
+             if flat else f"also slowed {inflation:.2f}x to {format_seconds(s_busy)}, but the wait is "
+             f"{w_busy / s_busy:.0f}x the inference time: too little capacity, with a contributing slowdown"
+             if dominant else f"slowed {inflation:.2f}x to {format_seconds(s_busy)}: the queue is at least partly a symptom")
     return Finding(
         cls="queue_backlog",
-        rule="service.queue_vs_thrash",
+        rule="aggregated.queue_vs_thrash",
         confidence=conf,
         summary=(
-            f"Requests wait {ms(w_busy)} for a slot at busy times (vs {ms(w_calm)} calm) while inference stays at "
-            f"{ms(s_busy)} ({inflation:.2f}x its calm level): too little capacity, not a slower service"
+            f"Requests wait {format_seconds(w_busy)} for a slot at busy times (vs {format_seconds(w_calm)} calm) "
+            f"while inference {stays}"
         ),
         evidence=evidence,
         rules_out=[basis, *(["no memory stall of the service at the busy times"] if not stall else [])],

@@ -45,6 +45,9 @@ class Finding:
     remediation: list[str] = field(default_factory=list)
     start: float | None = None
     end: float | None = None
+    # Classes this finding already gave way to on its own evidence (a pressure rule that saw thrashing-level
+    # stalls itself): the engine's precedence table does not step it down for them again. Not in the document.
+    yielded_to: set[str] = field(default_factory=set, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.cls and self.cls not in INCIDENT_CLASSES:
@@ -54,6 +57,7 @@ class Finding:
     def to_dict(self) -> dict[str, Any]:
         body = asdict(self)
         body["class"] = body.pop("cls")
+        del body["yielded_to"]
         return body
 
 

@@ -24,8 +24,7 @@ import numpy as np
 from diag.rules import numstats
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext
-from diag.rules.requests import ServiceContext, excerpt, memory_series, service_context
-from diag.rules.stats import spearman_test
+from diag.rules.stats import ServiceContext, excerpt_arrays, memory_series, service_context, spearman_test
 from diag.rules.usl import covered_time
 from diag.timeline import Series, Timeline
 
@@ -37,11 +36,18 @@ BALANCED_LOW = 0.3
 MIN_TOKENS_PER_EXPERT = 4.0
 MIN_ROUTING_STEPS = 20
 PERSISTENT_SHARE = 0.5
+BALANCED_SEVERE = 0.2  # balancedness under 0.2, or skew at twice SKEW_HIGH: severely skewed
+OVERFLOW_OFTEN, OVERFLOW_SOME = 0.1, 0.01  # shares of steps with expert capacity overflow
 
 # Batching: a 10x spread of input tokens among batches of (nearly) the same request count is the
 # signature of a request-count cap; batches must actually hit the count cap often for the cap to be the limiter.
 TOKEN_SPREAD = 10.0
 CAP_SHARE = 0.2
+NEAR_CAP = 0.75  # batches of at least 75 % of the request-count cap (and 2 requests) are "at the cap"
+BIG_BATCH_QUANTILE = 0.95  # the largest batches by tokens, among those near the cap
+SPREAD_QUANTILES = (0.05, 0.95)  # token spread: p95 / p5 ...
+MIN_SPREAD_BATCHES = 10  # ... with this many batches, else max / min
+BUDGET_HOLDS_CEILING = 0.3  # a token budget that holds: the spread is a risk within the budget, a note at most
 MIN_BATCHES = 20
 
 # Oversized context: failures concentrated in the longest decile, with a one-sided Fisher exact test.
@@ -51,9 +57,22 @@ LONG_VS_REST = 3.0  # the long decile's median prompt must be this many times th
 FAIL_RATE_LONG = 0.1
 FAIL_RATIO = 3.0
 FISHER_P = 0.01
+MIN_PER_SIDE = 3  # requests in the longest decile and in the rest, and failures in the longest decile
+TIES_AT_CUT = 0.2  # more than this share at or above the cut: many ties, take strictly longer prompts
+MIN_PEAK_SAMPLES = 20  # memory samples around the long prompts to find peaks in
+PEAK_QUANTILE = 0.95  # memory peaks: the top 5 % of samples ...
+MIN_PEAKS = 3  # ... at least three of them
+PEAKS_INSIDE = 0.5  # at least half the peaks while a long prompt is in flight ...
+PEAKS_OVER_CHANCE = 1.5  # ... and 1.5x more often than the time they are in flight would give by chance
 HUGE_PROMPT_CAP = 100_000  # a max_prompt_tokens this large is no cap at all
+SIMILAR_PEAKS_CEILING = 0.2  # peaks during the longer of similar prompts, nothing failing: a note, not a suspect
+SIMILAR_FAILURES_CEILING = 0.35  # failures concentrate, but the "long" prompts are not much longer: a suspect
+PEAKS_ONLY_CEILING = 0.45  # memory peaks with long prompts but no failures: a suspect at most
 
-CORRELATION_MIN = 0.3  # Spearman rho for "memory follows ..."; with p < 0.01 and >= 10 points
+CORRELATION_MIN = 0.3  # Spearman rho for "memory follows ..."; with p < CORRELATION_P and >= 10 points
+CORRELATION_P = 0.01
+MIN_CORRELATION_POINTS = 10
+OOM_AFTER_S = 5.0  # an OOM this soon after the last skewed step or batch still counts as during them
 
 
 def _latest_settings(tl: Timeline) -> dict[str, Any]:
@@ -73,7 +92,7 @@ def _follows(mem: Series, ts: np.ndarray, amount: np.ndarray) -> tuple[float, fl
     np.maximum.at(top, k, amt)
     peak = np.maximum(mval, np.concatenate((mval[1:], mval[-1:])))
     has = np.isfinite(top) & (top > -np.inf)
-    return spearman_test(top[has], peak[has], min_points=10)
+    return spearman_test(top[has], peak[has], min_points=MIN_CORRELATION_POINTS)
 
 
 def _oom_times(tl: Timeline) -> np.ndarray:
@@ -115,13 +134,13 @@ def moe_expert_skew(tl: Timeline, ac: AnalysisContext | None = None) -> Finding 
     points = 0
     if mem is not None:
         rho, p, points = _follows(mem[1], ts, top[eligible])
-    mem_follows = np.isfinite(rho) and rho >= CORRELATION_MIN and p < 0.01
+    mem_follows = np.isfinite(rho) and rho >= CORRELATION_MIN and p < CORRELATION_P
     ooms = _oom_times(tl)
-    ooms_in = int(((ooms >= ts.min()) & (ooms <= ts.max() + 5)).sum()) if ooms.size else 0
+    ooms_in = int(((ooms >= ts.min()) & (ooms <= ts.max() + OOM_AFTER_S)).sum()) if ooms.size else 0
 
     conf = 0.4
-    conf += 0.05 if (med_bal < 0.2 or med_skew >= 2 * SKEW_HIGH) else 0.0
-    conf += 0.2 if overflow_share >= 0.1 else 0.1 if overflow_share > 0.01 else 0.0
+    conf += 0.05 if (med_bal < BALANCED_SEVERE or med_skew >= 2 * SKEW_HIGH) else 0.0
+    conf += 0.2 if overflow_share >= OVERFLOW_OFTEN else 0.1 if overflow_share > OVERFLOW_SOME else 0.0
     conf += 0.2 if mem_follows else 0.0
     conf += 0.1 if ooms_in else 0.0
     conf = min(conf, 0.95)
@@ -130,7 +149,7 @@ def moe_expert_skew(tl: Timeline, ac: AnalysisContext | None = None) -> Finding 
         Evidence("routing steps analysed (layer x step)", n, "steps", float(ts.min()), float(ts.max())),
         Evidence("share of steps skewed (top/median > 3 or balancedness < 0.3)", round(share, 3), "ratio"),
         Evidence("median skew (top / median expert tokens)", "inf" if math.isinf(med_skew) else round(med_skew, 2), "ratio"),
-        Evidence("median balancedness (mean / max expert tokens)", round(med_bal, 3), "ratio", series=excerpt(ts, b)),
+        Evidence("median balancedness (mean / max expert tokens)", round(med_bal, 3), "ratio", series=excerpt_arrays(ts, b)),
         Evidence("layers with skewed steps", f"{skewed_layers.size} of {np.unique(layers).size}", "layers"),
         Evidence("median tokens at the busiest expert", round(float(np.median(top[eligible])), 1), "tokens"),
         Evidence("steps with capacity overflow", round(overflow_share, 3), "ratio"),
@@ -201,7 +220,7 @@ def request_count_batching(tl: Timeline, ac: AnalysisContext | None = None) -> F
         return None  # one request per batch: nothing is batched by count
     at_cap = count >= cap
     cap_share = float(at_cap.mean())
-    near = count >= max(2.0, 0.75 * cap)
+    near = count >= max(2.0, NEAR_CAP * cap)
     spread, basis = _spread(tokens[near])
     group_spread = _group_spread(count, tokens)
     if not np.isfinite(spread) or (np.isfinite(group_spread) and group_spread > spread):
@@ -220,9 +239,9 @@ def request_count_batching(tl: Timeline, ac: AnalysisContext | None = None) -> F
     points = 0
     if mem is not None:
         rho, p, points = _follows(mem[1], ts, tokens)
-    mem_follows = np.isfinite(rho) and rho >= CORRELATION_MIN and p < 0.01
+    mem_follows = np.isfinite(rho) and rho >= CORRELATION_MIN and p < CORRELATION_P
     ooms = _oom_times(tl)
-    ooms_in = int(((ooms >= ts.min()) & (ooms <= ts.max() + 5)).sum()) if ooms.size else 0
+    ooms_in = int(((ooms >= ts.min()) & (ooms <= ts.max() + OOM_AFTER_S)).sum()) if ooms.size else 0
 
     conf = 0.4
     conf += 0.05 if spread >= 3 * TOKEN_SPREAD else 0.0
@@ -230,8 +249,8 @@ def request_count_batching(tl: Timeline, ac: AnalysisContext | None = None) -> F
     conf += 0.2 if mem_follows else 0.0
     conf += 0.1 if ooms_in else 0.0
     if budget_holds:
-        conf = min(conf, 0.3)
-    big = near & (tokens >= np.quantile(tokens[near], 0.95))
+        conf = min(conf, BUDGET_HOLDS_CEILING)
+    big = near & (tokens >= np.quantile(tokens[near], BIG_BATCH_QUANTILE))
     evidence = [
         Evidence("batches analysed", int(count.size), "batches", float(ts.min()), float(ts.max())),
         Evidence("request-count cap (largest batch by requests)", int(cap), "requests"),
@@ -240,7 +259,9 @@ def request_count_batching(tl: Timeline, ac: AnalysisContext | None = None) -> F
         Evidence(
             "input tokens per near-cap batch, median / max", f"{np.median(tokens[near]):.0f} / {tokens[near].max():.0f}", "tokens"
         ),
-        Evidence("largest batches by tokens (near the request cap)", int(big.sum()), "batches", series=excerpt(ts, tokens)),
+        Evidence(
+            "largest batches by tokens (near the request cap)", int(big.sum()), "batches", series=excerpt_arrays(ts, tokens)
+        ),
     ]
     if mem is not None:
         evidence.append(
@@ -289,8 +310,8 @@ def request_count_batching(tl: Timeline, ac: AnalysisContext | None = None) -> F
 def _spread(tokens: np.ndarray) -> tuple[float, str]:
     """p95/p5 of batch tokens with >= 10 batches, else max/min; NaN when there is nothing to compare."""
     t = tokens[np.isfinite(tokens)]
-    if t.size >= 10:
-        lo, hi = np.quantile(t, [0.05, 0.95])
+    if t.size >= MIN_SPREAD_BATCHES:
+        lo, hi = np.quantile(t, SPREAD_QUANTILES)
         return (float(hi / lo) if lo > 0 else math.inf if hi > 0 else math.nan), "p95/p5"
     if t.size >= 2:
         lo, hi = float(t.min()), float(t.max())
@@ -303,7 +324,7 @@ def _group_spread(count: np.ndarray, tokens: np.ndarray) -> float:
     best = math.nan
     for c in np.unique(count[count >= 2]):
         t = tokens[count == c]
-        if t.size >= 10:
+        if t.size >= MIN_SPREAD_BATCHES:
             s, _ = _spread(t)
             if np.isfinite(s) and not (s <= best):
                 best = s
@@ -361,9 +382,9 @@ def _split_prompts(req: Any) -> PromptSplit | None:
     early = ~started & np.isin(outcome, _EARLY)
     cut = float(np.quantile(p, LONG_QUANTILE))
     long_ = p >= cut
-    if long_.mean() > 0.2:  # many ties at the cut: take strictly longer ones
+    if long_.mean() > TIES_AT_CUT:  # many ties at the cut: take strictly longer ones
         long_ = p > cut
-    if long_.sum() < 3 or (~long_).sum() < 3:
+    if long_.sum() < MIN_PER_SIDE or (~long_).sum() < MIN_PER_SIDE:
         return None
     failed = (outcome != "ok") & ~early
     counted = ~early
@@ -388,11 +409,11 @@ def _oversized_confidence(concentrated: bool, coincide: bool, ooms_long: int, un
     conf += 0.1 if ooms_long else 0.0
     conf += 0.1 if unbounded else 0.0
     if ratio_len < LONG_VS_REST and not concentrated:
-        conf = min(conf, 0.2)  # peaks during the longer of similar prompts, nothing failing: a note, not a suspect
+        conf = min(conf, SIMILAR_PEAKS_CEILING)
     elif ratio_len < LONG_VS_REST:
-        conf = min(conf, 0.35)
+        conf = min(conf, SIMILAR_FAILURES_CEILING)
     if not concentrated:
-        conf = min(conf, 0.45)
+        conf = min(conf, PEAKS_ONLY_CEILING)
     return min(conf, 0.9)
 
 
@@ -409,7 +430,10 @@ def oversized_context(tl: Timeline, ac: AnalysisContext | None = None) -> Findin
     ratio_len, rate_long, rate_rest = sp.ratio_len, sp.rate_long, sp.rate_rest
     p_fisher = _fisher(sp.f_long, sp.n_long - sp.f_long, sp.f_rest, sp.n_rest - sp.f_rest)
     concentrated = (
-        sp.f_long >= 3 and rate_long >= FAIL_RATE_LONG and rate_long >= FAIL_RATIO * max(rate_rest, 1e-9) and p_fisher < FISHER_P
+        sp.f_long >= MIN_PER_SIDE
+        and rate_long >= FAIL_RATE_LONG
+        and rate_long >= FAIL_RATIO * max(rate_rest, 1e-9)
+        and p_fisher < FISHER_P
     )
     # Memory peaks vs long prompts in flight.
     begin = np.where(sp.started, req["start"][has], req["arrival"][has])
@@ -440,7 +464,7 @@ def oversized_context(tl: Timeline, ac: AnalysisContext | None = None) -> Findin
         ),
         Evidence("failure rate, the rest", round(rate_rest, 3), f"ratio ({sp.f_rest}/{sp.n_rest})"),
         Evidence("Fisher exact test p (failures over-represented in long prompts)", float(f"{p_fisher:.3g}"), "p"),
-        Evidence("prompt tokens per request over time", int(p.max()), "tokens", series=excerpt(req["arrival"][has], p)),
+        Evidence("prompt tokens per request over time", int(p.max()), "tokens", series=excerpt_arrays(req["arrival"][has], p)),
     ]
     if mem is not None and n_peaks:
         evidence.append(
@@ -502,21 +526,21 @@ def _peaks_in(mem: Series | None, starts: np.ndarray, ends: np.ndarray) -> tuple
     Returns (coincide, share of peaks inside, share of time inside, peaks). A sample reflects what ran
     up to one sampling interval before it, so intervals are stretched by that lag.
     """
-    if mem is None or len(mem) < 20 or starts.size == 0:
+    if mem is None or len(mem) < MIN_PEAK_SAMPLES or starts.size == 0:
         return False, math.nan, math.nan, 0
     lo, hi = float(starts.min()), float(ends.max())
     win = mem.window(lo - 60, hi + 60)
-    if len(win) < 20:
+    if len(win) < MIN_PEAK_SAMPLES:
         return False, math.nan, math.nan, 0
     lag = _sample_lag(win)
-    thr = float(np.quantile(win.values, 0.95))
+    thr = float(np.quantile(win.values, PEAK_QUANTILE))
     peaks = win.ts[win.values >= thr]
-    if peaks.size < 3 or np.ptp(win.values) == 0:
+    if peaks.size < MIN_PEAKS or np.ptp(win.values) == 0:
         return False, math.nan, math.nan, int(peaks.size)
     stretched = ends + lag
     inside = covered_time(starts, stretched, peaks - 1e-3, peaks + 1e-3) > 0
     span = float(win.ts[-1] - win.ts[0])
     time_share = float(covered_time(starts, stretched, np.array([win.ts[0]]), np.array([win.ts[-1]]))[0] / span) if span else 1.0
     peak_share = float(inside.mean())
-    coincide = peak_share >= 0.5 and (time_share <= 0 or peak_share >= 1.5 * time_share)
+    coincide = peak_share >= PEAKS_INSIDE and (time_share <= 0 or peak_share >= PEAKS_OVER_CHANCE * time_share)
     return bool(coincide), peak_share, time_share, int(peaks.size)

@@ -22,13 +22,17 @@ import numpy as np
 from diag.rules import numstats
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext
-from diag.rules.requests import analyse_requests, memory_series, service_context
-from diag.rules.stats import limit_for
+from diag.rules.requestload import analyse_requests
+from diag.rules.stats import limit_for, memory_series, service_context
 from diag.timeline import Series, Timeline
 
 GIB = float(1 << 30)
 HUGE_PROMPT_CAP = 100_000
 MIN_BUCKETS_FOR_SLOPE = 10
+MIN_LOAD_RANGE = 1.0  # requests in service must vary by one or more for a slope per request
+MAX_SLOPE_BUCKETS = 2000  # Theil-Sen is O(n^2): beyond this many buckets, a stride keeps a day of them cheap
+RISKS_CEILING = 0.45  # risky settings alone are a risk, not a cause: below 0.5 whatever their number
+FAR_OVER_LIMIT = 1.5  # projected memory at 1.5x the limit or more adds confidence
 NEAR_LIMIT = 0.9  # observed peak at >= 90 % of the limit corroborates the projection
 UNBOUNDED_REACH = 4.0  # unbounded concurrency counts as "will exceed" when the limit falls within 4x the observed peak in flight
 
@@ -69,11 +73,11 @@ def _footprint(tl: Timeline, ac: AnalysisContext | None = None) -> Footprint | N
     c = load.curve
     m = np.interp(c.centers, mem[1].ts, mem[1].values, left=np.nan, right=np.nan)
     keep = np.isfinite(m) & np.isfinite(c.n_service)
-    if keep.sum() < MIN_BUCKETS_FOR_SLOPE or np.ptp(c.n_service[keep]) < 1.0:
+    if keep.sum() < MIN_BUCKETS_FOR_SLOPE or np.ptp(c.n_service[keep]) < MIN_LOAD_RANGE:
         return None
     n, y = c.n_service[keep], m[keep]
-    if keep.sum() > 2000:  # Theil-Sen is O(n^2): a stride keeps a day of buckets cheap
-        step = int(keep.sum() // 2000) + 1
+    if keep.sum() > MAX_SLOPE_BUCKETS:
+        step = int(keep.sum() // MAX_SLOPE_BUCKETS) + 1
         n, y = n[::step], y[::step]
     res = numstats.theilslopes(y, n)
     if not (np.isfinite(res.slope) and res.low_slope > 0):  # the 95 % interval must exclude zero
@@ -168,11 +172,11 @@ def _confidence(issues: list[Issue], p: Projection, corroborated: bool) -> float
     """
     majors = sum(i.major for i in issues)
     conf = (0.25 + 0.05 * (majors - 1) if majors else 0.15) if issues else 0.0
-    conf = min(conf, 0.45)
+    conf = min(conf, RISKS_CEILING)
     if p.exceeds:
         conf = 0.6
         conf += 0.1 if corroborated else 0.0
-        conf += 0.1 if p.projected and p.limit and p.projected >= 1.5 * p.limit else 0.0
+        conf += 0.1 if p.projected and p.limit and p.projected >= FAR_OVER_LIMIT * p.limit else 0.0
     return conf
 
 

@@ -2,6 +2,10 @@
 
 Verdict semantics (documented in ``diag analyze --help``, the README and the JSON document):
 
+Every rule runs once; then the precedence table (``diag.rules.precedence``) steps down the findings
+that give way to another rule's (pressure under a firm OOM kill of the service's own, pressure under
+stall-only thrashing with page-ins); then findings are ranked.
+
 - a class name: the most confident finding at or above ``PRIMARY_CONFIDENCE`` (0.5), ties broken by
   how causal the class is (a leak or four model copies *explain* an OOM kill; the OOM kill is the
   symptom -- see ``diag.rules.classes``); other such findings are ``contributing``;
@@ -25,6 +29,7 @@ from typing import Any
 from diag.rules.base import RULES, Finding, TooLittleData
 from diag.rules.classes import CAUSAL_WEIGHT, HEALTHY, INCONCLUSIVE
 from diag.rules.context import AnalysisContext
+from diag.rules.precedence import apply_precedence
 from diag.timeline import Timeline
 
 PRIMARY_CONFIDENCE = 0.5
@@ -111,7 +116,7 @@ def analyze(timeline: Timeline) -> Analysis:
     load_rules()
     signals = timeline.signals()
     ctx = AnalysisContext(timeline)  # per-analysis memo: rules share passes over this timeline, nothing outlives it
-    findings: list[Finding] = []
+    by_rule: dict[str, Finding] = {}
     not_evaluated: list[dict[str, Any]] = []
     evaluated: list[str] = []
     too_little: list[dict[str, Any]] = []
@@ -131,8 +136,9 @@ def analyze(timeline: Timeline) -> Analysis:
         elif result is not None:
             result.rule = result.rule or rule_id
             result.cls = result.cls or r.cls
-            findings.append(result)
-    findings.sort(key=_score, reverse=True)
+            by_rule[rule_id] = result
+    apply_precedence(by_rule)
+    findings = sorted(by_rule.values(), key=_score, reverse=True)
     primary, contributing, suspects = verdict(findings, too_little)
     return Analysis(
         primary,

@@ -27,14 +27,19 @@ import numpy as np
 
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext
-from diag.rules.requests import excerpt, ms
+from diag.rules.stats import excerpt_arrays
 from diag.rules.usl import covered_time
 from diag.timeline import Table, Timeline
+from diag.units import format_seconds
 
 MIN_ON_PATH = 3  # fewer on-path loads is an anecdote, not a pattern
 SHARE_QUIET = 0.05  # below this share of queue wait AND ...
 RATE_QUIET = 0.1  # ... this many loads per request, the loads are background noise: stay quiet
 RATE_PER_REQUEST = 0.5  # >= one load per two requests: a refresh in (nearly) every request
+SHARE_MOST = 0.5  # on-path loads cover half the queue wait or more: the wait is mostly the loader's
+SHARE_MATERIAL = 0.2  # a fifth or more: more slots or replicas would not remove it
+BIMODAL_FACTOR = 2.0  # requests that waited on a load take twice as long end to end as the rest
+MISSES_MOST = 0.8  # on-path loads that missed the cache: a refresh that re-reads, not a cache hit
 
 
 @dataclass
@@ -85,10 +90,10 @@ def _loader_confidence(share: float, rate: float, bimodal: bool, miss_share: flo
     they explain little of the wait -- more slots would fix that one, and not this one.
     """
     conf = 0.3
-    conf += 0.3 if share >= 0.5 else 0.2 if share >= 0.2 else 0.1 if share >= SHARE_QUIET else 0.0
+    conf += 0.3 if share >= SHARE_MOST else 0.2 if share >= SHARE_MATERIAL else 0.1 if share >= SHARE_QUIET else 0.0
     conf += 0.2 if rate >= RATE_PER_REQUEST else 0.1 if rate >= RATE_QUIET else 0.0
     conf += 0.1 if bimodal else 0.0
-    conf += 0.05 if np.isfinite(miss_share) and miss_share >= 0.8 else 0.0
+    conf += 0.05 if np.isfinite(miss_share) and miss_share >= MISSES_MOST else 0.0
     conf += 0.05 if any_flagged else 0.0
     return min(conf, 0.95)
 
@@ -125,7 +130,7 @@ def blocking_loader_refresh(tl: Timeline, ac: AnalysisContext | None = None) -> 
     hit = covered > 0
     e2e_hit = float(np.median(e2e[hit])) if hit.any() else math.nan
     e2e_clear = float(np.median(e2e[~hit])) if (~hit).any() else math.nan
-    bimodal = hit.any() and (~hit).any() and e2e_clear > 0 and e2e_hit >= 2 * e2e_clear
+    bimodal = hit.any() and (~hit).any() and e2e_clear > 0 and e2e_hit >= BIMODAL_FACTOR * e2e_clear
     misses = ld["cache_hit"][on_path] if "cache_hit" in ld else np.full(n_on, np.nan)
     known = np.isfinite(misses)
     miss_share = float(np.mean(misses[known] == 0)) if known.any() else math.nan
@@ -147,7 +152,10 @@ def blocking_loader_refresh(tl: Timeline, ac: AnalysisContext | None = None) -> 
         Evidence("median e2e, requests that waited on a load vs the rest", _pair(e2e_hit, e2e_clear), "s"),
         Evidence("requests analysed", n_req, "requests", float(a.min()), float(finish[valid].max())),
         Evidence(
-            "on-path load durations over time", round(float(np.max(dur[on_path])), 4), "s", series=excerpt(t_on, dur[on_path])
+            "on-path load durations over time",
+            round(float(np.max(dur[on_path])), 4),
+            "s",
+            series=excerpt_arrays(t_on, dur[on_path]),
         ),
     ]
     if np.isfinite(bytes_total):
@@ -155,7 +163,7 @@ def blocking_loader_refresh(tl: Timeline, ac: AnalysisContext | None = None) -> 
     if np.isfinite(miss_share):
         evidence.append(Evidence("on-path loads that missed the cache", round(miss_share, 3), "ratio"))
     rules_out = []
-    if share >= 0.2:
+    if share >= SHARE_MATERIAL:
         rules_out.append(
             f"not a capacity backlog: {share:.0%} of the queue wait is loader time, so more slots or replicas would not remove it"
         )
@@ -167,7 +175,7 @@ def blocking_loader_refresh(tl: Timeline, ac: AnalysisContext | None = None) -> 
         confidence=conf,
         summary=(
             f"{n_on} model/registry loads ran on the request path ({rate:.2f} per request, median "
-            f"{ms(float(np.median(dur[on_path])))} each), covering {share:.0%} of all queue wait"
+            f"{format_seconds(float(np.median(dur[on_path])))} each), covering {share:.0%} of all queue wait"
         ),
         evidence=evidence,
         rules_out=rules_out,

@@ -11,10 +11,12 @@ without a watched cgroup the processes themselves decide.
   per-request sawtooth and GC cycles do not count as growth;
 - **trend**: Mann-Kendall with the Hamed-Rao autocorrelation correction on the troughs (its factor
   also estimated from the dense series, see ``stats.dense_correction``), Bonferroni over the
-  deciding candidates, p < 0.01 (diagnosis.md §3), and a positive Theil-Sen slope;
-- **material**: at least 5 % of the limit per hour (the research note's threshold; the limit is
-  the cgroup's, else the host's MemTotal) AND a rise over the recording of at least 5 % of the
-  level or 1 % of the limit -- so an interpreter settling by 2 MiB is not a leak;
+  deciding candidates, p < 0.01 (a 1 % false alarm per analysis; on seeded autocorrelated series
+  without a trend it fires about half that often, see ``stats``), and a positive Theil-Sen slope;
+- **material**: at least 5 % of the limit per hour (at that rate a service at half its limit
+  reaches it within ten hours -- inside one working day; the limit is the cgroup's, else the host's
+  MemTotal) AND a rise over the recording of at least 5 % of the level or 1 % of the limit -- so an
+  interpreter settling by 2 MiB is not a leak;
 - **not warm-up**: no ramp-then-plateau (``stats.plateau_after_change``) and no single step that
   makes up more than 60 % of the rise (a cache filled once is not a climb);
 - **not load**: when requests exist, the load in service (tokens, else requests) is averaged over
@@ -32,11 +34,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from diag.rules import numstats, stats
+from diag.rules import levels, numstats, stats
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext, shared
-from diag.rules.oom import host_oom
-from diag.rules.stalls import thrashing_from_stalls
+from diag.rules.stall_signals import FAULTS_UP, PSI_FULL_UP, PSI_SOME_UP
 from diag.rules.stats import LoadIndex, Scope, Trend
 from diag.timeline import Series, Timeline
 from diag.units import format_bytes
@@ -44,25 +45,32 @@ from diag.units import format_bytes
 MIB = float(1 << 20)
 P_LEAK = 0.01  # Mann-Kendall (Hamed-Rao) p after Bonferroni over candidates
 P_LOAD_RISING = 0.05
-MATERIAL_RATE_OF_LIMIT_PER_H = 0.05  # diagnosis.md §3: growth > 5 %/h of the limit
+MATERIAL_RATE_OF_LIMIT_PER_H = 0.05  # growth >= 5 %/h of the limit: from half full to the limit in ten hours
 MATERIAL_RISE_OF_LEVEL = 0.05
 MATERIAL_RISE_OF_LIMIT = 0.01
 MAX_STEP_SHARE = 0.6
+LOAD_EDGE_SHARE = 0.15  # load at the start / end of the recording: the mean of the first / last 15 % of the windows
+MIN_REGRESSION_POINTS = 4  # troughs paired with a window load: fewer cannot regress memory on load
+RESIDUAL_SLOPE_SHARE = 0.5  # after regressing on load, the climb must keep at least half its slope
+P_LEAK_STRONG = 1e-3  # a trend this significant adds confidence
+BIG_RISE_OF_LIMIT = 0.1  # a rise of 10 % of the limit over the recording ...
+SOON_S = 86_400.0  # ... or the limit reached within a day at this rate: a leak that matters now
+MANY_TROUGHS = 12  # troughs enough that the trend rests on more than the minimum
+UNSCOPED_CEILING = 0.6  # a leak in a process not known to be the service: firm only about that process
 CGROUP_SERIES = ("working_set", "usage", "stat.anon")
 PROCESS_SERIES = ("rss", "uss", "pss")  # RSS first: it is fresh every sample, USS/PSS only every few seconds
 PROCESS_MIN_SHARE = 0.10  # process candidates: at least 10 % of the biggest serving process
 MAX_PROCESS_CANDIDATES = 8
 
-# memory_pressure thresholds (diagnosis.md §3: some avg10 > 10 % = pressure; the kill daemons' 60 % is an action threshold)
-PSI_SOME_PRESSURE = 10.0
-PSI_FULL_THRASH = 5.0
-NEAR_LIMIT = 0.90
-LIMIT_EVENTS_NEAR = 0.80
+# memory_pressure: the stall levels are every stall-reading rule's (``stall_signals``: PSI some >= 10 % is
+# pressure; full >= 5 % with major faults >= 50/s is thrashing level); how near the limit counts is this rule's.
+NEAR_LIMIT = levels.NEAR_LIMIT  # shared with the memory-pressure cause alert
+LIMIT_EVENTS_NEAR = levels.LIMIT_EVENTS_NEAR
 FOLLOWS_LOAD_RHO = 0.5
 STATIC_RHO = 0.3
-THRASH_MAJFAULT_PER_S = 50.0
-FIRM_OOM_KILL = 0.6  # the OOM rule's confidence once the kill is the service's own
-STALL_THRASHING_MIN = 0.6  # the stall-only thrashing rule's confidence once page-ins back its stalls (0.65+)
+MIN_FOLLOW_SAMPLES = 5  # memory samples to correlate with load (and anon samples to prefer it over the working set)
+MAJFAULT_PERCENTILE = 90  # major faults "pour in" when the 90th percentile of their rate reaches the floor
+THRASHING_CEILING = 0.45  # stalls at thrashing level in pressure's own view: a suspect at most
 
 
 @dataclass
@@ -153,7 +161,7 @@ def _load_check(cand: Candidate, tr: Series, raw_slope: float, edges: np.ndarray
     wl = stats.window_means(Series(s.ts, per_sample), edges)
     wl_ts = 0.5 * (edges[:-1] + edges[1:])
     keep = np.isfinite(wl)
-    k = max(2, int(0.15 * keep.sum()))
+    k = max(2, int(LOAD_EDGE_SHARE * keep.sum()))
     check.start, check.end = float(np.mean(wl[keep][:k])), float(np.mean(wl[keep][-k:]))
     check.trend = stats.trend(wl_ts[keep], wl[keep])
     check.rising = bool(check.trend and check.trend.p < P_LOAD_RISING and check.trend.slope > 0)
@@ -162,12 +170,12 @@ def _load_check(cand: Candidate, tr: Series, raw_slope: float, edges: np.ndarray
         lookup = dict(zip(np.round(wl_ts, 6), wl, strict=True))
         x = np.array([lookup.get(round(float(t), 6), np.nan) for t in tr.ts])
         ok = np.isfinite(x)
-        if ok.sum() >= 4 and np.ptp(x[ok]) > 0:
+        if ok.sum() >= MIN_REGRESSION_POINTS and np.ptp(x[ok]) > 0:
             coef = np.polyfit(x[ok], tr.values[ok], 1)
             resid = tr.values[ok] - np.polyval(coef, x[ok])
             check.residual = stats.trend(tr.ts[ok], resid)
         res = check.residual
-        persists = bool(res and res.p < P_LEAK and res.slope >= 0.5 * max(raw_slope, 1e-12))
+        persists = bool(res and res.p < P_LEAK and res.slope >= RESIDUAL_SLOPE_SHARE * max(raw_slope, 1e-12))
         check.explains = not persists
     return check
 
@@ -272,18 +280,18 @@ def _rate(slope_per_s: float) -> str:
 
 def _leak_confidence(a: Assessment) -> float:
     conf = 0.6
-    if a.p_adj < 1e-3:
+    if a.p_adj < P_LEAK_STRONG:
         conf += 0.1
     if a.load.observed:
         conf += 0.1 if not a.load.rising else 0.05  # flat/falling load: the cleanest case
     else:
         conf -= 0.05
-    if a.cand.limit and (a.rise >= 0.1 * a.cand.limit or (a.cand.limit - a.current) / a.slope < 86400):
+    if a.cand.limit and (a.rise >= BIG_RISE_OF_LIMIT * a.cand.limit or (a.cand.limit - a.current) / a.slope < SOON_S):
         conf += 0.05
-    if len(a.troughs) >= 12:
+    if len(a.troughs) >= MANY_TROUGHS:
         conf += 0.05
     if not a.cand.scoped:
-        conf = min(conf, 0.6)
+        conf = min(conf, UNSCOPED_CEILING)
     return min(conf, 0.95)
 
 
@@ -410,7 +418,7 @@ def _cgroup_pressure(timeline: Timeline, group: str) -> _Pressure:
     some = stats.stall_percent(cg, "psi.memory.some")
     full = stats.stall_percent(cg, "psi.memory.full")
     if len(some):
-        hit, n = stats.sustained_above(some, PSI_SOME_PRESSURE)
+        hit, n = stats.sustained_above(some, PSI_SOME_UP)
         ev.append(
             Evidence(
                 f"{group} memory PSI some, max",
@@ -422,7 +430,7 @@ def _cgroup_pressure(timeline: Timeline, group: str) -> _Pressure:
             )
         )
         if hit:
-            ind.append(f"memory PSI some >= {PSI_SOME_PRESSURE:.0f} % in {n} samples (max {float(some.values.max()):.1f} %)")
+            ind.append(f"memory PSI some >= {PSI_SOME_UP:.0f} % in {n} samples (max {float(some.values.max()):.1f} %)")
     mem_name, mem = next(((n, cg[n].valid()) for n in ("working_set", "usage") if n in cg and len(cg[n].valid())), ("", None))
     limit, _source = stats.limit_for(timeline, group)
     has_limit = stats.cgroup_limit(timeline, group) is not None
@@ -455,7 +463,7 @@ def _cgroup_pressure(timeline: Timeline, group: str) -> _Pressure:
     majflt = cg.get("stat.pgmajfault") or timeline.host.get("vmstat.pgmajfault")
     thrash = _thrashing(full, majflt)
     anon = cg.get("stat.anon")
-    follow = anon.valid() if anon is not None and len(anon.valid()) >= 5 else mem
+    follow = anon.valid() if anon is not None and len(anon.valid()) >= MIN_FOLLOW_SAMPLES else mem
     return _Pressure(f"cgroup {group}", ind, ev, mem, limit if has_limit else None, thrash, follow)
 
 
@@ -467,7 +475,7 @@ def _host_pressure(timeline: Timeline) -> _Pressure | None:
     some = stats.stall_percent(host, "psi.memory.some")
     full = stats.stall_percent(host, "psi.memory.full")
     if len(some):
-        hit, n = stats.sustained_above(some, PSI_SOME_PRESSURE)
+        hit, n = stats.sustained_above(some, PSI_SOME_UP)
         ev.append(
             Evidence(
                 "host memory PSI some, max",
@@ -479,7 +487,7 @@ def _host_pressure(timeline: Timeline) -> _Pressure | None:
             )
         )
         if hit:
-            ind.append(f"host memory PSI some >= {PSI_SOME_PRESSURE:.0f} % in {n} samples")
+            ind.append(f"host memory PSI some >= {PSI_SOME_UP:.0f} % in {n} samples")
     mem = None
     limit = stats.host_total(timeline)
     if avail is not None and total is not None and limit:
@@ -505,34 +513,11 @@ def _host_pressure(timeline: Timeline) -> _Pressure | None:
 
 
 def _thrashing(full: Series, majflt: Series | None) -> bool:
-    """Stalls at thrashing level (full >= 5 % sustained) with major faults pouring in: the thrashing rule's case."""
-    if not len(full) or not stats.sustained_above(full, PSI_FULL_THRASH)[0] or majflt is None:
+    """Stalls at thrashing level (PSI full >= 5 % sustained) with major faults pouring in: more than ordinary pressure."""
+    if not len(full) or not stats.sustained_above(full, PSI_FULL_UP)[0] or majflt is None:
         return False
     r = majflt.rate().valid()
-    return bool(len(r) and float(np.percentile(r.values, 90)) >= THRASH_MAJFAULT_PER_S)
-
-
-def _stalls_say_thrashing(timeline: Timeline, ac: AnalysisContext | None) -> bool:
-    """The stall-only thrashing rule found sustained full stalls *with* page-ins (its 0.65+ case).
-
-    Pressure is the broader, weaker class: when the specific one stands on its own evidence -- often
-    refaults of evicted page cache rather than major faults, which the check above looks for -- the
-    verdict must name the specific one. Stalls without page-ins (0.35-0.4) are reclaim, not thrashing,
-    and leave pressure as it is.
-    """
-    found = thrashing_from_stalls(timeline, ac)  # memoised per analysis: the engine's own call and this are one
-    return isinstance(found, Finding) and found.confidence >= STALL_THRASHING_MIN
-
-
-def _firm_oom_kill(timeline: Timeline, ac: AnalysisContext | None) -> float | None:
-    """The OOM rule's confidence when it firmly found a kill of the service's own (0.6+), else None.
-
-    Pressure that ended in an OOM kill is an OOM incident to the person on call: the kill is what they
-    must act on, and the pressure is how it got there. Pressure stays a contributing finding, ranked
-    just under the kill. A kill the OOM rule could not tie to the service (0.3) changes nothing.
-    """
-    found = host_oom(timeline, ac)  # memoised per analysis: the engine's own call and this are one
-    return found.confidence if isinstance(found, Finding) and found.confidence >= FIRM_OOM_KILL else None
+    return bool(len(r) and float(np.percentile(r.values, MAJFAULT_PERCENTILE)) >= FAULTS_UP)
 
 
 @rule(
@@ -566,7 +551,12 @@ def memory_pressure(timeline: Timeline, ac: AnalysisContext | None = None) -> Fi
     notes: list[str] = []
     rho = math.nan
     follow = view.follow
-    if load is not None and follow is not None and len(follow) >= 5 and load.covers(float(follow.ts[0]), float(follow.ts[-1])):
+    if (
+        load is not None
+        and follow is not None
+        and len(follow) >= MIN_FOLLOW_SAMPLES
+        and load.covers(float(follow.ts[0]), float(follow.ts[-1]))
+    ):
         name, per_sample = load.load(follow.ts)
         rho = stats.spearman(follow.values, per_sample)
         ev.append(
@@ -616,16 +606,11 @@ def memory_pressure(timeline: Timeline, ac: AnalysisContext | None = None) -> Fi
         a = min(flat, key=lambda x: x.p_adj)
         why = "; ".join(a.why_not) or "no rising troughs"
         rules_out.append(f"memory_leak: {why}")
-    if view.thrash:
-        conf = min(conf, 0.45)
+    yielded: set[str] = set()
+    if view.thrash:  # its own evidence: stalls this deep are more than ordinary pressure, whatever the thrashing rules say
+        conf = min(conf, THRASHING_CEILING)
         notes.append("stalls are at thrashing level (PSI full >= 5 % with major faults): see the thrashing finding")
-    elif _stalls_say_thrashing(timeline, ac):
-        conf = min(conf, 0.45)
-        notes.append("sustained full stalls with page-ins (refaults, faults or swap): see the thrashing finding")
-    killed = _firm_oom_kill(timeline, ac)
-    if killed is not None and conf >= killed:
-        conf = killed - 0.05
-        notes.append("the kernel OOM-killed in this window: see the OOM finding (pressure is how it got there)")
+        yielded.add("thrashing")
     conf = min(conf, 0.9)
     start, end = (
         (float(view.mem.ts[0]), float(view.mem.ts[-1]))
@@ -648,4 +633,5 @@ def memory_pressure(timeline: Timeline, ac: AnalysisContext | None = None) -> Fi
         ],
         start,
         end,
+        yielded_to=yielded,
     )

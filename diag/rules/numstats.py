@@ -77,6 +77,17 @@ def median(a: Any, overwrite_input: bool = False) -> np.float64:
     return zero + part[h] if n % 2 else (zero + part[h - 1] + part[h]) / np.float64(2.0)
 
 
+def finite_median(a: Any) -> float:
+    """The median of the finite values (NaN and infinities left out), NaN when none is left.
+
+    Why apart from ``median``: request tables carry NaN for what a request never reached (no start,
+    no inference time), and a quartile's median must speak for the requests that have the value.
+    """
+    arr = np.asarray(a, dtype=np.float64)
+    arr = arr[np.isfinite(arr)]
+    return float(median(arr, overwrite_input=True)) if arr.size else math.nan
+
+
 # --------------------------------------------------------------------------- ranks
 
 
@@ -267,7 +278,7 @@ def _inversions(r: np.ndarray) -> int:
 def kendalltau(x: np.ndarray, y: np.ndarray) -> float:
     """Kendall's tau-b statistic, as ``scipy.stats.kendalltau(x, y).statistic`` (variant='b').
 
-    Only the statistic: the one call site (``diag.rules.requests``) reads nothing else, so no
+    Only the statistic: the one call site (``diag.rules.requestload``) reads nothing else, so no
     p-value is computed. (C - D) / sqrt((P - Tx)(P - Ty)) with the discordant pairs D counted by
     merge-sort inversions (O(n log^2 n)) and scipy's tie bookkeeping, clipped to [-1, 1]. Fewer
     than 2 points, any NaN, or one input constant: NaN.

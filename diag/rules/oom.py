@@ -24,7 +24,7 @@ import numpy as np
 from collectors.records import CudaOomError, OomEvent
 from diag.rules import stats
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
-from diag.rules.context import AnalysisContext, shared
+from diag.rules.context import AnalysisContext
 from diag.rules.stats import Scope
 from diag.timeline import Series, Timeline
 from diag.units import format_bytes
@@ -33,6 +33,9 @@ FRAG_MIN_SHARE = 0.05  # reserved-but-unallocated must be >= 5 % of torch's tota
 OTHER_PROCESS_MIN_SHARE = 0.10  # another process holding >= 10 % of the GPU is worth naming
 SLACK_SHARE = 0.2  # torch snapshots only: >= 20 % of reserved memory cached-but-unallocated is a fragmentation sign
 CONTEXT_S = 30.0  # how far before a kill to look for the memory state that led to it
+SIMILAR_HOLDINGS = 1.5  # other processes holding GPU memory within 1.5x of each other look like copies of one model
+FRAG_AMPLE = 2.0  # the slack held twice the failed request ...
+FRAG_AMPLE_OF_ALLOCATED = 0.2  # ... and a fifth of what torch had allocated: plainly fragmentation
 
 
 # --------------------------------------------------------------------------- host OOM
@@ -149,11 +152,6 @@ _REMEDIATION_HOST = (
 @rule("oom.host", "host_oom", needs=("ooms",))
 def host_oom(timeline: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """Kernel OOM kills: which memory ran out (a cgroup limit or the host), who died, corroborated by counters."""
-    # Memoised per analysis: memory pressure asks for this result too, and must not make it run twice.
-    return shared(ac, timeline, "oom.host", lambda: _judge_kills(timeline, ac))
-
-
-def _judge_kills(timeline: Timeline, ac: AnalysisContext | None) -> Finding | TooLittleData | None:
     scope = stats.service_scope(timeline, ac)
     per_group, host_kills = _counter_increases(timeline)
     kills = list(timeline.ooms)
@@ -403,7 +401,7 @@ def gpu_oom(timeline: Timeline, ac: AnalysisContext | None = None) -> Finding | 
         )
         ev.append(Evidence("memory held by other processes", held, "bytes", err.ts, err.ts))
         big = [p["bytes"] for p in others if cap and p["bytes"] >= OTHER_PROCESS_MIN_SHARE * cap]
-        if len(big) >= 2 and max(big) <= 1.5 * min(big):
+        if len(big) >= 2 and max(big) <= SIMILAR_HOLDINGS * min(big):
             notes.append(
                 f"{len(big)} other processes hold ~{format_bytes(float(np.median(big)))} each: maybe duplicate model copies"
             )
@@ -449,7 +447,7 @@ def allocator_fragmentation(timeline: Timeline, ac: AnalysisContext | None = Non
         err = max(frag, key=lambda e: (e.reserved_unallocated_bytes or 0) / max(e.tried_to_allocate_bytes or 1, 1))
         x, r, a = err.tried_to_allocate_bytes or 0, err.reserved_unallocated_bytes or 0, err.allocated_by_pytorch_bytes
         conf = 0.8
-        if r >= 2 * x and (a is None or r >= 0.2 * a):
+        if r >= FRAG_AMPLE * x and (a is None or r >= FRAG_AMPLE_OF_ALLOCATED * a):
             conf += 0.1
         if retries > 0:
             conf += 0.05

@@ -20,21 +20,29 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from diag.rules import numstats, stats
+from diag.rules import levels, numstats, stats
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext
+from diag.rules.stall_signals import PSI_SOME_UP
 from diag.timeline import ProcessTrack, Series, Timeline
 from diag.units import format_bytes
 
 PRIVATE_COPY_SHARE = 0.7  # a holder with USS >= 70 % of the model size holds a private copy (some pages may be untouched)
-PRIVATE_DOMINANT = 0.6  # size unknown: USS/RSS at or above this means the big part of the process is private
+PRIVATE_DOMINANT = levels.PRIVATE_DOMINANT  # size unknown: USS/RSS at or above this: the big part is private
 SHARED_COPY_SHARE = 0.5  # summed PSS - USS of the holders >= half a copy: the weights sit in a shared mapping
 MATERIAL_WASTE_OF_LIMIT = 0.05  # the extra copies must cost >= 5 % of the limit to be an incident
 GPU_COPY_SHARE = 0.10  # a process holding >= 10 % of a GPU is a candidate copy there
+SIMILAR_HOLDINGS = 1.5  # copy size unknown: GPU holdings within 1.5x of each other look like copies of one model
+FULL_COPIES_PSS = 0.9  # summed PSS >= 90 % of (copies x size): every copy is fully resident
+SIMILAR_PRIVATE = 0.5  # copy size unknown: the smallest private copy >= half the largest
+SMALL_COPY_CEILING = 0.4  # real duplication, but cheaper than MATERIAL_WASTE_OF_LIMIT: a suspect at most
 
 HOST_PSI_ELEVATED = 5.0  # percent: the scenario's neighbour drives host memory PSI some to 5-20 %; idle hosts sit near 0
-SERVICE_PSI_CALM = 1.0  # percent, and at most a quarter of the host's
-SERVICE_OWN_PRESSURE = 10.0  # percent, >= 3 samples: the service's own pressure episodes (diagnosis.md: some > 10 %)
+SERVICE_PSI_CALM = 1.0  # percent, and at most SERVICE_SHARE_OF_HOST of the host's
+SERVICE_SHARE_OF_HOST = 0.25  # the service's PSI (or memory growth) at most a quarter of the host's (or of its drop)
+HOST_HOT_SAMPLES = 3  # host PSI samples at or above HOST_PSI_ELEVATED: fewer is a blip
+NEAREST_S = 5.0  # a service sample pairs with a host sample at most this far away
+OWN_PRESSURE_CEILING = 0.45  # someone else's pressure may be real, but the service stalls on its own as well
 AVAILABLE_LOW = 0.20  # MemAvailable under 20 % of MemTotal at the end
 AVAILABLE_DROP = 0.05  # ... after falling by >= 5 % of MemTotal
 
@@ -120,7 +128,7 @@ def _gpu_copies(timeline: Timeline, pids: set[int], size: float | None) -> tuple
         if pids:
             big &= np.isin(rows["pid"], list(pids))
         n = int(big.sum())
-        if n >= 2 and (size or float(used[big].max()) <= 1.5 * float(used[big].min())):
+        if n >= 2 and (size or float(used[big].max()) <= SIMILAR_HOLDINGS * float(used[big].min())):
             desc = ", ".join(f"pid {int(p)}: {format_bytes(float(u))}" for p, u in zip(rows["pid"][big], used[big], strict=True))
             ev.append(
                 Evidence(f"GPU {int(gpu)} processes holding a copy (NVML)", desc, "", float(last["ts"][0]), float(last["ts"][0]))
@@ -254,14 +262,14 @@ def _copies_of_known_size(
     conf = 0.75
     if copies == len(holders):
         conf += 0.1
-    if sum_pss >= 0.9 * copies * size:
+    if sum_pss >= FULL_COPIES_PSS * copies * size:
         conf += 0.05
     if gpu_n >= 2:
         conf += 0.05
     copies = max(copies, gpu_n)
     waste = (copies - 1) * size
     if limit and waste < MATERIAL_WASTE_OF_LIMIT * limit:
-        conf = min(conf, 0.4)  # real duplication, but too cheap to be anyone's incident
+        conf = min(conf, SMALL_COPY_CEILING)  # real duplication, but too cheap to be anyone's incident
     return copies, waste, conf, ev
 
 
@@ -282,7 +290,7 @@ def _copies_by_private_share(
         private = []  # as much shared as private: a shared mapping carries the weights
     uss = [h.uss for h in private]
     copies = len(private)
-    similar = copies >= 2 and min(uss) >= 0.5 * max(uss)
+    similar = copies >= 2 and min(uss) >= SIMILAR_PRIVATE * max(uss)
     waste = (copies - 1) * float(np.median(uss)) if copies >= 2 else 0.0
     material = bool(limit) and waste >= MATERIAL_WASTE_OF_LIMIT * limit
     if ratios:
@@ -310,7 +318,7 @@ def _nearest(series: Series, ts: np.ndarray) -> np.ndarray:
         left = idx - 1
         idx = np.where(np.abs(s.ts[left] - ts) <= np.abs(s.ts[idx] - ts), left, idx)
     out = s.values[idx].astype(np.float64)
-    out[np.abs(s.ts[idx] - ts) > 5.0] = np.nan
+    out[np.abs(s.ts[idx] - ts) > NEAREST_S] = np.nan
     return out
 
 
@@ -331,7 +339,7 @@ def _psi_split(timeline: Timeline, groups: list[str], case: _Case) -> None:
     if not len(host_mem):
         return
     hot = host_mem.values >= HOST_PSI_ELEVATED
-    if int(hot.sum()) < 3:
+    if int(hot.sum()) < HOST_HOT_SAMPLES:
         return
     hot_ts = host_mem.ts[hot]
     svc = np.nanmax(
@@ -352,7 +360,7 @@ def _psi_split(timeline: Timeline, groups: list[str], case: _Case) -> None:
             t1,
         )
     )
-    if math.isfinite(svc_level) and svc_level <= max(SERVICE_PSI_CALM, 0.25 * host_level):
+    if math.isfinite(svc_level) and svc_level <= max(SERVICE_PSI_CALM, SERVICE_SHARE_OF_HOST * host_level):
         case.psi_split = True
         case.conf = 0.65
         case.reasons.append(
@@ -379,7 +387,7 @@ def _host_drained(timeline: Timeline, groups: list[str], case: _Case) -> None:
         mem = cg.get("working_set") or cg.get("usage")
         if mem is not None and len(mem.valid()):
             svc_change += stats.edge_level(mem, "last") - stats.edge_level(mem, "first")
-    if not (drop >= AVAILABLE_DROP * total and a1 <= AVAILABLE_LOW * total and svc_change <= 0.25 * drop):
+    if not (drop >= AVAILABLE_DROP * total and a1 <= AVAILABLE_LOW * total and svc_change <= SERVICE_SHARE_OF_HOST * drop):
         return
     case.conf = 0.8 if case.psi_split else 0.55
     t0, t1 = float(avail.ts[0]), float(avail.ts[-1])
@@ -413,7 +421,7 @@ def noisy_neighbour(timeline: Timeline, ac: AnalysisContext | None = None) -> Fi
     if conf <= 0:
         return None
     own = [(g, stats.stall_percent(timeline.cgroups[g], "psi.memory.some")) for g in groups]
-    own_hot = [(g, float(p.values.max())) for g, p in own if stats.sustained_above(p, SERVICE_OWN_PRESSURE)[0]]
+    own_hot = [(g, float(p.values.max())) for g, p in own if stats.sustained_above(p, PSI_SOME_UP)[0]]
     if own_hot:
         reasons.append(
             "but the service has memory pressure episodes of its own ("
@@ -439,7 +447,7 @@ def noisy_neighbour(timeline: Timeline, ac: AnalysisContext | None = None) -> Fi
         conf += 0.05
         ev.append(Evidence("other watched cgroups under pressure", "; ".join(suspects), "", timeline.start, timeline.end))
     if own_hot:
-        conf = min(conf, 0.45)  # someone else's pressure may be real, but the service stalls on its own as well
+        conf = min(conf, OWN_PRESSURE_CEILING)
     else:
         rules_out.append("memory_pressure / thrashing of the service: its own cgroup PSI stayed flat")
     return Finding(

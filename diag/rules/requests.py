@@ -9,425 +9,63 @@ The two look alike on an end-to-end latency chart and need opposite fixes (queue
   concurrency grows (USL kappa > 0); memory PSI and major faults / refaults rise. Fix: *lower*
   concurrency, guard memory, shrink the working set.
 
-Both rules share one pass over the request table (``analyse_requests``): per request, the number of
-requests in the system at its arrival (the load it met); low-load and high-load quartiles by that
-number give the baseline and the loaded service time and queue wait; a time split (first fifth vs
-the worst fifth) catches a service that slows over time at constant load. Memory-stall signals are
-compared between the loaded/slow buckets and the calm ones (``memory_stall``), preferring the
+Both rules read one pass over the request table (``requestload.analyse_requests``: the load each
+request met, low- and high-load quartiles, the load curve) and compare the service's memory-stall
+signals between its loaded/slow and calm buckets (``stall_signals.memory_stall``), preferring the
 service's own cgroup and processes over the host, so a neighbour's pressure is not read as ours.
-
-Service helpers (``service_context``, ``memory_series``, ``excerpt``) live here too and are used by
-the other request-family modules (loader, batching, config).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from diag.rules import numstats
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
-from diag.rules.context import AnalysisContext, shared
-from diag.rules.stats import edge_level, service_scope, stall_percent
-from diag.rules.stats import excerpt as stats_excerpt
-from diag.rules.usl import LoadCurve, UslFit, concurrency_levels, count_at, covered_time, fit_usl, load_curve
-from diag.timeline import Series, Timeline
+from diag.rules.context import AnalysisContext
+from diag.rules.requestload import (
+    MIN_REQUESTS,
+    OVERWHELM_FACTOR,
+    OVERWHELM_SHARE,
+    S_FLAT,
+    S_INFLATED,
+    S_SEVERE,
+    W_MIN_S,
+    W_MIN_VS_S,
+    W_RISE,
+    W_RISE_MARGIN_S,
+    WAIT_DOMINATES,
+    RequestLoad,
+    analyse_requests,
+    too_few_requests,
+)
+from diag.rules.stall_signals import STALL_SIGNALS, StallSignal, memory_stall
+from diag.rules.stats import excerpt_arrays, service_context
+from diag.rules.usl import covered_time
+from diag.timeline import Timeline
+from diag.units import format_seconds
 
-MIN_REQUESTS = 30  # started requests; below this a quartile is a handful of requests and medians are noise
-
-# Service time "flat" vs "inflated", relative to its low-load baseline (diagnosis.md §4 table: flat < +20 %).
-S_FLAT = 1.2
-S_INFLATED = 1.5
-# Queue wait counts as risen when the loaded median is at least this long (absolute and relative to S),
-# and several times the calm median: a backlog of 20 ms in front of a 2 s service is not an incident.
-W_MIN_S = 0.05
-W_MIN_VS_S = 0.5
-W_RISE = 4.0
-
-# Short windows: the backlog is decided on per-request evidence when it is overwhelming -- at least
-# MIN_REQUESTS started requests, OVERWHELM_SHARE of them waiting OVERWHELM_FACTOR x their own inference time,
-# and someone waiting at every moment (gaps up to OVERWHELM_GAP_S).
-OVERWHELM_FACTOR = 3.0
-OVERWHELM_SHARE = 0.8
+# Short windows: the backlog is decided on per-request evidence when it is overwhelming (``requestload``'s
+# OVERWHELM_SHARE of the started requests waiting OVERWHELM_FACTOR x their own inference time) and someone
+# was waiting at every moment: gaps of at most OVERWHELM_GAP_S over OVERWHELM_COVER of the window.
 OVERWHELM_GAP_S = 0.01
 OVERWHELM_COVER = 0.9  # the unbroken waiting stretch must cover 90 % of first arrival .. last start
-
-# Memory-stall thresholds for *diagnosis* (not killing), a lower tier than the killers use (systemd-oomd
-# acts at full avg10 > 60 % for 30 s): memory some avg10 > 10 % = pressure and full avg10 > 5 % =
-# thrashing candidate. Counter rates must be both
-# above a floor (a healthy warm service takes ~0 major faults/s) and several times the calm level.
-PSI_SOME_UP = 10.0  # percent
-PSI_FULL_UP = 5.0  # percent
-FAULTS_UP = 50.0  # major faults per second
-REFAULTS_UP = 200.0  # pages refaulted per second
-SWAP_UP = 100.0  # pages swapped in+out per second
-RATE_FACTOR = 3.0
 NO_STALL_CAP = 0.2  # thrashing without a memory stall stays below the suspect level (0.3): it is not thrashing
-RATE_ALWAYS = 10.0  # a rate at 10x its floor is a stall even when the whole recording was already stalling
-
-# What ``thrashing`` can stand on: any one memory-stall signal, host-wide or per cgroup or per process.
-STALL_SIGNALS: tuple[str, ...] = (
-    "cgroup:psi.memory.some.avg10",
-    "cgroup:psi.memory.full.avg10",
-    "cgroup:stat.pgmajfault",
-    "cgroup:stat.workingset_refault_file",
-    "cgroup:stat.workingset_refault_anon",
-    "process:major_faults",
-    "host:psi.memory.some.avg10",
-    "host:psi.memory.full.avg10",
-    "host:vmstat.pgmajfault",
-    "host:vmstat.workingset_refault_file",
-    "host:vmstat.workingset_refault_anon",
-    "host:vmstat.workingset_refault",
-    "host:vmstat.pswpin",
-)
+NOT_INFLATED_CAP = 0.4  # throughput falls but each request is not slower (under S_INFLATED): a suspect at most
+S_SLOWED = 2.0  # a backlog whose service time also doubled is at least partly a symptom ...
+DOMINANT_WAIT_GAIN = 0.15
+PLATEAU_SHARE = 0.8  # goodput in the busiest buckets >= 80 % of the p90: throughput plateaus, as a backlog's does
+SHED_SHARE = 0.01  # requests refused or timed out in the queue: >= 1 % of them (and at least one) is shedding
+LOADER_OWNS_WAIT = 0.6  # on-path loads cover >= 60 % of the queue wait: the wait is the loader's ...
+LOADER_CEILING = 0.4  # ... and a backlog a suspect at most: more capacity would not remove it
+LOADER_PART_OF_WAIT = 0.3  # >= 30 %: partly the loader's
+LITTLE_TOLERANCE = 0.2  # L and lambda*W further apart than 20 %: records dropped or truncated
+TAU_RISING = 0.2  # Kendall tau of inference time on load met: rising with load
+HEAVY_TAIL = 3.0  # p99 / median inference time at high load
 
 
-# --------------------------------------------------------------------------- the service
-
-
-@dataclass
-class ServiceContext:
-    """Which processes and which cgroup serve the requests -- so stall and memory are *ours*, not the host's."""
-
-    pids: set[int] = field(default_factory=set)
-    cgroup: str | None = None
-    how: str = ""  # how the cgroup was identified (for evidence)
-
-
-def service_context(tl: Timeline, ac: AnalysisContext | None = None) -> ServiceContext:
-    """The service as every rule family scopes it (``stats.service_scope``: the pids named by the service's
-    records, their watched cgroups); the deepest such cgroup is the one whose stall and memory are ours."""
-    scope = service_scope(tl, ac)
-    cgroup = scope.cgroups[0] if scope.cgroups else None
-    return ServiceContext(set(scope.pids), cgroup, scope.identified_by if cgroup else "not identified")
-
-
-def memory_series(tl: Timeline, ctx: ServiceContext | None = None) -> tuple[str, Series] | None:
-    """The service's memory over time, best source first: cgroup anon > working set > usage, the serving
-    processes' summed RSS, then host used (total - available). None when nothing was sampled."""
-    ctx = ctx or service_context(tl)
-    if ctx.cgroup is not None:
-        group = tl.cgroups.get(ctx.cgroup, {})
-        for key in ("stat.anon", "working_set", "usage"):
-            s = group.get(key)
-            if s is not None and len(s.valid()) >= 2:
-                return f"cgroup {ctx.cgroup} {key}", s.valid()
-    tracks = [t.series["rss"].valid() for t in tl.processes.values() if t.pid in ctx.pids and "rss" in t.series]
-    tracks = [s for s in tracks if len(s) >= 2]
-    if tracks:
-        grid = np.unique(np.concatenate([s.ts for s in tracks]))
-        total = np.zeros(grid.size)
-        for s in tracks:
-            total += np.interp(grid, s.ts, s.values, left=0.0, right=0.0)
-        return "serving processes' RSS", Series(grid, total)
-    total, avail = tl.host.get("memory.total"), tl.host.get("memory.available")
-    if total is not None and avail is not None and len(avail.valid()) >= 2:
-        a = avail.valid()
-        t = np.interp(a.ts, total.valid().ts, total.valid().values) if len(total.valid()) else np.full(len(a), np.nan)
-        return "host memory in use (total - available)", Series(a.ts, t - a.values)
-    return None
-
-
-def excerpt(ts: np.ndarray, values: np.ndarray, points: int = 50) -> list[list[float]]:
-    """At most ``points`` [ts, value] pairs for a report chart: ``stats.excerpt`` for two bare arrays."""
-    ts, values = np.asarray(ts, dtype=np.float64), np.asarray(values, dtype=np.float64)
-    keep = np.isfinite(ts) & np.isfinite(values)
-    return stats_excerpt(Series(ts[keep], values[keep]), points)
-
-
-def ms(seconds: float) -> str:
-    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
-
-
-# --------------------------------------------------------------------------- one pass over the requests
-
-
-@dataclass
-class RequestLoad:
-    """What the request table says about waiting vs serving, at low and high load."""
-
-    started: int
-    total: int
-    t_first: float
-    t_last: float
-    load_low: float  # median requests in system met at arrival, low-load quartile
-    load_high: float
-    s_base: float  # median inference seconds, low-load quartile
-    s_high: float
-    s_high_p99: float
-    s_early: float  # median inference seconds, first fifth of requests by start time
-    s_worst: float  # worst fifth's median
-    w_low: float  # median queue wait, low-load quartile
-    w_high: float
-    w_high_p95: float
-    tau_s: float  # Kendall tau of inference time vs load met
-    tau_w: float
-    high_start: float  # arrival range of the high-load quartile (where the incident shows)
-    high_end: float
-    curve: LoadCurve | None
-    fit: UslFit | None
-    x_peak: float  # highest mean goodput over concurrency levels (req/s)
-    n_at_peak: float
-    x_top: float  # mean goodput at the highest concurrency level
-    n_top: float
-    x_loaded_share: float  # goodput in the busiest buckets / p90 goodput: ~1 = plateau
-    little_l: float  # mean requests in system
-    little_lw: float  # arrival rate x mean time in system
-    outcomes: dict[str, int]
-
-    @property
-    def s_inflation(self) -> float:
-        by_load = self.s_high / self.s_base if self.s_base > 0 else 1.0
-        by_time = self.s_worst / self.s_early if self.s_early > 0 else 1.0
-        return max(by_load, by_time)
-
-    @property
-    def retrograde(self) -> bool:
-        """Throughput falls as concurrency grows: the fitted peak is inside the range, or the top level lost >= 20 %."""
-        if self.fit is not None and self.fit.retrograde and self.x_top < 0.9 * self.x_peak:
-            return True
-        return self.n_top > self.n_at_peak and self.x_top < 0.8 * self.x_peak
-
-    @property
-    def little_error(self) -> float:
-        return abs(self.little_l - self.little_lw) / self.little_l if self.little_l > 0 else math.nan
-
-
-def analyse_requests(tl: Timeline, ac: AnalysisContext | None = None) -> RequestLoad | None:
-    """The shared pass over the request table, once per analysis: several rules ask on one timeline."""
-    return shared(ac, tl, "requests.analyse", lambda: _analyse(tl))
-
-
-def too_few_requests(tl: Timeline) -> TooLittleData | None:
-    """What the request rules say when the table has rows but fewer than ``MIN_REQUESTS`` started ones."""
-    req = tl.requests
-    if not len(req) or "start" not in req:
-        return None
-    n = int(np.isfinite(req["start"]).sum())
-    if n >= MIN_REQUESTS:
-        return None
-    return TooLittleData(f"{n} started requests", f"{MIN_REQUESTS} started requests")
-
-
-def _median(x: np.ndarray) -> float:
-    x = x[np.isfinite(x)]
-    return float(np.median(x)) if x.size else math.nan
-
-
-def _kendall(x: np.ndarray, y: np.ndarray) -> float:
-    if x.size > 20000:  # O(n log^2 n) anyway, but a stride keeps a million rows well under a second
-        step = x.size // 20000 + 1
-        x, y = x[::step], y[::step]
-    if x.size < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return 0.0
-    tau = numstats.kendalltau(x, y)
-    return tau if np.isfinite(tau) else 0.0
-
-
-def _analyse(tl: Timeline) -> RequestLoad | None:
-    req = tl.requests
-    if len(req) == 0:
-        return None
-    arrival, start, finish = req["arrival"], req["start"], req["finish"]
-    valid = np.isfinite(arrival) & np.isfinite(finish) & (finish >= arrival)
-    started = valid & np.isfinite(start)
-    n = int(started.sum())
-    if n < MIN_REQUESTS:
-        return None
-    origin = float(np.min(arrival[valid]))
-    load = count_at(arrival[started] - origin, arrival[valid] - origin, finish[valid] - origin)
-    s = req["inference_s"][started]
-    w = req["queue_wait_s"][started]
-    arr = arrival[started]
-    q = max(5, n // 4)
-    order = np.lexsort((arr, load))  # by load met, ties by time
-    low, high = order[:q], order[-q:]
-    by_start = np.argsort(start[started], kind="stable")
-    fifths = [s[part] for part in np.array_split(by_start, 5)]
-    medians = [_median(f) for f in fifths]
-    curve = load_curve(req, tl.start, tl.end)
-    fit = None
-    x_peak = x_top = n_at_peak = n_top = math.nan
-    loaded_share = math.nan
-    little_l = little_lw = math.nan
-    if curve is not None and len(curve) >= 2:
-        active = curve.n_system > 0.05
-        fit = fit_usl(curve.n_service[active], curve.throughput[active])
-        lv, lx, _ = concurrency_levels(curve.n_service[active], curve.throughput[active], min_buckets=2)
-        if lv.size < 2:
-            lv, lx, _ = concurrency_levels(curve.n_service[active], curve.throughput[active], min_buckets=1)
-        if lv.size:
-            i_peak = int(np.argmax(lx))
-            x_peak, n_at_peak = float(lx[i_peak]), float(lv[i_peak])
-            x_top, n_top = float(lx[-1]), float(lv[-1])
-        if active.sum() >= 4:
-            busy = curve.n_system[active] >= np.quantile(curve.n_system[active], 0.75)
-            p90 = float(np.quantile(curve.throughput[active], 0.9))
-            loaded_share = float(np.mean(curve.throughput[active][busy]) / p90) if p90 > 0 else math.nan
-        span = float(curve.edges[-1] - curve.edges[0])
-        little_l = float(np.mean(curve.n_system))
-        little_lw = float(valid.sum() / span * np.mean(finish[valid] - arrival[valid])) if span > 0 else math.nan
-    outcomes: dict[str, int] = {}
-    if "outcome" in req:
-        values, counts = np.unique(req["outcome"].astype(str), return_counts=True)
-        outcomes = {str(v): int(c) for v, c in zip(values, counts, strict=True)}
-    s_high_vals = s[high]
-    return RequestLoad(
-        started=n,
-        total=int(valid.sum()),
-        t_first=origin,
-        t_last=float(np.max(finish[valid])),
-        load_low=_median(load[low]),
-        load_high=_median(load[high]),
-        s_base=_median(s[low]),
-        s_high=_median(s_high_vals),
-        s_high_p99=float(np.quantile(s_high_vals[np.isfinite(s_high_vals)], 0.99))
-        if np.isfinite(s_high_vals).any()
-        else math.nan,
-        s_early=medians[0],
-        s_worst=float(np.nanmax(medians)),
-        w_low=_median(w[low]),
-        w_high=_median(w[high]),
-        w_high_p95=float(np.quantile(w[high], 0.95)),
-        tau_s=_kendall(load, s),
-        tau_w=_kendall(load, w),
-        high_start=float(np.min(arr[high])),
-        high_end=float(np.max(finish[started][high])),
-        curve=curve,
-        fit=fit,
-        x_peak=x_peak,
-        n_at_peak=n_at_peak,
-        x_top=x_top,
-        n_top=n_top,
-        x_loaded_share=loaded_share,
-        little_l=little_l,
-        little_lw=little_lw,
-        outcomes=outcomes,
-    )
-
-
-# --------------------------------------------------------------------------- memory stall
-
-
-@dataclass
-class StallSignal:
-    """One memory-stall signal compared between the loaded/slow buckets and the calm ones."""
-
-    scope: str  # "cgroup <path>", "serving processes", "host"
-    name: str
-    unit: str
-    hi: float
-    lo: float
-    up: bool
-    service: bool  # the service's own cgroup/processes (vs host-wide)
-    series: Series
-
-    def label(self) -> str:
-        return f"{self.scope} {self.name}"
-
-
-def _rate_sum(series: list[Series]) -> Series | None:
-    """Per-second rate of the sum of cumulative counters (each differenced on its own, then summed on a grid)."""
-    rates = [s.rate().valid() for s in series]
-    rates = [r for r in rates if len(r)]
-    if not rates:
-        return None
-    if len(rates) == 1:
-        return rates[0]
-    grid = np.unique(np.concatenate([r.ts for r in rates]))
-    total = np.zeros(grid.size)
-    for r in rates:
-        total += np.interp(grid, r.ts, r.values)
-    return Series(grid, total)
-
-
-def stall_candidates(tl: Timeline, ctx: ServiceContext) -> list[tuple[str, str, str, str, Series, bool]]:
-    """(scope, name, unit, kind, series, is_service) for every stall signal present."""
-    out: list[tuple[str, str, str, str, Series, bool]] = []
-
-    def add_group(scope: str, get: dict[str, Series], prefix: str, service: bool) -> None:
-        for kind, line in (("psi_some", "psi.memory.some"), ("psi_full", "psi.memory.full")):
-            s = stall_percent(get, line)  # exact from total_s where sampled, else avg10
-            if len(s) >= 2:
-                out.append((scope, f"{line} stall", "%", kind, s, service))
-        faults = get.get(f"{prefix}pgmajfault")
-        if faults is not None:
-            r = _rate_sum([faults])
-            if r is not None:
-                out.append((scope, f"{prefix}pgmajfault rate", "faults/s", "faults", r, service))
-        refault_keys = [f"{prefix}workingset_refault_file", f"{prefix}workingset_refault_anon"]
-        refaults = [get[k] for k in refault_keys if k in get] or [get[k] for k in (f"{prefix}workingset_refault",) if k in get]
-        r = _rate_sum(refaults)
-        if r is not None:
-            out.append((scope, f"{prefix}workingset_refault rate", "pages/s", "refaults", r, service))
-        swaps = [get[k] for k in (f"{prefix}pswpin", f"{prefix}pswpout") if k in get]
-        r = _rate_sum(swaps)
-        if r is not None:
-            out.append((scope, f"{prefix}pswpin+pswpout rate", "pages/s", "swap", r, service))
-
-    if ctx.cgroup is not None:
-        add_group(f"cgroup {ctx.cgroup}", tl.cgroups.get(ctx.cgroup, {}), "stat.", True)
-    else:
-        for path, group in tl.cgroups.items():  # service not identified: these are context, not ours
-            add_group(f"cgroup {path} (not known to be the service's)", group, "stat.", False)
-    procs = [t.series["major_faults"] for t in tl.processes.values() if t.pid in ctx.pids and "major_faults" in t.series]
-    r = _rate_sum(procs)
-    if r is not None:
-        out.append(("serving processes", "major fault rate", "faults/s", "faults", r, True))
-    add_group("host", tl.host, "vmstat.", False)
-    return out
-
-
-def _threshold(kind: str) -> float:
-    return {"psi_some": PSI_SOME_UP, "psi_full": PSI_FULL_UP, "faults": FAULTS_UP, "refaults": REFAULTS_UP, "swap": SWAP_UP}[kind]
-
-
-def memory_stall(tl: Timeline, ctx: ServiceContext, load: RequestLoad | None) -> list[StallSignal]:
-    """Each stall signal's level in the loaded/slow buckets (``hi``) vs the calm reference (``lo``).
-
-    ``hi`` is the larger of the medians over the top-quartile buckets by requests in system and by
-    mean service time (a service can slow at constant load); ``lo`` is the smallest of the
-    bottom-quartile medians, the signal's own 10th percentile over the timeline and the median of its
-    first 15 % (the calm before the incident, when the recording has it -- in a squeezed cgroup the
-    loaded and the "calm" buckets may both be stalling). PSI is "up" on its absolute level; counter
-    rates must also be ``RATE_FACTOR`` times the calm level, unless they reach ``RATE_ALWAYS`` times their floor.
-    """
-    out = []
-    curve = load.curve if load is not None else None
-    masks: list[tuple[np.ndarray, np.ndarray]] = []
-    if curve is not None and len(curve) >= 8:
-        for key in (curve.n_system, curve.s_mean):
-            fin = np.isfinite(key)
-            if fin.sum() >= 8 and np.ptp(key[fin]) > 0:
-                q25, q75 = np.quantile(key[fin], [0.25, 0.75])
-                masks.append((fin & (key >= q75), fin & (key <= q25)))
-    for scope, name, unit, kind, series, service in stall_candidates(tl, ctx):
-        his, los = [], []
-        if masks and curve is not None:
-            at = np.interp(curve.centers, series.ts, series.values, left=np.nan, right=np.nan)
-            for hi_mask, lo_mask in masks:
-                h, lo_ = at[hi_mask], at[lo_mask]
-                if np.isfinite(h).sum() >= 2:
-                    his.append(float(np.nanmedian(h)))
-                if np.isfinite(lo_).sum() >= 2:
-                    los.append(float(np.nanmedian(lo_)))
-        window = series.window(tl.start, tl.end).valid()
-        vals = window.values if len(window) else series.values
-        if not his:
-            his.append(float(np.quantile(vals, 0.9)))
-        los.append(float(np.quantile(vals, 0.1)))
-        los.append(edge_level(window if len(window) else series, "first"))  # the calm before the incident, if recorded
-        hi, lo = max(his), min(los)
-        threshold = _threshold(kind)
-        if kind.startswith("psi"):
-            up = hi >= threshold
-        else:  # several times the calm level -- or so high that no calm level excuses it
-            up = hi >= max(threshold, RATE_FACTOR * lo) or hi >= RATE_ALWAYS * threshold
-        out.append(StallSignal(scope, name, unit, hi, lo, bool(up), service, series))
-    return out
+# --------------------------------------------------------------------------- evidence
 
 
 def _stall_summary(signals: list[StallSignal], most: int = 4) -> str:
@@ -468,7 +106,7 @@ def _wait_series(load: RequestLoad) -> Evidence | None:
         "requests",
         float(c.edges[0]),
         float(c.edges[-1]),
-        excerpt(c.centers, c.n_system),
+        excerpt_arrays(c.centers, c.n_system),
     )
 
 
@@ -546,7 +184,8 @@ def overwhelming_backlog(tl: Timeline, ac: AnalysisContext | None = None) -> Fin
         confidence=conf,
         summary=(
             f"{ov.share:.0%} of {ov.n} requests waited >= {OVERWHELM_FACTOR:g}x their inference time "
-            f"(median wait {ms(ov.wait_median)} vs {ms(ov.inference_median)} inference) and the queue never emptied "
+            f"(median wait {format_seconds(ov.wait_median)} vs {format_seconds(ov.inference_median)} inference) "
+            "and the queue never emptied "
             f"in {ov.t1 - ov.t0:.0f} s: more work arrives than the slots serve"
         ),
         evidence=evidence,
@@ -569,33 +208,37 @@ def queue_backlog(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | 
     load = analyse_requests(tl, ac)
     if load is None:
         return too_few_requests(tl)
-    w_rose = load.w_high >= max(W_MIN_S, W_MIN_VS_S * load.s_base) and load.w_high >= W_RISE * load.w_low + 0.02
+    w_rose = load.w_high >= max(W_MIN_S, W_MIN_VS_S * load.s_base) and load.w_high >= W_RISE * load.w_low + W_RISE_MARGIN_S
     if not w_rose:
         return overwhelming_backlog(tl, ac)  # a short, uniformly overloaded window has no calm quartile to compare
     infl = load.s_inflation
     ctx = service_context(tl, ac)
-    stall = memory_stall(tl, ctx, load)
+    stall = memory_stall(tl, ctx, load.curve)
     # Judge the service's own stall signals when it has them: host-wide stalls while the service's cgroup
     # stays calm are a neighbour's (placement.noisy_neighbour), not evidence against a backlog here.
     own = [s for s in stall if s.service]
     stall = own or stall
     stalled = [s for s in stall if s.up]
     loader_share = _loader_wait_share(tl)
+    dominant = load.s_high > 0 and load.w_high >= WAIT_DOMINATES * load.s_high and infl < S_SEVERE and not stalled
     conf = 0.45
-    conf += 0.2 if infl < S_FLAT else (0.1 if infl < S_INFLATED else (-0.2 if infl >= 2 else 0.0))
+    slowed = -0.2 if infl >= S_SLOWED and not dominant else 0.0
+    conf += 0.2 if infl < S_FLAT else (0.1 if infl < S_INFLATED else slowed)
+    if dominant:
+        conf += DOMINANT_WAIT_GAIN
     if stall:
         conf += -0.25 if stalled else 0.1
-    plateau = np.isfinite(load.x_loaded_share) and load.x_loaded_share >= 0.8 and not load.retrograde
+    plateau = np.isfinite(load.x_loaded_share) and load.x_loaded_share >= PLATEAU_SHARE and not load.retrograde
     if plateau:
         conf += 0.1
     if load.retrograde:
         conf -= 0.1
     shed = sum(load.outcomes.get(k, 0) for k in ("rejected", "queue_timeout"))
-    if shed >= max(1, 0.01 * load.total):
+    if shed >= max(1, SHED_SHARE * load.total):
         conf += 0.05
-    if loader_share is not None and loader_share >= 0.6:
-        conf = min(conf, 0.4)  # the wait *is* the loader: more capacity would not remove it
-    elif loader_share is not None and loader_share >= 0.3:
+    if loader_share is not None and loader_share >= LOADER_OWNS_WAIT:
+        conf = min(conf, LOADER_CEILING)  # the wait *is* the loader: more capacity would not remove it
+    elif loader_share is not None and loader_share >= LOADER_PART_OF_WAIT:
         conf -= 0.15
     evidence = [
         Evidence("median queue wait, high-load quartile", round(load.w_high, 4), "s", load.high_start, load.high_end),
@@ -604,6 +247,8 @@ def queue_backlog(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | 
         Evidence("median inference time, low-load quartile (baseline)", round(load.s_base, 4), "s"),
         Evidence("median inference time, high-load quartile", round(load.s_high, 4), "s", load.high_start, load.high_end),
         Evidence("inference time inflation (worst of by-load and by-time)", round(infl, 2), "x"),
+        *([Evidence("median queue wait / median inference time, high-load quartile", round(load.w_high / load.s_high, 1), "x",
+                    load.high_start, load.high_end)] if load.s_high > 0 else []),
         Evidence(
             "requests in system met at arrival, low / high quartile", f"{load.load_low:.0f} / {load.load_high:.0f}", "requests"
         ),
@@ -624,8 +269,9 @@ def queue_backlog(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | 
     rules_out = []
     if infl < S_INFLATED:
         rules_out.append(
-            f"not thrashing: inference time flat at {ms(load.s_high)} ({infl:.2f}x its baseline {ms(load.s_base)}) "
-            f"while queue wait rose to {ms(load.w_high)}"
+            f"not thrashing: inference time flat at {format_seconds(load.s_high)} "
+            f"({infl:.2f}x its baseline {format_seconds(load.s_base)}) "
+            f"while queue wait rose to {format_seconds(load.w_high)}"
         )
     if stall and not stalled:
         rules_out.append(f"no memory stall: {_stall_summary(stall)} at the busiest times")
@@ -635,21 +281,25 @@ def queue_backlog(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | 
         rules_out.append("memory stall not evaluated (no PSI / fault / refault signals recorded)")
     if loader_share is not None:
         rules_out.append(
-            f"{'not' if loader_share < 0.3 else 'partly'} a blocking loader: on-path loads cover "
+            f"{'not' if loader_share < LOADER_PART_OF_WAIT else 'partly'} a blocking loader: on-path loads cover "
             f"{loader_share:.0%} of the queue wait"
         )
-    if np.isfinite(load.little_error) and load.little_error > 0.2:
+    if np.isfinite(load.little_error) and load.little_error > LITTLE_TOLERANCE:
         rules_out.append(f"telemetry inconsistent: Little's law off by {load.little_error:.0%} (dropped or truncated records?)")
     return Finding(
         cls="queue_backlog",
         rule="requests.queue_backlog",
         confidence=conf,
         summary=(
-            f"Requests wait {ms(load.w_high)} for a slot at high load (vs {ms(load.w_low)} at low load) while inference "
+            f"Requests wait {format_seconds(load.w_high)} for a slot at high load "
+            f"(vs {format_seconds(load.w_low)} at low load) while inference "
             + (
-                f"stays at {ms(load.s_high)} ({infl:.2f}x baseline): too little capacity, not a slower service"
+                f"stays at {format_seconds(load.s_high)} ({infl:.2f}x baseline): too little capacity, not a slower service"
                 if infl < S_INFLATED
-                else f"also slowed {infl:.1f}x to {ms(load.s_high)}: the queue is at least partly a symptom"
+                else f"also slowed {infl:.1f}x to {format_seconds(load.s_high)}, but the wait is "
+                f"{load.w_high / load.s_high:.0f}x the inference time: too little capacity, with a contributing slowdown"
+                if dominant
+                else f"also slowed {infl:.1f}x to {format_seconds(load.s_high)}: the queue is at least partly a symptom"
             )
         ),
         evidence=evidence,
@@ -672,6 +322,8 @@ def _thrash_evidence(load: RequestLoad, stall: list[StallSignal], tail: float) -
         Evidence("median inference time, high-load quartile", round(load.s_high, 4), "s", load.high_start, load.high_end),
         Evidence("median inference time, first fifth vs worst fifth by time", f"{load.s_early:.4g} vs {load.s_worst:.4g}", "s"),
         Evidence("inference time inflation (worst of by-load and by-time)", round(infl, 2), "x"),
+        *([Evidence("median queue wait / median inference time, high-load quartile", round(load.w_high / load.s_high, 1), "x",
+                    load.high_start, load.high_end)] if load.s_high > 0 else []),
         Evidence("p99 / median inference time, high-load quartile", round(tail, 2) if np.isfinite(tail) else None, "ratio"),
         Evidence("Kendall tau, inference time vs load met", round(load.tau_s, 3), "tau"),
         Evidence("median queue wait, high-load quartile", round(load.w_high, 4), "s", load.high_start, load.high_end),
@@ -709,7 +361,7 @@ def _thrash_evidence(load: RequestLoad, stall: list[StallSignal], tail: float) -
                 s.unit,
                 float(s.series.ts[0]),
                 float(s.series.ts[-1]),
-                excerpt(s.series.ts, s.series.values),
+                excerpt_arrays(s.series.ts, s.series.values),
             )
         )
     return evidence
@@ -725,7 +377,7 @@ def thrashing(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooL
     if infl < S_INFLATED and not load.retrograde:
         return None
     ctx = service_context(tl, ac)
-    stall = memory_stall(tl, ctx, load)
+    stall = memory_stall(tl, ctx, load.curve)
     service_up = [s for s in stall if s.up and s.service]
     host_up = [s for s in stall if s.up and not s.service]
     service_seen = any(s.service for s in stall)
@@ -733,26 +385,26 @@ def thrashing(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooL
     stall_ok = bool(service_up) or (bool(host_up) and not service_seen)
     conf = 0.0
     if infl >= S_INFLATED:
-        conf += 0.3 + (0.1 if infl >= 3 else 0.0)
-    if load.tau_s >= 0.2:
+        conf += 0.3 + (0.1 if infl >= S_SEVERE else 0.0)
+    if load.tau_s >= TAU_RISING:
         conf += 0.05
     if stall_ok:
         conf += 0.3
     if load.retrograde:
         conf += 0.15
     tail = load.s_high_p99 / load.s_high if load.s_high > 0 else math.nan
-    if np.isfinite(tail) and tail >= 3:
+    if np.isfinite(tail) and tail >= HEAVY_TAIL:
         conf += 0.05
     if not stall_ok:  # a slowdown without any memory stall is CPU or batch contention: a note, not a suspect
         conf = min(conf, NO_STALL_CAP)
     if infl < S_INFLATED:
-        conf = min(conf, 0.4)
+        conf = min(conf, NOT_INFLATED_CAP)
     evidence = _thrash_evidence(load, stall, tail)
     rules_out = []
     if infl >= S_INFLATED:
         rules_out.append(
             f"not a plain queue backlog: inference time itself rose {infl:.1f}x "
-            f"({ms(load.s_base)} -> {ms(max(load.s_high, load.s_worst))})"
+            f"({format_seconds(load.s_base)} -> {format_seconds(max(load.s_high, load.s_worst))})"
         )
     if service_up:
         rules_out.append(f"not a noisy neighbour: the service's own {_stall_summary(service_up)} rose")
@@ -773,7 +425,8 @@ def thrashing(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooL
         rule="requests.thrashing",
         confidence=conf,
         summary=(
-            f"Each request slows as concurrency grows: inference {ms(load.s_base)} -> {ms(max(load.s_high, load.s_worst))} "
+            f"Each request slows as concurrency grows: inference {format_seconds(load.s_base)} -> "
+            f"{format_seconds(max(load.s_high, load.s_worst))} "
             f"({infl:.1f}x){', throughput falls' if load.retrograde else ''}; memory stall: {summary_stall}"
         ),
         evidence=evidence,

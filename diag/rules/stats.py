@@ -22,7 +22,9 @@ quadratic parts (Mann-Kendall's S, Theil-Sen) run on at most a few dozen troughs
 The second half answers "which memory is the service's?" (``service_scope``) so that every
 family judges the same processes and cgroups: the PIDs named by the service's own records
 (requests, batches, loader, torch, config), else the processes holding a model file, plus the
-watched cgroups those processes live in. Other rule families may import from here read-only.
+watched cgroups those processes live in; ``service_context`` narrows it to the one cgroup whose
+stalls are the service's, and ``memory_series`` to one memory series. Every rule family imports
+from here; nothing here imports a rule.
 """
 
 from __future__ import annotations
@@ -376,6 +378,13 @@ def excerpt(series: Series, max_points: int = 50) -> list[list[float]]:
     return [[round(float(t), 3), float(v)] for t, v in zip(s.ts, s.values, strict=True)]
 
 
+def excerpt_arrays(ts: np.ndarray, values: np.ndarray, max_points: int = 50) -> list[list[float]]:
+    """``excerpt`` for two bare arrays (the finite pairs only): columns of a request or batch table."""
+    ts, values = np.asarray(ts, dtype=np.float64), np.asarray(values, dtype=np.float64)
+    keep = np.isfinite(ts) & np.isfinite(values)
+    return excerpt(Series(ts[keep], values[keep]), max_points)
+
+
 def edge_level(series: Series, which: str, share: float = 0.15) -> float:
     """Median of the first or last ``share`` of a series (at least 3 samples): a robust start/end level."""
     s = series.valid()
@@ -581,6 +590,49 @@ def _service_scope(timeline: Timeline) -> Scope:
     scope.tracks = chosen
     scope.pids = pids | {t.pid for t in chosen}
     return scope
+
+
+@dataclass
+class ServiceContext:
+    """The service as one cgroup and its pids -- so stall and memory are *ours*, not the host's."""
+
+    pids: set[int] = field(default_factory=set)
+    cgroup: str | None = None
+    how: str = ""  # how the cgroup was identified (for evidence)
+
+
+def service_context(tl: Timeline, ac: AnalysisContext | None = None) -> ServiceContext:
+    """The service as every rule family scopes it (``service_scope``: the pids named by the service's
+    records, their watched cgroups); the deepest such cgroup is the one whose stall and memory are ours."""
+    scope = service_scope(tl, ac)
+    cgroup = scope.cgroups[0] if scope.cgroups else None
+    return ServiceContext(set(scope.pids), cgroup, scope.identified_by if cgroup else "not identified")
+
+
+def memory_series(tl: Timeline, ctx: ServiceContext | None = None) -> tuple[str, Series] | None:
+    """The service's memory over time, best source first: cgroup anon > working set > usage, the serving
+    processes' summed RSS, then host used (total - available). None when nothing was sampled."""
+    ctx = ctx or service_context(tl)
+    if ctx.cgroup is not None:
+        group = tl.cgroups.get(ctx.cgroup, {})
+        for key in ("stat.anon", "working_set", "usage"):
+            s = group.get(key)
+            if s is not None and len(s.valid()) >= 2:
+                return f"cgroup {ctx.cgroup} {key}", s.valid()
+    tracks = [t.series["rss"].valid() for t in tl.processes.values() if t.pid in ctx.pids and "rss" in t.series]
+    tracks = [s for s in tracks if len(s) >= 2]
+    if tracks:
+        grid = np.unique(np.concatenate([s.ts for s in tracks]))
+        total = np.zeros(grid.size)
+        for s in tracks:
+            total += np.interp(grid, s.ts, s.values, left=0.0, right=0.0)
+        return "serving processes' RSS", Series(grid, total)
+    total, avail = tl.host.get("memory.total"), tl.host.get("memory.available")
+    if total is not None and avail is not None and len(avail.valid()) >= 2:
+        a = avail.valid()
+        t = np.interp(a.ts, total.valid().ts, total.valid().values) if len(total.valid()) else np.full(len(a), np.nan)
+        return "host memory in use (total - available)", Series(a.ts, t - a.values)
+    return None
 
 
 def cgroup_limit(timeline: Timeline, path: str) -> float | None:

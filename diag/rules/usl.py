@@ -1,6 +1,6 @@
 """Load curves from the request table, and the Universal Scalability Law (USL) fit.
 
-Why a module of its own: the queue-backlog and thrashing rules (diag/rules/requests.py) both ask
+Why a module of its own: the queue-backlog and thrashing tests (diag/rules/requestload.py) ask
 "how many requests were in flight, and how many finished per second?" -- and the answer has to be
 computed exactly and in O(n log n), because a day of traffic is a million requests.
 

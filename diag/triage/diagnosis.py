@@ -92,9 +92,16 @@ def _init_worker(parent: int) -> None:
     load_rules()
 
 
-def run_analysis(kind: str, target: str, selector: str, since_s: float, until: float) -> dict[str, Any]:
-    """In the worker process: load the window and run the rules; a problem with the source becomes ``error``."""
+def run_analysis(
+    kind: str, target: str, selector: str, since_s: float, until: float, labels: dict[str, str] | None = None,
+    firing: bool = False,
+) -> dict[str, Any]:  # fmt: skip
+    """In the worker process: load the window and run the rules; a problem with the source becomes ``error``.
+
+    ``labels``/``firing``: the incident's alert, which the analysis is reconciled with (``diag.triage.agreement``).
+    """
     from diag.rules.engine import analyze
+    from diag.triage import agreement
 
     try:
         if kind == "prometheus":
@@ -108,10 +115,16 @@ def run_analysis(kind: str, target: str, selector: str, since_s: float, until: f
         doc = analyze(timeline).to_dict()
     except (OSError, ValueError) as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
+    if labels is not None:
+        doc["alert_check"] = agreement.check(doc, labels, firing=firing)
     return json.loads(json.dumps(doc, allow_nan=False, default=str))
 
 
 def verdict_class(doc: dict[str, Any]) -> str:
+    """The incident's class: what the alert check settled on (``diag.triage.agreement``), else the verdict."""
+    check = doc.get("alert_check")
+    if isinstance(check, dict) and check.get("incident_class"):
+        return str(check["incident_class"])
     verdict = doc.get("verdict")
     if isinstance(verdict, dict):
         return str(verdict.get("primary") or "unknown")
@@ -180,7 +193,7 @@ class DiagnosisWorker:
         with transaction(self._db) as db:
             row = db.execute(
                 "SELECT * FROM incidents WHERE diag_state = 'pending' AND COALESCE(diag_requested, 0) <= ?"
-                " ORDER BY diag_requested LIMIT 1",
+                " AND id NOT IN (SELECT absorbed FROM merges) ORDER BY diag_requested LIMIT 1",
                 (time.time(),),
             ).fetchone()
             if row is not None:
@@ -192,9 +205,13 @@ class DiagnosisWorker:
     def _diagnose(self, inc: sqlite3.Row) -> None:
         now = time.time()
         since_s = max(60.0, now - (inc["starts_at"] - self.lookback_s))
-        selector = promql_selector(json.loads(inc["labels"]), self.source.selector_labels)
+        labels = json.loads(inc["labels"])
+        selector = promql_selector(labels, self.source.selector_labels)
+        firing = self._db.execute(
+            "SELECT COUNT(*) FROM alerts WHERE incident_id = ? AND status = 'firing'", (inc["id"],)
+        ).fetchone()[0] > 0
         future: Future[dict[str, Any]] = self._pool.submit(
-            run_analysis, self.source.kind, self.source.target, selector, since_s, now
+            run_analysis, self.source.kind, self.source.target, selector, since_s, now, labels, firing
         )
         try:
             doc = future.result(timeout=600)
@@ -235,6 +252,8 @@ class DiagnosisWorker:
                     ("pending" if retry else "failed", doc["error"], now + (0 if rerun else RETRY_AFTER_S), incident_id),
                 )
                 add_event(db, incident_id, "diagnosis_failed", f"{doc['error']}" + (" (will retry)" if retry else ""), now)
+                if not retry:
+                    lifecycle.release_ticket_hold(db, incident_id, now)
                 return
             cls = verdict_class(doc)
             doc["triage"] = {"source": self.source.describe(), "selector": selector, "since_s": since_s, "until": now}
@@ -254,3 +273,5 @@ class DiagnosisWorker:
                 add_event(db, incident_id, "rediagnosed", f"re-diagnosed: still {cls}", now)
             if bundle:
                 add_event(db, incident_id, "bundle", f"diag bundle written: {bundle}", now)
+            lifecycle.release_ticket_hold(db, incident_id, now)
+            lifecycle.join_same_problem(db, self.policy, incident_id, now)

@@ -16,6 +16,7 @@ import queue
 import sqlite3
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,6 +150,8 @@ class Ingestor:
                         item.error = Rejected(f"could not apply the notification: {type(exc).__name__}: {exc}")
                     db.execute("RELEASE one")
                 bump_stat(db, "deliveries", len(batch))
+                for severity, count in Counter(item.note.route_severity or "any" for item in batch).items():
+                    bump_stat(db, f"deliveries:{severity}", count)  # which routes deliver: a dead route shows as 0
         except sqlite3.Error as exc:
             log.warning("triage: store write failed (%s); %d deliveries answered 503", exc, len(batch))
             for item in batch:

@@ -24,6 +24,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
+from diag.triage import correlate
 from diag.triage.keys import DEFAULT_KEY_LABELS, incident_key
 from diag.triage.payload import Alert, Notification
 from diag.triage.store import add_event
@@ -39,20 +40,52 @@ class Policy:
     flap_window_s: float = 3600.0
     flap_threshold: int = 4
     sinks: tuple[str, ...] = field(default_factory=tuple)
+    # One problem, one incident (diag.triage.correlate): the labels two incidents' targets must not disagree on,
+    # and how far apart they may have opened. Empty labels turn joining off.
+    correlate_labels: tuple[str, ...] = ("instance", "model|model_name")
+    correlate_window_s: float = 1800.0
+    # With a diagnosis running, a new incident's tickets wait for it (at most this long), so alerts that turn out
+    # to be one problem are joined before anything is filed.
+    ticket_hold_s: float = 0.0
 
 
-def enqueue(db: sqlite3.Connection, policy: Policy, incident_id: int, action: str, text: str, now: float) -> None:
+def enqueue(
+    db: sqlite3.Connection, policy: Policy, incident_id: int, action: str, text: str, now: float, *, delay_s: float = 0.0
+) -> None:
     """Queue a ticket action for every configured sink and every sink already holding this incident.
 
     The latter matters for ``diag tickets close``, which runs without the receiver's sink settings.
+    ``delay_s``: not before then (a new incident's ticket waits for its diagnosis, see ``Policy.ticket_hold_s``).
     """
     used = {r[0] for r in db.execute("SELECT sink FROM outbox WHERE incident_id = ? UNION SELECT sink FROM tickets"
                                       " WHERE incident_id = ?", (incident_id, incident_id))}  # fmt: skip
     for sink in sorted(set(policy.sinks) | used):
         db.execute(
             "INSERT INTO outbox (incident_id, sink, action, text, created_at, next_at) VALUES (?, ?, ?, ?, ?, ?)",
-            (incident_id, sink, action, text, now, now),
+            (incident_id, sink, action, text, now, now + delay_s),
         )
+
+
+def release_ticket_hold(db: sqlite3.Connection, incident_id: int, now: float) -> None:
+    """The diagnosis is in (or gave up): a held ticket may be filed now."""
+    db.execute(
+        "UPDATE outbox SET next_at = ? WHERE incident_id = ? AND action = 'create' AND done_at IS NULL AND next_at > ?",
+        (now, incident_id, now),
+    )
+
+
+def join_same_problem(db: sqlite3.Connection, policy: Policy, incident_id: int, now: float) -> int | None:
+    """Join this incident and the active ones that are the same problem (``diag.triage.correlate``); the survivor's id."""
+    found = correlate.same_problem(db, policy, incident_id)
+    if found is None:
+        return None
+    survivor, others, cls = found
+    ticketed = db.execute("SELECT 1 FROM tickets WHERE incident_id = ?", (survivor["id"],)).fetchone() is not None
+    for other in others:
+        note = correlate.join(db, survivor["id"], other, cls, now)
+        if ticketed:  # a ticket not filed yet is created from the joined incident as it is then
+            enqueue(db, policy, survivor["id"], "comment", note, now)
+    return int(survivor["id"])
 
 
 def _title(alert: Alert, chosen: dict[str, str]) -> str:
@@ -63,6 +96,14 @@ def _title(alert: Alert, chosen: dict[str, str]) -> str:
 
 def _current(db: sqlite3.Connection, key: str) -> sqlite3.Row | None:
     return db.execute("SELECT * FROM incidents WHERE key = ? ORDER BY generation DESC LIMIT 1", (key,)).fetchone()
+
+
+def _followed(db: sqlite3.Connection, inc: sqlite3.Row) -> sqlite3.Row:
+    """The incident an alert of ``inc``'s key belongs to now: ``inc``, or the one it was joined into."""
+    target = correlate.root(db, inc["id"])
+    if target == inc["id"]:
+        return inc
+    return db.execute("SELECT * FROM incidents WHERE id = ?", (target,)).fetchone()
 
 
 def _create(
@@ -92,7 +133,7 @@ def _create(
         add_event(
             db, incident_id, "truncated", f"Alertmanager dropped {note.truncated_alerts} alerts of this group (max_alerts)", now
         )
-    enqueue(db, policy, incident_id, "create", "", now)
+    enqueue(db, policy, incident_id, "create", "", now, delay_s=policy.ticket_hold_s)
     return incident_id
 
 
@@ -154,11 +195,13 @@ def _reopen(db: sqlite3.Connection, policy: Policy, inc: sqlite3.Row, alert: Ale
 def _firing(
     db: sqlite3.Connection, policy: Policy, note: Notification, alert: Alert, key: str, chosen: dict[str, str], now: float
 ) -> str:
-    inc = _current(db, key)
-    if inc is None:
+    own = _current(db, key)
+    if own is None:
         incident_id = _create(db, policy, note, alert, key, chosen, 1, now)
         _upsert_alert(db, incident_id, alert, now)
+        join_same_problem(db, policy, incident_id, now)
         return "opened"
+    inc = _followed(db, own)
     if _stale(db, inc["id"], alert):
         return "stale"
     status = inc["status"]
@@ -169,8 +212,9 @@ def _firing(
     if status in ("resolved", "closed"):
         ended = inc["resolved_at"] if status == "resolved" else inc["closed_at"]
         if ended is not None and now - ended > policy.reopen_window_s:
-            incident_id = _create(db, policy, note, alert, key, chosen, inc["generation"] + 1, now)
+            incident_id = _create(db, policy, note, alert, key, chosen, own["generation"] + 1, now)
             _upsert_alert(db, incident_id, alert, now)
+            join_same_problem(db, policy, incident_id, now)
             return "opened"
         _upsert_alert(db, inc["id"], alert, now)
         _reopen(db, policy, inc, alert, now)
@@ -188,9 +232,10 @@ def _firing(
 
 
 def _resolved(db: sqlite3.Connection, policy: Policy, alert: Alert, key: str, now: float) -> str:
-    inc = _current(db, key)
-    if inc is None:
+    own = _current(db, key)
+    if own is None:
         return "unknown"  # nothing open to resolve (it fired before this store existed)
+    inc = _followed(db, own)
     if _stale(db, inc["id"], alert):
         return "stale"
     row = db.execute(

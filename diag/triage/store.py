@@ -9,6 +9,14 @@ commit is on disk (fsync'd) before the webhook answers 2xx, so an acknowledged a
 
 Everything else -- diagnoses to run, tickets to file -- is a row here too (a transactional outbox),
 so a crash between "incident changed" and "ticket updated" loses nothing.
+
+Schema versions (``PRAGMA user_version``): ``SCHEMA`` is the newest schema, for new stores; an existing store
+is brought up to it by ``MIGRATIONS``, each step idempotent and run once, in order, in one transaction when
+the store is opened. A later change appends a step (and bumps ``SCHEMA_VERSION``) -- it never edits one.
+
+A file that is not a triage store is ``StoreCorrupt``: not SQLite, or damaged (``foreign`` False: the receiver
+moves it aside and starts afresh), or a healthy SQLite database of something else (``foreign`` True: never
+touched -- it is most likely another program's file given as ``--db`` by mistake).
 """
 
 from __future__ import annotations
@@ -16,9 +24,9 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +54,7 @@ CREATE TABLE IF NOT EXISTS incidents (
     reopen_count INTEGER NOT NULL DEFAULT 0,
     flapping INTEGER NOT NULL DEFAULT 0,
     truncated_alerts INTEGER NOT NULL DEFAULT 0,
-    diag_state TEXT NOT NULL DEFAULT 'pending' CHECK (diag_state IN ('pending', 'running', 'done', 'failed')),
+    diag_state TEXT NOT NULL DEFAULT 'pending' CHECK (diag_state IN ('pending', 'running', 'done', 'failed', 'off')),
     diag_requested REAL,
     diag_class TEXT,
     diag_doc TEXT,
@@ -87,7 +95,9 @@ CREATE TABLE IF NOT EXISTS outbox (
     attempts INTEGER NOT NULL DEFAULT 0,
     next_at REAL NOT NULL,
     done_at REAL,
-    last_error TEXT
+    last_error TEXT,
+    failed_at REAL,
+    sent_at REAL
 );
 CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (done_at, next_at);
 CREATE TABLE IF NOT EXISTS tickets (
@@ -99,32 +109,245 @@ CREATE TABLE IF NOT EXISTS tickets (
     created_at REAL NOT NULL,
     PRIMARY KEY (incident_id, sink)
 );
+CREATE TABLE IF NOT EXISTS merges (
+    absorbed INTEGER PRIMARY KEY REFERENCES incidents (id),
+    survivor INTEGER NOT NULL REFERENCES incidents (id),
+    ts REAL NOT NULL,
+    class TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS stats (
     name TEXT PRIMARY KEY,
     value INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS settings (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS incidents_diagnosis_off_insert AFTER INSERT ON incidents
+WHEN NEW.diag_state = 'pending' AND (SELECT value FROM settings WHERE name = 'diagnosis') = 'off'
+BEGIN
+    UPDATE incidents SET diag_state = 'off' WHERE id = NEW.id;
+END;
+CREATE TRIGGER IF NOT EXISTS incidents_diagnosis_off_update AFTER UPDATE OF diag_state ON incidents
+WHEN NEW.diag_state = 'pending' AND (SELECT value FROM settings WHERE name = 'diagnosis') = 'off'
+BEGIN
+    UPDATE incidents SET diag_state = 'off' WHERE id = NEW.id;
+END;
 """
+SCHEMA_VERSION = 3
+"""``diag_state = 'off'``: the receiver runs without diagnosis (``--no-diagnosis``). The triggers turn the
+'pending' that opening or reopening an incident asks for into 'off' while the ``diagnosis`` setting says so, in
+the same statement, so no reader ever sees an incident waiting for a diagnosis that will not come."""
 
 STATUSES = ("open", "resolving", "resolved", "closed")
 
 
+class StoreCorrupt(sqlite3.DatabaseError):
+    """The file at the store's path is not a triage store. ``foreign``: a healthy SQLite database of something
+    else (leave it alone); otherwise damaged or not SQLite at all (it may be moved aside)."""
+
+    def __init__(self, path: str | Path, detail: str, *, foreign: bool = False) -> None:
+        super().__init__(f"{path} is not a readable triage store ({detail})")
+        self.path = Path(path)
+        self.detail = detail
+        self.foreign = foreign
+
+
+_CORRUPTION_CODES = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB
+
+
+def _is_corruption(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in _CORRUPTION_CODES
+    return "not a database" in str(exc) or "malformed" in str(exc)
+
+
+def _check_header(path: Path) -> None:
+    """Refuse a file that is not a SQLite database before a writable connection opens it (opening and closing such a
+    file would delete the -wal and -shm beside it, which a look at what went wrong may need).
+
+    The look goes through SQLite itself, read-only and ``immutable`` (no locks taken, no WAL opened), never through
+    Python's ``open()``: POSIX record locks belong to the process and the file, so closing *any* descriptor of the
+    store drops every lock this process's SQLite connections hold on it -- another process could then checkpoint
+    and delete the WAL under a running receiver. SQLite's own descriptors are shared per file and closed safely.
+    """
+    if not path.exists():
+        return
+    if path.is_dir():
+        raise StoreCorrupt(path, "a folder, not a file")
+    if path.stat().st_size == 0:
+        return  # an empty file is a new database
+    probe = None
+    try:
+        probe = sqlite3.connect(f"file:{path.resolve()}?mode=ro&immutable=1", uri=True)
+        probe.execute("PRAGMA schema_version").fetchone()
+    except sqlite3.DatabaseError as exc:
+        if "not a database" in str(exc):
+            raise StoreCorrupt(path, "not a SQLite database: the file does not start with the SQLite header") from None
+        raise StoreCorrupt(path, f"unreadable as SQLite: {exc}") from None
+    finally:
+        if probe is not None:
+            probe.close()
+
+
+def _statements(script: str) -> Iterator[str]:
+    """The statements of a script (a trigger's body holds semicolons of its own)."""
+    buf = ""
+    for line in script.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            yield buf.strip()
+            buf = ""
+
+
+def _columns(db: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+
+
+def _v2_outbox_failures_and_diagnosis_off(db: sqlite3.Connection) -> None:
+    """Outbox rows can fail for good (``failed_at``) and remember a create sent without a known outcome
+    (``sent_at``); ``diag_state`` may be 'off'. SQLite cannot alter a CHECK constraint, so the incidents table is
+    rebuilt from its own stored definition with the one constraint widened (columns and rows as they are)."""
+    have = _columns(db, "outbox")
+    for name in ("failed_at", "sent_at"):
+        if name not in have:
+            db.execute(f"ALTER TABLE outbox ADD COLUMN {name} REAL")
+    (sql,) = db.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'incidents'").fetchone()
+    if "'off'" in sql:
+        return
+    old = "'done', 'failed')"
+    if sql.count(old) != 1:
+        raise StoreCorrupt(db_path(db), "incidents table with an unknown diag_state constraint", foreign=True)
+    db.execute("DROP TABLE IF EXISTS incidents_v2")
+    db.execute(sql.replace(old, "'done', 'failed', 'off')").replace("CREATE TABLE incidents", "CREATE TABLE incidents_v2", 1))
+    db.execute("INSERT INTO incidents_v2 SELECT * FROM incidents")
+    db.execute("DROP TABLE incidents")  # its indexes go with it; SCHEMA recreates them after the migrations
+    db.execute("ALTER TABLE incidents_v2 RENAME TO incidents")
+
+
+def _v3_merges(db: sqlite3.Connection) -> None:
+    """Incidents joined as one problem (``diag.triage.correlate``): a new table only, which SCHEMA creates."""
+
+
+MIGRATIONS: tuple[tuple[int, Callable[[sqlite3.Connection], None]], ...] = (
+    (2, _v2_outbox_failures_and_diagnosis_off),
+    (3, _v3_merges),
+)
+"""(version, step): a store at version v gets every step above v, in order. A store without user_version but with
+the incidents table is version 1 (the schema before versions were counted)."""
+
+
+def db_path(db: sqlite3.Connection) -> str:
+    row = db.execute("PRAGMA database_list").fetchone()
+    return str(row[2]) if row is not None else "(memory)"
+
+
+def _ensure_schema(db: sqlite3.Connection, path: Path) -> None:
+    """Create the schema in a new store, migrate an older one, refuse one that is not ours. Idempotent and safe
+    when several connections of one receiver open the store at once (the write lock is taken first)."""
+    if db.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
+        return
+    db.execute("PRAGMA foreign_keys = OFF")  # a table rebuild drops and renames a referenced table
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version < SCHEMA_VERSION:
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if tables and "incidents" not in tables:
+                listed = ", ".join(sorted(tables)[:5])
+                raise StoreCorrupt(path, f"a SQLite database of something else: tables {listed}", foreign=True)
+            if "incidents" in tables:
+                for step_version, step in MIGRATIONS:
+                    if step_version > max(version, 1):
+                        step(db)
+            for statement in _statements(SCHEMA):
+                db.execute(statement)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            problems = db.execute("PRAGMA foreign_key_check").fetchall()
+            if problems:
+                raise StoreCorrupt(path, f"{len(problems)} rows refer to rows that do not exist")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
 def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
-    """A connection with the store's settings; creates the file and schema unless ``readonly``."""
+    """A connection with the store's settings; creates or migrates the schema unless ``readonly``.
+
+    Raises ``StoreCorrupt`` when the file is not a triage store (see the module docstring).
+    """
+    path = Path(path)
+    _check_header(path)
     if readonly:
-        if not Path(path).exists():
+        if not path.exists():
             raise FileNotFoundError(f"no triage store at {path}")
-        db = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True, timeout=10.0, check_same_thread=False)
+        db = sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True, timeout=10.0, check_same_thread=False)
     else:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(str(path), timeout=10.0, isolation_level=None, check_same_thread=False)
     db.row_factory = sqlite3.Row
-    db.execute("PRAGMA busy_timeout = 10000")
-    if not readonly:
-        db.execute("PRAGMA journal_mode = WAL")
-        db.execute("PRAGMA synchronous = FULL")
-        db.execute("PRAGMA foreign_keys = ON")
-        db.executescript(SCHEMA)
+    try:
+        db.execute("PRAGMA busy_timeout = 10000")
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if tables and "incidents" not in tables:  # before any pragma below could change someone else's file
+            listed = ", ".join(sorted(tables)[:5])
+            raise StoreCorrupt(path, f"a SQLite database of something else: tables {listed}", foreign=True)
+        if readonly:
+            if not tables:
+                raise StoreCorrupt(path, "an empty SQLite database, no incidents table")
+        else:
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute("PRAGMA synchronous = FULL")
+            _ensure_schema(db, path)
+            db.execute("PRAGMA foreign_keys = ON")
+    except StoreCorrupt:
+        db.close()
+        raise
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        if _is_corruption(exc):
+            raise StoreCorrupt(path, str(exc)) from None
+        raise
     return db
+
+
+def move_aside(path: str | Path, now: float | None = None) -> Path:
+    """Rename a damaged store and its -wal/-shm to ``<name>.corrupt-<UTC time>`` (kept, not deleted: it is the
+    evidence of what went wrong and may still hold incidents); the same naming as the flight recorder's."""
+    from collectors.recorder import move_aside as move_recorder_aside
+
+    return move_recorder_aside(Path(path), now)
+
+
+def set_diagnosis(db: sqlite3.Connection, enabled: bool, now: float | None = None) -> int:
+    """Record whether this receiver diagnoses (the triggers above read it). Turning it off also marks the
+    incidents still waiting for a diagnosis as not diagnosed; returns how many."""
+    now = time.time() if now is None else now
+    with transaction(db):
+        db.execute(
+            "INSERT INTO settings (name, value) VALUES ('diagnosis', ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            ("on" if enabled else "off",),
+        )
+        if enabled:
+            return 0
+        waiting = [r[0] for r in db.execute("SELECT id FROM incidents WHERE diag_state IN ('pending', 'running')")]
+        for incident_id in waiting:
+            db.execute("UPDATE incidents SET diag_state = 'off' WHERE id = ?", (incident_id,))
+            add_event(db, incident_id, "diagnosis_off", "not diagnosed: the receiver runs with --no-diagnosis", now)
+    return len(waiting)
+
+
+def get_setting(db: sqlite3.Connection, name: str) -> str | None:
+    row = db.execute("SELECT value FROM settings WHERE name = ?", (name,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def set_setting(db: sqlite3.Connection, name: str, value: str) -> None:
+    db.execute(
+        "INSERT INTO settings (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value", (name, value)
+    )
 
 
 @contextmanager
@@ -158,6 +381,7 @@ class IncidentView:
     alerts: list[dict[str, Any]]
     events: list[dict[str, Any]]
     tickets: list[dict[str, Any]]
+    ticket_failures: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def id(self) -> int:
@@ -179,6 +403,7 @@ class IncidentView:
             "alerts": [{**a, "labels": json.loads(a["labels"])} for a in self.alerts],
             "events": self.events,
             "tickets": self.tickets,
+            "ticket_failures": self.ticket_failures,
         }
 
 
@@ -186,7 +411,9 @@ def list_incidents(db: sqlite3.Connection, *, status: str | None = None, limit: 
     sql = (
         "SELECT id, key, generation, title, status, resolution, severity, starts_at, opened_at, updated_at, resolved_at,"
         " closed_at, reopen_count, flapping, diag_state, diag_class, key_labels,"
-        " (SELECT COUNT(*) FROM alerts a WHERE a.incident_id = incidents.id) AS alert_count FROM incidents"
+        " (SELECT COUNT(*) FROM alerts a WHERE a.incident_id = incidents.id) AS alert_count,"
+        " (SELECT COUNT(*) FROM outbox o WHERE o.incident_id = incidents.id AND o.failed_at IS NOT NULL) AS ticket_failures"
+        " FROM incidents"
     )
     args: list[Any] = []
     if status:
@@ -209,4 +436,12 @@ def get_incident(db: sqlite3.Connection, incident_id: int) -> IncidentView | Non
             "SELECT sink, external_id, url, created_at FROM tickets WHERE incident_id = ? ORDER BY sink", (incident_id,)
         )
     ]
-    return IncidentView(dict(row), alerts, events, tickets)
+    failures = [
+        dict(r)
+        for r in db.execute(
+            "SELECT sink, action, failed_at, last_error AS error FROM outbox WHERE incident_id = ? AND failed_at IS NOT NULL"
+            " ORDER BY id",
+            (incident_id,),
+        )
+    ]
+    return IncidentView(dict(row), alerts, events, tickets, failures)

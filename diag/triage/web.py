@@ -15,7 +15,8 @@ from typing import Any
 
 from jinja2 import DictLoader, Environment, select_autoescape
 
-from diag.triage.store import get_incident, list_incidents
+from diag.triage.outbox import NOT_DIAGNOSED
+from diag.triage.store import get_incident, get_setting, list_incidents
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
@@ -26,6 +27,7 @@ body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}table{border-collaps
 td,th{border-bottom:1px solid #ddd;padding:.3em .5em;text-align:left;vertical-align:top}
 .s-open{color:#b00;font-weight:600}.s-resolving{color:#c60}.s-resolved{color:#070}.s-closed{color:#666}
 code{background:#f4f4f4;padding:0 .2em}.flap{background:#fd0;padding:0 .3em}.muted{color:#777}
+.fail{background:#fdd;color:#900;padding:0 .3em;white-space:nowrap}.warn{background:#fde7c0;padding:.5em;border:1px solid #e3b04b}
 svg{background:#fafafa;border:1px solid #eee}
 </style></head><body>
 <p><a href="/">Incidents</a> · generated {{ now }}</p>
@@ -35,14 +37,17 @@ svg{background:#fafafa;border:1px solid #eee}
 
 _LIST = """{% extends "base" %}{% block body %}
 <h1>Incidents</h1>
+{% if previous_store %}<p class="warn" id="store-reset">The incident store was unreadable and was started afresh;
+the old file was kept as <code>{{ previous_store }}</code>.</p>{% endif %}
 {% if not incidents %}<p class="muted">No incidents recorded.</p>{% else %}
 <table id="incidents"><tr><th>#</th><th>Status</th>
 <th>Class</th><th>Title</th><th>Alerts</th><th>Reopened</th><th>Updated</th></tr>
 {% for i in incidents %}<tr class="incident">
 <td><a href="/incidents/{{ i.id }}">{{ i.id }}</a></td>
 <td class="s-{{ i.status }}">{{ i.status }}{% if i.resolution %} ({{ i.resolution }}){% endif %}
-{% if i.flapping %} <span class="flap">flapping</span>{% endif %}</td>
-<td>{{ i.diag_class or ("diagnosing…" if i.diag_state in ("pending", "running") else i.diag_state) }}</td>
+{% if i.flapping %} <span class="flap">flapping</span>{% endif %}
+{% if i.ticket_failures %} <span class="fail">ticket failed</span>{% endif %}</td>
+<td>{{ i.diag_class or diag_label(i.diag_state) }}</td>
 <td>{{ i.title }}</td><td>{{ i.alert_count }}</td><td>{{ i.reopen_count }}</td><td>{{ when(i.updated_at) }}</td>
 </tr>{% endfor %}</table>{% endif %}
 {% endblock %}"""
@@ -69,11 +74,16 @@ started {{ when(inc.starts_at) }}</p>
 {% if diag.not_evaluated %}<p class="muted">Not evaluated: {% for n in diag.not_evaluated %}{{ n.rule }}
 (missing {{ (n.missing or [])|join(", ") }}){% if not loop.last %}; {% endif %}{% endfor %}</p>{% endif %}
 {% elif inc.diag_state == "failed" %}<p>Diagnosis failed: {{ inc.diag_error }}</p>
+{% elif inc.diag_state == "off" %}<p class="muted" id="diagnosis-off">Not diagnosed (--no-diagnosis): the receiver runs
+without diagnosis.</p>
 {% else %}<p class="muted">Diagnosis {{ inc.diag_state }}…</p>{% endif %}
 {% if inc.bundle_path %}<p>Bundle: <code>{{ inc.bundle_path }}</code></p>{% endif %}
 <h2>Tickets</h2>{% if tickets %}<ul>{% for t in tickets %}<li>{{ t.sink }}:
 {% if safe_link(t.url) %}<a href="{{ t.url }}" rel="noreferrer">{{ t.external_id }}</a>{% else %}{{ t.external_id }}{% endif %}
-</li>{% endfor %}</ul>{% else %}<p class="muted">none</p>{% endif %}
+</li>{% endfor %}</ul>{% elif not failures %}<p class="muted">none</p>{% endif %}
+{% if failures %}<ul id="ticket-failures">{% for f in failures %}<li><span class="fail">{{ f.sink }} {{ f.action }}
+failed, not retried</span> ({{ when(f.failed_at) }}): {{ f.error }}</li>{% endfor %}</ul>
+<p class="muted">Fix the cause, then <code>diag tickets retry {{ inc.id }}</code>.</p>{% endif %}
 <h2>Alerts</h2><table><tr><th>Fingerprint</th><th>Status</th><th>Starts</th><th>Labels</th></tr>
 {% for a in alerts %}<tr><td><code>{{ a.fingerprint }}</code></td><td>{{ a.status }}</td><td>{{ when(a.starts_at) }}</td>
 <td>{% for k, v in a.labels.items() %}<code>{{ k }}={{ v }}</code> {% endfor %}</td></tr>{% endfor %}</table>
@@ -81,6 +91,13 @@ started {{ when(inc.starts_at) }}</p>
 <table id="timeline">{% for e in events %}<tr><td>{{ when(e.ts) }}</td><td>{{ e.kind }}</td><td>{{ e.text }}</td></tr>
 {% endfor %}</table>
 {% endblock %}"""
+
+
+def _diag_label(state: str) -> str:
+    """The class column while there is no class: why not."""
+    if state in ("pending", "running"):
+        return "diagnosing…"
+    return NOT_DIAGNOSED if state == "off" else state
 
 
 def _when(ts: float | None) -> str:
@@ -116,11 +133,13 @@ _ENV = Environment(
     loader=DictLoader({"base": _BASE, "list": _LIST, "detail": _DETAIL}),
     autoescape=select_autoescape(default=True, default_for_string=True),
 )
-_ENV.globals.update(when=_when, safe_link=_safe_link, spark=_spark)
+_ENV.globals.update(when=_when, safe_link=_safe_link, spark=_spark, diag_label=_diag_label)
 
 
 def render_list(db: sqlite3.Connection) -> str:
-    return _ENV.get_template("list").render(title="Incidents", incidents=list_incidents(db), now=_when(time.time()))
+    return _ENV.get_template("list").render(
+        title="Incidents", incidents=list_incidents(db), previous_store=get_setting(db, "previous_store"), now=_when(time.time())
+    )
 
 
 def render_incident(db: sqlite3.Connection, incident_id: int) -> str | None:
@@ -138,5 +157,6 @@ def render_incident(db: sqlite3.Connection, incident_id: int) -> str | None:
         alerts=[{**a, "labels": json.loads(a["labels"])} for a in view.alerts],
         events=view.events,
         tickets=view.tickets,
+        failures=view.ticket_failures,
         now=_when(time.time()),
     )

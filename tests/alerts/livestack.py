@@ -2,7 +2,10 @@
 
 Everything listens on 127.0.0.1 on free ports, runs from a temporary folder and is stopped by PID.
 The sink is the only thing written here: a local HTTP server speaking Alertmanager's webhook
-(version 4) that keeps every delivery with its arrival time.
+(version 4) that keeps every delivery with its arrival time. It serves exactly the paths
+``diag triage serve`` serves (``alerts.receiver_routes``) and answers any other path 404 as the receiver
+does -- which Alertmanager treats as final and drops -- so a route to a wrong path fails the test
+instead of being delivered.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from alerts.receiver_routes import route_severity
 from tests import procs
 from tests.promserver import free_port
 
@@ -31,20 +35,23 @@ ALERTMANAGER = "prometheus-alertmanager"
 @dataclass
 class Delivery:
     at: float  # time.time() when the sink got it
-    receiver_path: str
+    receiver_path: str  # the severity of the route it came by (page, ticket; '' for the plain /webhook)
     body: dict[str, Any]
 
 
 @dataclass
 class Sink:
-    """Webhook receiver; ``alerts()`` flattens every delivered alert with its delivery time and receiver."""
+    """Webhook receiver; ``alerts()`` flattens every delivered alert with its delivery time and route's severity."""
 
     port: int = 0
     deliveries: list[Delivery] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # paths answered 404: alerts Alertmanager then dropped
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}/{path}"
+    @property
+    def base_url(self) -> str:
+        """What a spec's ``routing.receiver_url`` names."""
+        return f"http://127.0.0.1:{self.port}"
 
     def alerts(self, since: float = 0.0) -> list[tuple[float, str, dict[str, Any]]]:
         with self.lock:
@@ -68,9 +75,17 @@ def webhook_sink() -> Iterator[Sink]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length", "0"))
-            body = json.loads(self.rfile.read(length) or b"{}")
+            raw = self.rfile.read(length)
+            severity = route_severity(self.path)
+            if severity is None:
+                with sink.lock:
+                    sink.refused.append(self.path)
+                self.send_response(404)
+                self.end_headers()
+                self.wfile.write(b"not found; Alertmanager should POST to /webhook\n")
+                return
             with sink.lock:
-                sink.deliveries.append(Delivery(time.time(), self.path.strip("/"), body))
+                sink.deliveries.append(Delivery(time.time(), severity, json.loads(raw or b"{}")))
             self.send_response(200)
             self.end_headers()
 

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import yaml
 
+from alerts import slo_names
+from alerts.alertmanager import alertmanager_config
 from alerts.cause_rules import UnknownIncidentClass, cause_rule_groups
 from alerts.causes import CAUSES
-from alerts.generate import DEFAULT_OUT
-from alerts.spec import load_spec
+from alerts.generate import DEFAULT_OUT, render
+from alerts.links import BrokenLink, PanelRef, panel_url
+from alerts.receiver_routes import DEFAULT_RECEIVER_URL, route_severity
+from alerts.spec import load_spec, parse_spec
+from dashboards.generate import DEFAULT_OUT as DASHBOARDS
+from dashboards.promql import UnknownMetric, m, metric_names
 from diag.rules.classes import INCIDENT_CLASSES
 
 DIAG = [sys.executable, "-m", "diag.cli"]
@@ -82,20 +92,177 @@ def test_cause_classes_are_the_engines() -> None:
         cause_rule_groups(load_spec(), [c for c in INCIDENT_CLASSES if c != "host_oom"])
 
 
+def _recorded(files: list[Path]) -> set[str]:
+    return {r["record"] for f in files for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"] if "record" in r}
+
+
 def test_recording_rules_follow_the_contract() -> None:
     groups = [g for f in sorted(DEFAULT_OUT.glob("slo-*.rules.yaml")) for g in yaml.safe_load(f.read_text())["groups"]]
     rules = {"groups": groups}
-    names = {r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r}
+    names = _recorded(sorted(DEFAULT_OUT.glob("slo-*.rules.yaml")))
     for w in ("5m", "30m", "1h", "2h", "6h", "1d", "3d", "30d"):
         assert {f"llmdiag:slo_errors:increase{w}", f"llmdiag:slo_requests:increase{w}",
                 f"llmdiag:slo_error_ratio:ratio{w}"} <= names  # fmt: skip
-    assert "llmdiag:slo_objective:ratio" in names
+    assert names == slo_names.recorded_names(load_spec().windows, "30d")
+    assert names >= slo_names.DASHBOARD_NAMES
     burn = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "LLMDiagSLOBurn"]
     assert len(burn) == 4 * 4
     for r in burn:
         assert {"slo", "tier", "severity", "long_window", "short_window", "burn_factor"} <= set(r["labels"])
         assert "budget is gone in {{ $value | humanizeDuration }}" in r["annotations"]["summary"]
         assert r["annotations"]["runbook_url"] and r["annotations"]["dashboard_url"]
+
+
+def _spec_doc(**changes: Any) -> dict[str, Any]:
+    doc = yaml.safe_load(Path("alerts/slo.yaml").read_text())
+    doc.update(changes)
+    return doc
+
+
+def _render_to(tmp: Path, doc: dict[str, Any]) -> list[Path]:
+    """The rule files a spec generates, written under ``tmp``."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    generated = render(parse_spec(doc), INCIDENT_CLASSES, "test")
+    out = []
+    for rel, text in generated.files.items():
+        if rel.endswith(".rules.yaml"):
+            (tmp / rel).write_text(text)
+            out.append(tmp / rel)
+    return out
+
+
+def _dashboard_reads() -> set[str]:
+    """Every recording-rule name a committed dashboard queries (panels and variables)."""
+    names: set[str] = set()
+    for board in (json.loads(p.read_text()) for p in sorted(DASHBOARDS.glob("*.json"))):
+        exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+        exprs += [re.sub(r"^(label_values|query_result)\(|(,\s*\w+)?\)$", "", v.get("query", ""))
+                  for v in board["templating"]["list"] if v.get("type") == "query"]  # fmt: skip
+        names |= {n for e in exprs for n in metric_names(e) if n.startswith("llmdiag:")}
+    return names
+
+
+CUSTOM_TIERS = [
+    {"name": "fast", "severity": "page", "long": "10m", "short": "2m", "budget_percent": 1, "min_events": 5},
+    {"name": "slow", "severity": "ticket", "long": "12h", "short": "90m", "budget_percent": 20, "min_events": 50},
+]
+
+
+@pytest.mark.parametrize(("period", "tiers"), [("28d", None), ("7d", None), ("7d", CUSTOM_TIERS), ("30d", CUSTOM_TIERS)])
+def test_every_rule_name_a_dashboard_queries_is_recorded_whatever_the_period_and_tiers(
+    tmp_path: Path, period: str, tiers: list[dict[str, Any]] | None
+) -> None:
+    """Rules from a 28d or 7d spec (and custom tiers) record every SLO name the committed dashboards read."""
+    doc = _spec_doc(period=period, **({"tiers": tiers} if tiers else {}))
+    recorded = _recorded(_render_to(tmp_path, doc))
+    reads = _dashboard_reads()
+    assert reads and reads <= recorded, sorted(reads - recorded)
+    assert f"llmdiag:slo_error_ratio:ratio{period}" in recorded and slo_names.PERIOD_RATIO in reads
+    if period != "30d":  # the name the dashboards used to read, which such a spec never records
+        assert "llmdiag:slo_error_ratio:ratio30d" not in recorded
+
+
+def test_a_dashboard_cannot_name_a_period_or_tier_window() -> None:
+    """Names that depend on the spec are refused when a panel is built, so the check above cannot be bypassed."""
+    for name in ("llmdiag:slo_error_ratio:ratio30d", "llmdiag:slo_error_ratio:ratio28d", "llmdiag:slo_requests:increase10m"):
+        with pytest.raises(UnknownMetric, match=re.escape(name)):
+            m(name)
+
+
+def test_every_webhook_url_is_a_path_the_receiver_serves() -> None:
+    """Alertmanager drops a 4xx: a route to a path the receiver does not serve loses every alert on it."""
+    doc = yaml.safe_load((DEFAULT_OUT / "alertmanager.yaml").read_text())
+    routed = {r["receiver"]: r["matchers"] for r in doc["route"]["routes"]}
+    urls = {}
+    for receiver in doc["receivers"]:
+        for hook in receiver["webhook_configs"]:
+            parsed = urlsplit(hook["url"])
+            assert f"{parsed.scheme}://{parsed.netloc}" == DEFAULT_RECEIVER_URL
+            assert route_severity(parsed.path) is not None, hook["url"]
+            assert hook["send_resolved"] is True
+            urls[receiver["name"]] = route_severity(parsed.path)
+    for receiver, severity in urls.items():  # the path keeps the severity the route matched
+        assert routed.get(receiver, [f'severity="{severity}"']) == [f'severity="{severity}"'], (receiver, routed)
+    assert sorted(urls.values()) == ["page", "ticket"]
+    assert doc["route"]["receiver"] in urls  # the default route (no severity label) posts to a served path too
+
+
+def test_the_receiver_url_moves_every_route(tmp_path: Path) -> None:
+    doc = _spec_doc(routing={"receiver_url": "https://triage.example.internal:8443/"})
+    hooks = alertmanager_config(parse_spec(doc))["receivers"]
+    assert [h["webhook_configs"][0]["url"] for h in hooks] == [
+        "https://triage.example.internal:8443/webhook/page", "https://triage.example.internal:8443/webhook/ticket"]  # fmt: skip
+
+
+def _links(files: list[Path]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(file, url, rule) for every dashboard link in the rules' annotations."""
+    out = []
+    for f in files:
+        for g in yaml.safe_load(f.read_text())["groups"]:
+            for r in g["rules"]:
+                for value in r.get("annotations", {}).values():
+                    if re.match(r"https?://[^ ]+/d/", value):  # a link (its templates hold spaces: the whole value)
+                        out.append((f.name, value, r))
+    return out
+
+
+def check_links(files: list[Path], grafana_url: str) -> list[str]:
+    """Problems with the links: a uid no committed dashboard has, a panel id it lacks, a variable it lacks or sets
+    empty. That each ``{{ $labels.x }}`` renders to a value is the generated promtool tests' part: they compare
+    every annotation as Prometheus expands it (with the expression's labels, not the rule's own)."""
+    boards = {b["uid"]: b for b in (json.loads(p.read_text()) for p in DASHBOARDS.glob("*.json"))}
+    problems = []
+    for name, url, rule in _links(files):
+        parts = urlsplit(url)
+        uid = parts.path.removeprefix(urlsplit(grafana_url).path).removeprefix("/d/")
+        if not url.startswith(grafana_url + "/d/") or uid not in boards:
+            problems.append(f"{name} {rule['alert']}: {url} names no committed dashboard")
+            continue
+        query = parse_qs(parts.query)
+        panels = {p["id"]: p for p in boards[uid]["panels"] if p["type"] != "row"}
+        if [int(i) for i in query.pop("viewPanel", [])] not in [[pid] for pid in panels]:
+            problems.append(f"{name} {rule['alert']}: {url} names no panel of {uid}")
+        variables = {v["name"] for v in boards[uid]["templating"]["list"]}
+        for key, (value,) in query.items():
+            var = key.removeprefix("var-")
+            if var not in variables:
+                problems.append(f"{name} {rule['alert']}: {url} sets {var}, not a variable of {uid}")
+            if not value.strip():
+                problems.append(f"{name} {rule['alert']}: {url} sets {var} empty (an empty variable matches nothing)")
+    return problems
+
+
+def test_every_link_in_every_annotation_resolves_to_a_committed_dashboard_and_panel(tmp_path: Path) -> None:
+    committed = sorted(DEFAULT_OUT.glob("*.rules.yaml"))
+    grafana = load_spec().grafana_url
+    links = _links(committed)
+    alerts = {r["alert"] for _, _, r in links}
+    assert {"LLMDiagSLOBurn", "LLMDiagSLOMetricAbsent", "LLMDiagIncident"} | {c.alert for c in CAUSES} <= alerts
+    assert check_links(committed, grafana) == []
+    vllm = _render_to(tmp_path / "vllm", yaml.safe_load(Path("alerts/slo-vllm.yaml").read_text()))
+    assert _links(vllm) and check_links(vllm, load_spec(Path("alerts/slo-vllm.yaml")).grafana_url) == []
+    sub = _render_to(tmp_path / "sub", _spec_doc(grafana_url="https://ops.example.internal/grafana/", period="7d"))
+    assert check_links(sub, "https://ops.example.internal/grafana") == []
+    # the check itself: a link to the old, never-generated SLO dashboard is reported
+    broken = tmp_path / "broken.rules.yaml"
+    broken.write_text(committed[0].read_text().replace("/d/llmdiag-slo?", "/d/llmdiag-slos?").replace(
+        "/d/llmdiag-memory?", "/d/llmdiag-memory?viewPanel=999&"))  # fmt: skip
+    assert len(check_links([broken], grafana)) >= 1
+
+
+def test_a_link_to_a_panel_that_does_not_exist_stops_generation() -> None:
+    with pytest.raises(BrokenLink, match="no panel titled 'Queue depth'"):
+        panel_url("http://g", PanelRef("llmdiag-latency", "Queue depth", ("job",)))
+    with pytest.raises(BrokenLink, match="no variable 'slo'"):
+        panel_url("http://g", PanelRef("llmdiag-latency", "Outcomes and refusals", ("slo",)))
+    with pytest.raises(BrokenLink, match="no generated dashboard has uid 'llmdiag-slos'"):
+        panel_url("http://g", PanelRef("llmdiag-slos", "x", ()))
+
+
+def test_no_grafana_url_means_no_dashboard_links(tmp_path: Path) -> None:
+    doc = _spec_doc()
+    del doc["grafana_url"]
+    assert _links(_render_to(tmp_path, doc)) == []
 
 
 @needs_promtool

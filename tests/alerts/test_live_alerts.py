@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote_plus
 
 import httpx
 import pytest
@@ -23,7 +24,8 @@ import yaml
 
 from alerts.alertmanager import alertmanager_config
 from alerts.generate import dump_yaml, render
-from alerts.spec import DEFAULT_SPEC_PATH, parse_spec
+from alerts.spec import DEFAULT_SPEC_PATH, load_spec, parse_spec
+from dashboards.definitions import TIER_PANEL, dashboard
 from diag.rules.classes import INCIDENT_CLASSES
 from tests.alerts import livestack
 from tests.livecg import require_live
@@ -44,7 +46,7 @@ def live_spec(sink: livestack.Sink) -> Any:
     # 0.32 s (a catalog bucket): with 24 clients on one slot a request waits ~23 inference times, so even a fast
     # host's ~50 ms inferences cross it (at 1.28 s a quiet host served fast enough never to burn)
     doc["slos"][1]["latency"]["threshold"] = 0.32
-    doc["routing"] = {"page_url": sink.url("page"), "ticket_url": sink.url("ticket")}
+    doc["routing"] = {"receiver_url": sink.base_url}
     return parse_spec(doc)
 
 
@@ -142,6 +144,7 @@ def test_healthy_run_delivers_nothing(stack: dict[str, Any]) -> None:
     assert load.sent > 20
     delivered = sink.alerts(since=0)
     assert delivered == [], [(r, a["labels"]) for _, r, a in delivered]
+    assert sink.refused == []
     TIMINGS["healthy (45 s) alerts"] = len(delivered)
     assert time.time() - start >= 55
 
@@ -182,6 +185,7 @@ def test_oom_kill_delivers_the_cause_alert_and_the_diagnosis(stack: dict[str, An
     assert alert["annotations"]["evidence"]
     assert 0.5 <= float(alert["annotations"]["confidence"]) <= 1
     TIMINGS["OOM kill -> LLMDiagIncident{host_oom}"] = at - t0
+    assert sink.refused == []  # every route posted to a path the receiver serves
 
 
 def test_queue_overload_delivers_the_queue_cause_and_a_fast_burn_page(stack: dict[str, Any]) -> None:
@@ -199,7 +203,11 @@ def test_queue_overload_delivers_the_queue_cause_and_a_fast_burn_page(stack: dic
     assert tier == ("page", "2m", "30s", "13.5")
     assert labels["model"] and labels["job"] == "llm-api"
     assert "burns its error budget 13.5x too fast: at this rate the 30-day budget is gone in" in alert["annotations"]["summary"]
-    assert alert["annotations"]["dashboard_url"].endswith(f"var-slo=queue-wait&var-model={labels['model']}")
+    panel = dashboard("slo").panel_id(TIER_PANEL)
+    assert alert["annotations"]["dashboard_url"] == (
+        f"{load_spec().grafana_url}/d/llmdiag-slo?var-slo=queue-wait&var-model={quote_plus(labels['model'], safe='')}"
+        f"&var-job=llm-api&viewPanel={panel}"
+    )
     TIMINGS["queue overload -> LLMDiagSLOBurn{queue-wait, fast}"] = at - t0
     # the slow tier fires too, but the fast page inhibits it once delivered
     late_slow = [a for t, _, a in sink.alerts(since=at + 2) if is_burn(a) and a["labels"]["tier"] == "slow"]
@@ -211,3 +219,4 @@ def test_queue_overload_delivers_the_queue_cause_and_a_fast_burn_page(stack: dic
     assert alert["labels"]["model"] == labels["model"]
     assert "wait longer for an inference slot than they spend in inference" in alert["annotations"]["summary"]
     TIMINGS["queue overload -> LLMDiagQueueWaitDominates"] = at - t0
+    assert sink.refused == []

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
+from alerts.receiver_routes import DEFAULT_RECEIVER_URL
 from alerts.spec import DEFAULT_SPEC_PATH, SpecError, live_histogram_buckets, load_spec, parse_spec
 from collectors import catalog
 
@@ -57,6 +59,19 @@ def test_vllm_spec_targets_vllm_histograms() -> None:
         (lambda d: d["labels"].update(severity="x"), "spec.labels.severity: reserved"),
         (lambda d: d.update(selector="job=llm"), "spec.selector"),
         (lambda d: d["tiers"].reverse(), "spec.tiers: list tiers fastest first"),
+        (lambda d: d["routing"].update(page_url="http://127.0.0.1:9095/page"), "spec.routing.page_url: replaced by receiver_url"),
+        (lambda d: d.update(routing={"ticket_url": "http://x/ticket"}), "spec.routing.ticket_url: replaced by receiver_url"),
+        (lambda d: d.update(dashboard_url="http://grafana.local/d/x"), "spec.dashboard_url: replaced by grafana_url"),
+        (
+            lambda d: d["routing"].update(receiver_url="http://127.0.0.1:9095/webhook"),
+            "spec.routing.receiver_url: 'http://127.0.0.1:9095/webhook' has a path (/webhook)",
+        ),
+        (lambda d: d["routing"].update(receiver_url="127.0.0.1:9095"), "spec.routing.receiver_url: '127.0.0.1:9095' is not"),
+        (lambda d: d["routing"].update(receiver_url="http://u:secret@h:9095"), "no user:password"),
+        (lambda d: d["routing"].update(receiver_url=""), "spec.routing.receiver_url: empty"),
+        (lambda d: d["routing"].update(hook="x"), "spec.routing: unknown field 'hook' (allowed: receiver_url)"),
+        (lambda d: d.update(grafana_url="http://g/?orgId=1"), "spec.grafana_url: 'http://g/?orgId=1' is not an http(s) base URL"),
+        (lambda d: d.update(grafana_url="ftp://g"), "spec.grafana_url"),
     ],
 )
 def test_errors_name_the_field(edit, message: str) -> None:
@@ -105,3 +120,39 @@ def test_live_buckets_override_the_catalog() -> None:
     doc["slos"][0]["latency"]["metric"] = "vllm:e2e_request_latency_seconds"
     with pytest.raises(SpecError, match="not a histogram on the live /metrics"):
         parse_spec(doc, live)
+
+
+def test_urls_default_and_trailing_slashes_go() -> None:
+    doc = _doc()
+    del doc["routing"]
+    del doc["grafana_url"]
+    spec = parse_spec(doc)
+    assert spec.receiver_url == DEFAULT_RECEIVER_URL and spec.grafana_url == ""
+    doc.update(grafana_url="https://ops.example.internal/grafana/", routing={"receiver_url": "http://[::1]:9095/"})
+    spec = parse_spec(doc)
+    assert spec.grafana_url == "https://ops.example.internal/grafana" and spec.receiver_url == "http://[::1]:9095"
+
+
+def test_the_period_is_never_also_a_window() -> None:
+    """A tier whose long window is the period: the period's own group records it, never a second rule of that name."""
+    doc = _doc()
+    doc["period"] = "7d"
+    doc["tiers"].append({"name": "week", "severity": "ticket", "long": "7d", "short": "1d", "budget_percent": 50})
+    spec = parse_spec(doc)
+    assert "7d" not in spec.windows and "1d" in spec.windows
+
+
+def _github_anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^a-z0-9 _-]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("spec", [DEFAULT_SPEC_PATH, VLLM_SPEC])
+def test_the_shipped_runbook_link_names_a_readme_section(spec: Path) -> None:
+    """A runbook link to a section the README does not have opens the top of the page mid-incident."""
+    url = load_spec(spec).runbook_url
+    path, _, anchor = url.partition("#")
+    assert path.endswith("/README.md") and anchor
+    readme = (DEFAULT_SPEC_PATH.parents[1] / "README.md").read_text()
+    headings = {_github_anchor(h) for h in re.findall(r"^#+ (.+)$", readme, re.M)}
+    assert anchor in headings, (anchor, sorted(h for h in headings if h.startswith("alerts")))

@@ -46,7 +46,7 @@ import pytest
 
 from diag.demo.harness import post_all, start_demo
 from diag.rules.engine import analyze
-from diag.rules.requests import FAULTS_UP, REFAULTS_UP
+from diag.rules.stall_signals import FAULTS_UP, REFAULTS_UP
 from diag.sources import load_bundle
 from diag.timeline import Timeline
 from tests.bundle.helpers import ROOT, all_files, extract, run_bundle, verify_sums

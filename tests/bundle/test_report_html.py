@@ -10,34 +10,18 @@ The DOM is read back from the browser (``--dump-dom``), after parsing, not from 
 from __future__ import annotations
 
 import re
-import shutil
 import struct
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.bundle.chromium import CHROMIUM, chromium
 from tests.bundle.helpers import run_bundle, write_history
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="needs Debian chromium (apt-get install -y --no-install-recommends chromium)"
 )
-CONSOLE_RE = re.compile(r":CONSOLE[:(]\d*\)?\]? ?(?P<message>.*)")
-
-
-def chromium(page: Path, *extra: str, profile: Path) -> tuple[str, list[str]]:
-    """(stdout, console messages) of one headless run over ``page``."""
-    argv = [
-        str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}",
-        "--enable-logging=stderr", "--v=0", *extra, page.as_uri(),
-    ]  # fmt: skip
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    console = [m.group("message") for line in proc.stderr.splitlines() if (m := CONSOLE_RE.search(line))]
-    return proc.stdout, console
 
 
 def png_size(path: Path) -> tuple[int, int]:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collectors import redact as redact_module
-from collectors.redact import REDACTED, is_secret_name, redact_argv, redact_argv_counts, redact_text
+from collectors.redact import REDACTED, RedactionEngine, is_secret_name, redact_argv, redact_argv_counts, redact_text
 
 CANARY = "CANARYs3cr3tVALUE9876"
 OPENAI = "sk-proj-" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4"
@@ -437,33 +435,24 @@ _setting = st.tuples(
 _PATHS = ("chosen", "named", "marked", "unmarked")
 
 
-@contextlib.contextmanager
-def _settings_path(path: str):
-    """Force one way of redacting settings: "named" (a pattern of the text's secret names, normally only for
-    many settings per name), "marked" (secret settings marked by a character absent from the text, then one
-    split), "unmarked" (the pattern that judges every name itself, used when every mark is in the text), or
-    "chosen" (the engine's own choice). Judged names are forgotten first so each path judges them anew."""
-    saved = (redact_module._FAST_NAMES_MAX, redact_module._FAST_MIN_SETTINGS_PER_NAME, redact_module._MARKS)
-    for cache in (redact_module._fast_patterns, redact_module._judged_reversed, redact_module._secret_reversed):
-        cache.clear()
+def _engine(path: str, **tuning: int) -> RedactionEngine:
+    """A fresh engine that takes one way of redacting settings: "named" (a pattern of the text's secret names,
+    normally only for many settings per name), "marked" (secret settings marked by a character absent from the
+    text, then one split), "unmarked" (the pattern that judges every name itself, used when every mark is in
+    the text), or "chosen" (the engine's own choice). Fresh, so it judges every name anew."""
     if path == "named":
-        redact_module._FAST_NAMES_MAX, redact_module._FAST_MIN_SETTINGS_PER_NAME = 10**6, 0
-    elif path in ("marked", "unmarked"):
-        redact_module._FAST_NAMES_MAX = 0
+        return RedactionEngine(fast_names_max=10**6, fast_min_settings_per_name=0, **tuning)
+    if path == "marked":
+        return RedactionEngine(fast_names_max=0, **tuning)
     if path == "unmarked":
-        redact_module._MARKS = ()
-    try:
-        yield
-    finally:
-        redact_module._FAST_NAMES_MAX, redact_module._FAST_MIN_SETTINGS_PER_NAME, redact_module._MARKS = saved
-        redact_module._fast_patterns.clear()
+        return RedactionEngine(fast_names_max=0, marks=(), **tuning)
+    return RedactionEngine(**tuning)
 
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(_setting, max_size=40).map("".join), st.sampled_from(_PATHS))
 def test_dense_settings_give_the_old_output_and_counts(text: str, path: str) -> None:
-    with _settings_path(path):
-        assert redact_text(text) == REFERENCE.redact_text(text)
+    assert _engine(path).redact_text(text) == REFERENCE.redact_text(text)
 
 
 @pytest.mark.parametrize(
@@ -487,8 +476,7 @@ def test_dense_settings_give_the_old_output_and_counts(text: str, path: str) -> 
 )
 @pytest.mark.parametrize("path", _PATHS)
 def test_settings_paths_agree_with_the_old_engine(text: str, path: str) -> None:
-    with _settings_path(path):
-        assert redact_text(text) == REFERENCE.redact_text(text)
+    assert _engine(path).redact_text(text) == REFERENCE.redact_text(text)
 
 
 @pytest.mark.parametrize("name", ["token", "a" * 100 + "token", "a" * 10_000 + "token"])
@@ -586,8 +574,7 @@ _near_setting = st.tuples(
 @settings(max_examples=500, deadline=None)
 @given(st.lists(_near_setting, max_size=30).map("".join), st.sampled_from(_PATHS))
 def test_settings_of_near_miss_and_distinct_names_give_the_old_output(text: str, path: str) -> None:
-    with _settings_path(path):
-        assert redact_text(text) == REFERENCE.redact_text(text)
+    assert _engine(path).redact_text(text) == REFERENCE.redact_text(text)
 
 
 @pytest.mark.parametrize(
@@ -606,8 +593,7 @@ def test_settings_of_near_miss_and_distinct_names_give_the_old_output(text: str,
 )
 @pytest.mark.parametrize("path", _PATHS)
 def test_settings_paths_agree_on_long_and_marked_texts(text: str, path: str) -> None:
-    with _settings_path(path):
-        assert redact_text(text) == REFERENCE.redact_text(text)
+    assert _engine(path).redact_text(text) == REFERENCE.redact_text(text)
 
 
 def test_every_mark_in_the_text_still_redacts() -> None:
@@ -622,20 +608,19 @@ def test_every_mark_in_the_text_still_redacts() -> None:
 
 @pytest.mark.parametrize("cache_max", [1, 3, 8, 4096])
 @pytest.mark.parametrize("path", _PATHS)
-def test_a_full_memory_of_judged_names_loses_no_secret(monkeypatch, cache_max: int, path: str) -> None:
+def test_a_full_memory_of_judged_names_loses_no_secret(cache_max: int, path: str) -> None:
     """Names judged before (remembered) next to new ones, with the memory of judged names filling up and
     emptied on the way: each text still gives the old engine's output."""
-    monkeypatch.setattr(redact_module, "_NAME_CACHE_MAX", cache_max)
+    engine = _engine(path, name_cache_max=cache_max)
     texts = [
         "token=a&password=b&x=c",
         "token=a&password=b&key1=c&key2=d&key3=e&key4=f",
         "".join(f"token{i}=v&" for i in range(20)) + "token=a&password=b",
         "password=b&monkey=c&token=a&" + "".join(f"name{i}=v&" for i in range(20)),
     ]
-    with _settings_path(path):
-        for _ in range(2):
-            for text in texts:
-                assert redact_text(text) == REFERENCE.redact_text(text), (cache_max, text)
+    for _ in range(2):
+        for text in texts:
+            assert engine.redact_text(text) == REFERENCE.redact_text(text), (cache_max, text)
 
 
 # --------------------------------------------------------------------------- scans from one separator, rule characters
@@ -660,9 +645,8 @@ _SPARSE = "x " * 200
 @pytest.mark.parametrize("path", _PATHS)
 def test_names_after_either_separator_are_found(text: str, path: str) -> None:
     """Each secret setting is redacted whichever separator it has and whichever other separators the text holds."""
-    with _settings_path(path):
-        out, counts = redact_text(text)
-        assert (out, counts) == REFERENCE.redact_text(text)
+    out, counts = _engine(path).redact_text(text)
+    assert (out, counts) == REFERENCE.redact_text(text)
     assert "a " not in out.replace(_SPARSE, "") and "b " not in out.replace(_SPARSE, "")
     assert not any(f"v{i}," in out or f"v{i}&" in out for i in range(50))
 
@@ -712,8 +696,7 @@ def test_argv_with_several_literals_gives_the_old_output(argv: list[str]) -> Non
 )
 @pytest.mark.parametrize("path", ["chosen", "marked"])
 def test_marking_every_name_or_all_but_one(text: str, path: str) -> None:
-    with _settings_path(path):
-        out, counts = redact_text(text)
-        assert (out, counts) == REFERENCE.redact_text(text)
+    out, counts = _engine(path).redact_text(text)
+    assert (out, counts) == REFERENCE.redact_text(text)
     assert "keep" in out or "keep" not in text
     assert not any(f"v{i}&" in out or f"v{i} " in out for i in range(300))

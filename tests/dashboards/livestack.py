@@ -27,8 +27,9 @@ from pathlib import Path
 
 import httpx
 
+from alerts.slo_names import DASHBOARD_NAMES as SLO_RULES
 from dashboards.definitions import all_dashboards
-from dashboards.promql import SLO_RULES, metric_names, series_known
+from dashboards.promql import metric_names, series_known
 from dashboards.synthetic import exposition
 from tests import procs
 from tests.livecg import memory_cgroup
@@ -175,7 +176,7 @@ def live_stack(load_s: float = 40.0) -> Iterator[Live]:
             with log.open("wb") as fh:
                 agent = subprocess.Popen(
                     [*DIAG, "collect", "--interval", "1s", "--listen", "127.0.0.1:0", "--recorder", str(work / "agent.db"),
-                     "--no-gpu", "--cgroup", serve_group.path, "--cgroup", hog_group.path],
+                     "--no-gpu", "--cgroup", serve_group.path, "--cgroup", hog_group.path, "--diagnose-every", "5s"],
                     stdout=subprocess.DEVNULL, stderr=fh,
                 )  # fmt: skip
             stack.callback(procs.stop, agent)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -17,19 +18,23 @@ from typing import Any
 
 import jsonschema
 import pytest
+import yaml
 
+from alerts import slo_names
 from collectors import catalog as cat
 from dashboards import definitions
 from dashboards.build import LayoutError, check_dashboard, render
 from dashboards.generate import DEFAULT_OUT, documents, stale
 from dashboards.lint import lint
+from dashboards.paths import GRAFANA_DASHBOARDS_DIR
 from dashboards.promql import UnknownMetric, check_expr, known_metrics, metric_names, q, sel, series_known
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMAS = REPO / "tests" / "fixtures" / "external" / "grafana-jsonschema"
 DIAG = [sys.executable, "-m", "diag.cli"]
 FAMILY = series_known()  # series name (histogram parts too) -> family
-EXPECTED_UIDS = {"llmdiag-overview", "llmdiag-latency", "llmdiag-memory", "llmdiag-gpu", "llmdiag-batching-moe"}
+EXPECTED_UIDS = {"llmdiag-overview", "llmdiag-slo", "llmdiag-latency", "llmdiag-memory", "llmdiag-gpu",
+                 "llmdiag-batching-moe"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -65,21 +70,27 @@ def schema_errors(board: dict[str, Any]) -> list[str]:
     return errors
 
 
-def test_the_set_is_the_five_dashboards_with_stable_uids_and_the_tag(boards: dict[str, dict[str, Any]]) -> None:
+def test_the_set_is_the_six_dashboards_with_stable_uids_and_the_tag(boards: dict[str, dict[str, Any]]) -> None:
     assert set(boards) == EXPECTED_UIDS
     titles = {b["title"] for b in boards.values()}
-    assert titles == {"llm-diag / Overview", "llm-diag / Latency phases", "llm-diag / Memory & pressure", "llm-diag / GPU",
-                      "llm-diag / Batching & MoE"}  # fmt: skip
+    assert titles == {"llm-diag / Overview", "llm-diag / SLOs", "llm-diag / Latency phases", "llm-diag / Memory & pressure",
+                      "llm-diag / GPU", "llm-diag / Batching & MoE"}  # fmt: skip
     for b in boards.values():
         assert "llm-diag" in b["tags"] and b["editable"] is False and "__inputs" not in b
         (link,) = b["links"]
         assert link["type"] == "dashboards" and link["tags"] == ["llm-diag"] and link["keepTime"] and link["includeVars"]
         variables = {v["name"]: v for v in b["templating"]["list"]}
-        assert list(variables) == ["datasource", "job", "instance", "model"]
+        slo = b["uid"] == "llmdiag-slo"
+        assert list(variables) == ["datasource", "job", "instance", *(["slo"] if slo else []), "model"]
         assert variables["datasource"]["type"] == "datasource" and "current" not in variables["datasource"]
-        for name in ("job", "instance", "model"):
+        for name in set(variables) - {"datasource"}:
             assert variables[name]["multi"] and variables[name]["allValue"] == ".+"
-        assert "llmdiag_requests_total" in variables["model"]["query"]  # scoped to our series, never label_values(model)
+        model = variables["model"]["query"]
+        if slo:  # the SLO rules' own series: the recording rules already name vLLM's model_name `model`
+            assert model.startswith("label_values(llmdiag:slo_requests:increase5m{") and 'slo=~"$slo"' in model
+        else:  # scoped to request series of each family, never label_values(model)
+            assert "llmdiag_requests_total" in model and "vllm:num_requests_running" in model and '"model_name"' in model
+            assert variables["model"]["regex"] == '/model="([^"]+)"/'
         (oom,) = b["annotations"]["list"]
         assert "llmdiag_oom_kills_total" in oom["expr"] and "node_vmstat_oom_kill" in oom["expr"]
 
@@ -248,7 +259,36 @@ def test_overview_slo_panels_query_the_alerts_recording_rules(boards: dict[str, 
     exprs = [t["expr"] for p in boards["llmdiag-overview"]["panels"] for t in p.get("targets", [])]
     burn = [e for e in exprs if "llmdiag:slo_error_ratio:ratio1h" in e]
     assert burn and "/ on(slo, model) group_left() (1 - llmdiag:slo_objective:ratio" in burn[0]
-    assert any("llmdiag:slo_error_ratio:ratio30d" in e for e in exprs)
+    assert any(slo_names.PERIOD_RATIO in e for e in exprs)
+    assert not any(re.search(r"ratio(30d|28d|7d)\b", e) for b in boards.values() for p in b["panels"]
+                   for e in (t["expr"] for t in p.get("targets", [])))  # fmt: skip
+
+
+def test_the_slo_dashboard_answers_per_slo_and_model(boards: dict[str, dict[str, Any]]) -> None:
+    """Attainment, budget left, each tier's windows against its threshold, burn rates: from the rules' own series."""
+    board = boards["llmdiag-slo"]
+    panels = {p["title"]: p for p in board["panels"] if p["type"] != "row"}
+    assert {"Attainment", "Error budget remaining", definitions.TIER_PANEL, "Burn rate", definitions.EVENTS_PANEL} <= set(panels)
+    tier = [t["expr"] for t in panels[definitions.TIER_PANEL]["targets"]]
+    assert [metric_names(e) for e in tier] == [{slo_names.TIER_LONG_RATIO}, {slo_names.TIER_SHORT_RATIO},
+                                               {slo_names.TIER_THRESHOLD}]  # fmt: skip
+    burn = {n for t in panels["Burn rate"]["targets"] for n in metric_names(t["expr"])}
+    assert burn == {slo_names.RATIO.format(w=w) for w in slo_names.WINDOWS} | {slo_names.OBJECTIVE}
+    for p in panels.values():
+        for t in p["targets"]:
+            assert 'slo=~"$slo"' in t["expr"] and 'model=~"$model"' in t["expr"], (p["title"], t["expr"])
+
+
+def test_one_provisioning_path_everywhere() -> None:
+    """The generated provisioning.yaml, `diag dashboards --help` and the README name one directory."""
+    provisioning = yaml.safe_load((DEFAULT_OUT / "provisioning.yaml").read_text())
+    assert provisioning["providers"][0]["options"]["path"] == GRAFANA_DASHBOARDS_DIR
+    help_text = subprocess.run([*DIAG, "dashboards", "--help"], capture_output=True, text=True, timeout=60,
+                               env={**os.environ, "COLUMNS": "200"}).stdout  # fmt: skip
+    readme = (REPO / "README.md").read_text()
+    for text in (help_text, readme):
+        assert GRAFANA_DASHBOARDS_DIR in text
+        assert set(re.findall(r"/[\w/.-]*grafana/dashboards[\w/.-]*", text)) == {GRAFANA_DASHBOARDS_DIR}
 
 
 def test_committed_json_is_fresh_and_the_check_fails_when_stale(tmp_path: Path) -> None:

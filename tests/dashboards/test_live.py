@@ -24,9 +24,11 @@ from typing import Any
 import httpx
 import pytest
 
+from alerts.slo_names import DASHBOARD_NAMES as SLO_RULES
+from alerts.slo_names import PERIOD_RATIO
 from dashboards.build import OOM_ANNOTATION, render
 from dashboards.definitions import all_dashboards
-from dashboards.promql import SLO_PERIOD, SLO_RULES, metric_names
+from dashboards.promql import metric_names
 from tests.dashboards.livestack import FAMILY, Live, live_producible, live_stack
 from tests.livecg import skip_reason
 
@@ -35,7 +37,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CONSOLE_RE = re.compile(r":CONSOLE[:(]\d*\)?\]? ?(?P<message>.*)")
 # The SLO period's rules sum 5-minute increases in a subquery aligned to 5-minute boundaries: they
 # have a value only once such a boundary passed after the first recorded increase (up to 5 min).
-PERIOD_RULES = frozenset(r for r in SLO_RULES if r.endswith(SLO_PERIOD))
+PERIOD_RULES = frozenset({PERIOD_RATIO})
 PANELS = [(d.uid, p.title) for d in all_dashboards() for p in d.panels]
 
 
@@ -61,7 +63,7 @@ def live() -> Iterator[Live]:
 
 def substitute(expr: str, step: float, rate_interval: float) -> str:
     out = expr.replace("$__rate_interval", f"{int(rate_interval)}s").replace("$__interval", f"{int(step)}s")
-    return re.sub(r"\$\{?(job|instance|model)\}?", ".+", out)
+    return re.sub(r"\$\{?(job|instance|model|slo)\}?", ".+", out)
 
 
 def query_range(live: Live, expr: str, start: float, end: float, step: float, rate_interval: float) -> list[dict[str, Any]]:
@@ -145,6 +147,26 @@ def test_the_load_exercised_queueing_moe_and_batching(live: Live) -> None:
     assert max(finite_points(overflow)) > 0
     skew = finite_points(live_window(live, "max(llmdiag_moe_expert_skew_ratio < +Inf)"))
     assert skew and max(skew) > 1.5  # the router's skew shows
+
+
+def test_every_variable_offers_values_over_the_live_stack(live: Live) -> None:
+    """Each query variable evaluated as Grafana would (All = .+): our demo's model from the request families, the
+    SLOs and their models from the recording rules (when this branch has them)."""
+    for d in all_dashboards():
+        for var in render(d)["templating"]["list"]:
+            if var.get("type") != "query":
+                continue
+            query = re.sub(r"\$\{?(job|instance|model|slo)\}?", ".+", var["query"])
+            m = re.fullmatch(r"label_values\((.+),\s*(\w+)\)|query_result\((.+)\)", query)
+            assert m is not None, query
+            if m.group(3):
+                found = {hit.group(1) for s in live.prom.query(m.group(3)) if (hit := re.search(
+                    var["regex"].strip("/"), "{" + ", ".join(f'{k}="{v}"' for k, v in s["metric"].items()) + "}"))}  # fmt: skip
+            else:
+                if any(FAMILY.get(n) in SLO_RULES for n in metric_names(m.group(1))) and not live.rules:
+                    continue
+                found = {s["metric"].get(m.group(2)) for s in live.prom.query(f"group by ({m.group(2)}) ({m.group(1)})")}
+            assert found - {None, ""}, (d.uid, var["name"], var["query"])
 
 
 @pytest.mark.parametrize(("uid", "title"), PERIOD_PANELS, ids=[f"{u}:{t}" for u, t in PERIOD_PANELS])

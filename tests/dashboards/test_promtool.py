@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="needs promtool (Debian
 def substitute(expr: str) -> str:
     """What Grafana sends: intervals become durations, multi-value variables a regex."""
     out = expr.replace("$__rate_interval", "1m").replace("$__interval", "1m").replace("$__range", "1h")
-    return re.sub(r"\$\{?(job|instance|model)\}?", ".+", out)
+    return re.sub(r"\$\{?(job|instance|model|slo)\}?", ".+", out)
 
 
 def expressions() -> list[tuple[str, str]]:
@@ -32,9 +32,9 @@ def expressions() -> list[tuple[str, str]]:
             out += [(f"{d.uid} / {p['title']} / {t['refId']}", t["expr"]) for t in p.get("targets", [])]
         out += [(f"{d.uid} / annotation {a['name']}", a["expr"]) for a in board["annotations"]["list"]]
         for v in board["templating"]["list"]:
-            m = re.fullmatch(r"label_values\((.+),\s*\w+\)", v.get("query", ""))
+            m = re.fullmatch(r"label_values\((.+),\s*\w+\)|query_result\((.+)\)", v.get("query", ""))
             if m:
-                out.append((f"{d.uid} / variable {v['name']}", m.group(1)))
+                out.append((f"{d.uid} / variable {v['name']}", m.group(1) or m.group(2)))
     return out
 
 

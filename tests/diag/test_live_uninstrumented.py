@@ -137,7 +137,7 @@ def test_thrashing_and_explicit_scope_without_request_rows(tmp_path: Path) -> No
         as_hog = _analyze(recorder, _scope(cgroups=[hog.path], pids=[thrasher.pid], ts=t0), keep, "thrash-no-rows")
         as_svc = _analyze(recorder, _scope(cgroups=[svc.path], pids=[calm.pid], ts=t0), keep, "neighbour-holds-bin")
     assert as_hog.primary == "thrashing", as_hog.to_dict()["findings"]
-    stall = next(f for f in as_hog.findings if f.rule == "memory.thrashing_stalls")
+    stall = next(f for f in as_hog.findings if f.rule == "stalls.thrashing")
     assert stall.confidence >= 0.5 and stall.start is not None and stall.end is not None
     assert as_svc.primary == "noisy_neighbour", as_svc.to_dict()["findings"]
     assert not any(f.cls == "thrashing" and f.confidence >= 0.3 for f in as_svc.findings)
@@ -160,7 +160,7 @@ def test_duplicate_copies_that_hold_no_file(tmp_path: Path) -> None:
         analysis = _analyze(recorder, _scope(cgroups=[group.path], pids=[parent.pid], ts=t0), [group.path],
                             "duplicates-no-files")  # fmt: skip
     assert analysis.primary == "duplicate_model_processes", analysis.to_dict()["findings"]
-    f = next(f for f in analysis.findings if f.rule == "placement.duplicate_private_copies")
+    f = next(f for f in analysis.findings if f.rule == "private_copies.duplicate_models")
     named = " ".join(f"{e.what} {e.value}" for e in f.evidence)
     workers = [p for p in pids if p != parent.pid]
     assert all(str(p) in named for p in workers) and f.confidence >= 0.6

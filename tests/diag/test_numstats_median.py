@@ -53,3 +53,23 @@ def test_theil_slope_is_theilslopes_slope_and_ties_are_uniques(n: int) -> None:
         assert np.float64(got).tobytes() == np.float64(want).tobytes() or (np.isnan(got) and np.isnan(want))
         _, counts = np.unique(y, return_counts=True)
         np.testing.assert_array_equal(numstats._tie_counts(y), counts[counts > 1])
+
+
+@pytest.mark.parametrize("values", _cases(), ids=lambda v: f"n{v.size}")
+def test_finite_median_is_numpys_median_of_the_finite_values(values: np.ndarray) -> None:
+    finite = values[np.isfinite(values)]
+    got = numstats.finite_median(values)
+    if finite.size == 0:
+        assert np.isnan(got)
+    else:
+        assert np.float64(got).tobytes() == np.float64(np.median(finite)).tobytes()
+    assert isinstance(got, float)
+
+
+def test_finite_median_leaves_out_nan_and_infinities_and_keeps_the_input() -> None:
+    values = np.array([np.nan, 1.0, np.inf, 3.0, -np.inf, 2.0, 10.0])
+    kept = values.copy()
+    assert numstats.finite_median(values) == 2.5  # of 1, 2, 3, 10
+    np.testing.assert_array_equal(values, kept)
+    assert np.isnan(numstats.finite_median([np.nan, np.inf]))
+    assert np.isnan(numstats.finite_median([]))

@@ -61,3 +61,17 @@ def test_a_few_steps_are_too_little_data() -> None:
     tl = _as_fleet("queue")
     tl.service = {k: Series(s.ts[:3], s.values[:3]) for k, s in tl.service.items()}
     assert isinstance(queue_vs_thrash(tl), TooLittleData)
+
+
+def test_a_wait_that_dwarfs_a_doubled_inference_is_a_backlog_from_histograms() -> None:
+    """The queue run with its busy steps' inference doubled (CPU shared with the HTTP work), memory calm: the wait
+    is still many times the inference time -- a backlog with a contributing slowdown, not a suspect."""
+    tl = _as_fleet("queue")
+    wait, infer = tl.service["queue_wait_mean_s"], tl.service["inference_mean_s"]
+    busy = wait.values >= np.quantile(wait.values, 0.5)
+    slowed = np.where(busy, infer.values * 2.0, infer.values)
+    tl.service = {**tl.service, "inference_mean_s": Series(infer.ts, slowed), "inference_p50_s": Series(infer.ts, slowed)}
+    f = queue_vs_thrash(tl)
+    assert isinstance(f, Finding) and f.cls == "queue_backlog" and f.confidence >= 0.5, f
+    assert "contributing slowdown" in f.summary
+    assert analyze(tl).primary == "queue_backlog"

@@ -81,6 +81,25 @@ def test_backlog_fires_when_wait_rises_and_inference_stays_flat() -> None:
     assert_units(f)
 
 
+def test_a_wait_that_dwarfs_a_doubled_inference_is_still_a_backlog() -> None:
+    """One slot; offered 5 then 8 req/s while inference doubles from 70 to 135 ms under load (CPU shared with the HTTP
+    work), memory calm. The wait grows to many times the inference time: too little capacity with a contributing
+    slowdown, not a coin toss."""
+    rng = np.random.default_rng(7)
+
+    def service(rng: np.random.Generator, start: float, busy: int) -> float:
+        return (0.07 if start < D / 3 else 0.135) * math.exp(rng.normal(0.0, 0.1))
+
+    rows = simulate_queue(rng, D, lambda t: 5.0 if t < D / 3 else 8.0, 1, service)
+    a = run(request_records(rows) + telemetry(rng, D))
+    f = finding(a, "requests.queue_backlog")
+    assert f is not None and a.primary == "queue_backlog" and f.confidence >= 0.5
+    values = {e.what: e.value for e in f.evidence}
+    assert 1.5 <= values["inference time inflation (worst of by-load and by-time)"] < 3
+    assert values["median queue wait / median inference time, high-load quartile"] >= 5
+    assert "contributing slowdown" in f.summary
+
+
 def test_backlog_is_not_thrashing_even_without_memory_signals() -> None:
     rng = np.random.default_rng(4)
     rows = simulate_queue(rng, D, lambda t: 5 + 25 * t / D, 4, lognormal(0.2))

@@ -86,7 +86,7 @@ def test_recorded_scenarios_without_the_tracker(name: str, expected: str) -> Non
     a = analyze(timeline_from_records(recs, source=name))
     assert a.primary == expected, [(f.cls, f.rule, f.confidence) for f in a.findings]
     if expected == "thrashing":
-        assert any(f.rule == "memory.thrashing_stalls" and f.confidence >= 0.5 for f in a.findings)
+        assert any(f.rule == "stalls.thrashing" and f.confidence >= 0.5 for f in a.findings)
 
 
 def test_prometheus_shaped_series_judge_the_same() -> None:

@@ -18,9 +18,9 @@ from diag.timeline import timeline_from_records
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "uninstrumented"
 CASES = {
-    "thrash-no-rows": ("thrashing", "memory.thrashing_stalls"),
+    "thrash-no-rows": ("thrashing", "stalls.thrashing"),
     "neighbour-holds-bin": ("noisy_neighbour", "placement.noisy_neighbour"),
-    "duplicates-no-files": ("duplicate_model_processes", "placement.duplicate_private_copies"),
+    "duplicates-no-files": ("duplicate_model_processes", "private_copies.duplicate_models"),
     "short-overload": ("queue_backlog", "requests.queue_backlog"),
 }
 

@@ -9,13 +9,20 @@ from rich.console import Console
 from diag.bundle import report
 from diag.rules.base import Evidence, Finding
 from diag.rules.engine import Analysis
-from diag.units import format_bytes, format_value
+from diag.units import format_bytes, format_seconds, format_value
 
 
 def test_bytes_use_binary_prefixes_and_a_missing_sample_is_a_dash() -> None:
     assert format_bytes(512) == "512 B"
     assert format_bytes(1536 * 1024**2) == "1.5 GiB"
     assert format_bytes(None) == format_bytes(math.nan) == format_bytes(math.inf) == "-"
+
+
+def test_seconds_in_ms_below_ten_seconds() -> None:
+    assert format_seconds(0.0123) == "12 ms"
+    assert format_seconds(9.9994) == "9999 ms"
+    assert format_seconds(10.0) == "10.0 s"
+    assert format_seconds(123.45) == "123.5 s"
 
 
 def test_values_by_unit() -> None:

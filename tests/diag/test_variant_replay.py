@@ -30,7 +30,7 @@ def test_refault_thrashing_with_few_requests_is_thrashing_not_pressure(name: str
     analysis = analyze(timeline_from_records(records, source=name))
     by_rule = {f.rule: f for f in analysis.findings}
     assert analysis.primary == "thrashing", [(f.rule, f.confidence) for f in analysis.findings]
-    assert by_rule["memory.thrashing_stalls"].confidence >= 0.6
+    assert by_rule["stalls.thrashing"].confidence >= 0.6
     pressure = by_rule["memory.pressure"]
     assert pressure.confidence <= 0.45 and "see the thrashing finding" in pressure.summary
 

@@ -57,13 +57,17 @@ def iso(ts: float) -> str:
 
 
 class AlertmanagerPair:
-    def __init__(self, folder: Path, webhook_url: str, peer_timeout: str = "10ms", *, clustered: bool = True) -> None:
+    def __init__(
+        self, folder: Path, webhook_url: str = "", peer_timeout: str = "10ms", *, clustered: bool = True,
+        config_text: str | None = None,
+    ) -> None:  # fmt: skip
+        """``config_text``: a whole Alertmanager configuration instead of the one-receiver ``CONFIG`` for ``webhook_url``."""
         self.am, self.amtool = binaries()
         self.folder = folder
         self.web = [free_port(), free_port()]
         self.cluster = [free_port(), free_port()]
         config = folder / "alertmanager.yml"
-        config.write_text(CONFIG.format(url=webhook_url))
+        config.write_text(config_text if config_text is not None else CONFIG.format(url=webhook_url))
         self.clustered = clustered
         self.procs: list[subprocess.Popen[bytes]] = []
         for i in range(2):

@@ -1,19 +1,22 @@
-"""GitHub Issues and Jira sinks fed by the outbox, against a local HTTP server speaking the documented endpoints
-the sinks use (the real services cannot run here): create once, comment, close, reopen; a sink that is down
-loses nothing and catches up in order; a ticket created just before a crash is found again, not duplicated."""
+"""GitHub Issues and Jira sinks fed by the outbox, against ``FakeTracker`` (a local server speaking the GitHub issue
+endpoints and Jira Data Center's REST v2 ones): create once, comment, close, reopen; a sink that is down loses
+nothing and catches up in order; a ticket created just before a crash is found again, not duplicated.
+The per-tracker suites (``test_sink_*.py``) test each documented API in depth."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
-from diag.triage import lifecycle, payload
+from diag.triage import lifecycle
 from diag.triage.outbox import Dispatcher, marker
-from diag.triage.sinks import GitHubSink, JiraSink, SinkError
+from diag.triage.sinks import GitHubSink, JiraSink, Notice, SinkError
+from diag.triage.sinks.text import from_plain
 from diag.triage.store import connect, transaction
 from tests.triage.helpers import FakeTracker, alert, body
+from tests.triage.ticketkit import apply, drain
+from tests.triage.wire_jira import JiraDataCenter
 
 LABELS = {"alertname": "KVCachePressure", "job": "llm", "instance": "10.0.0.5:8000"}
 
@@ -28,22 +31,12 @@ def tracker():
 def sinks(tracker: FakeTracker) -> dict:
     return {
         "github": GitHubSink("acme/incidents", "gh-token", tracker.url),
-        "jira": JiraSink(tracker.url, "OPS", user="bot", token="jira-token"),
+        "jira": JiraSink(tracker.url, "OPS", user="bot", token="jira-token", deployment="datacenter"),
     }
 
 
-def apply(db, policy, doc, now):
-    with transaction(db):
-        return lifecycle.apply(db, policy, payload.parse(json.dumps(doc).encode()), now)
-
-
-def drain(dispatcher: Dispatcher, rounds: int = 20) -> None:
-    for _ in range(rounds):
-        if not dispatcher.drain_once():
-            return
-
-
-def test_create_once_then_close_reopen_comment_on_both_trackers(tmp_path, tracker):
+def test_create_once_then_close_reopen_comment_on_both_trackers(tmp_path):
+    tracker = FakeTracker()
     policy = lifecycle.Policy(hold_down_s=0, reopen_window_s=3600, sinks=("github", "jira"))
     db = connect(tmp_path / "t.db")
     d = Dispatcher(tmp_path / "t.db", sinks(tracker), page_url="http://triage.local:9095", start=False)  # driven by hand
@@ -75,6 +68,7 @@ def test_create_once_then_close_reopen_comment_on_both_trackers(tmp_path, tracke
     assert auth == {"Bearer gh-token", "Basic Ym90OmppcmEtdG9rZW4="}
     d.close()
     db.close()
+    tracker.close()
 
 
 def test_a_sink_that_is_down_loses_nothing_and_catches_up_in_order(tmp_path, tracker):
@@ -108,7 +102,8 @@ def test_ticket_created_before_a_crash_is_found_not_duplicated(tmp_path, tracker
     apply(db, policy, body(alert(LABELS, starts=100)), 100.0)
     row = db.execute("SELECT * FROM incidents").fetchone()
     gh = GitHubSink("acme/incidents", "", tracker.url)
-    gh.create(marker(row), "created, then the receiver died before storing the id", "")  # what the crash left behind
+    notice = Notice("create", marker(row), "created, then the receiver died before storing the id", ())
+    gh.create(notice)  # what the crash left behind
     d = Dispatcher(tmp_path / "t.db", {"github": gh})
     try:
         deadline = time.monotonic() + 10
@@ -122,10 +117,15 @@ def test_ticket_created_before_a_crash_is_found_not_duplicated(tmp_path, tracker
         db.close()
 
 
-def test_jira_without_the_configured_transition_is_an_error_to_retry(tracker):
-    jira = JiraSink(tracker.url, "OPS", token="t", resolve_transition="Resolve Issue")
-    ticket = jira.create("m", "t", "b")
-    with pytest.raises(SinkError, match="offers no transition 'Resolve Issue'"):
-        jira.close(ticket.external_id, wontfix=False)
-    with pytest.raises(ValueError):
-        GitHubSink("not-a-repo", "")
+def test_jira_without_the_configured_transition_is_a_permanent_error():
+    server = JiraDataCenter()
+    try:
+        jira = JiraSink(server.url, "OPS", token="dc-pat", resolve_transition="Resolve Issue", deployment="datacenter")
+        ticket = jira.create(Notice("create", "m", "t", from_plain("b")))
+        with pytest.raises(SinkError, match="offers no transition 'Resolve Issue'") as raised:
+            jira.close(ticket, Notice("close", "m", "t", ()))
+        assert raised.value.permanent  # the workflow has no such transition: retrying cannot add one
+        with pytest.raises(ValueError):
+            GitHubSink("not-a-repo", "")
+    finally:
+        server.close()

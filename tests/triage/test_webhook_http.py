@@ -1,10 +1,15 @@
 """The webhook over real HTTP (an in-process receiver on a free loopback port): status codes, limits, token,
-hostile bodies (hypothesis) -> a 4xx and nothing stored, never a crash or a 5xx; escaping on the page."""
+hostile bodies (hypothesis) -> a 4xx and nothing stored, never a crash or a 5xx; escaping on the page; the
+``Receiver`` lifecycle (bind early, shutdown from another thread, SIGTERM through the CLI).
+The HTTP layer itself under hostile bytes is ``test_http_fuzz.py``."""
 
 from __future__ import annotations
 
 import json
+import signal
 import socket
+import threading
+import time
 
 import httpx
 import pytest
@@ -14,7 +19,7 @@ from hypothesis import strategies as st
 from diag.triage.lifecycle import Policy
 from diag.triage.server import Receiver, ReceiverConfig
 from diag.triage.store import connect
-from tests.triage.helpers import FIXTURE, alert, body
+from tests.triage.helpers import FIXTURE, ReceiverProcess, alert, body
 
 TOKEN = "s3cret-token"
 
@@ -23,8 +28,6 @@ TOKEN = "s3cret-token"
 def server(tmp_path_factory):
     db = tmp_path_factory.mktemp("webhook") / "t.db"
     rx = Receiver(ReceiverConfig(host="127.0.0.1", port=0, db=db, policy=Policy(hold_down_s=1), max_body_bytes=64 * 1024))
-    import threading
-
     t = threading.Thread(target=rx.serve_forever, daemon=True)
     t.start()
     yield rx
@@ -114,41 +117,67 @@ def read_all(s: socket.socket) -> bytes:
     return b"".join(chunks)
 
 
+def exchange(server, raw: bytes) -> bytes:
+    """Send raw bytes, half-close, read the answer until the receiver closes."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        s.sendall(raw)
+        s.shutdown(socket.SHUT_WR)
+        return read_all(s)
+
+
+def head(length: int | None = None, *extra: str) -> bytes:
+    lines = ["POST /webhook HTTP/1.1", "Host: x", "Content-Type: application/json", *extra]
+    if length is not None:
+        lines.append(f"Content-Length: {length}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def chunked(raw: bytes, size: int = 100) -> bytes:
+    parts = [raw[i : i + size] for i in range(0, len(raw), size)]
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+
+
 def test_truncated_body_and_missing_length(server):
     before = stored(server)
     raw = FIXTURE.read_bytes()
-    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
-        s.sendall(b"POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  + f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw[: len(raw) // 2])  # fmt: skip
-        s.shutdown(socket.SHUT_WR)
-        reply = read_all(s)
-    assert reply.startswith(b"HTTP/1.1 400") and b"truncated" in reply
-    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
-        s.sendall(
-            b"POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
-        )
-        assert read_all(s).startswith(b"HTTP/1.1 411")
+    reply = exchange(server, head(len(raw)) + raw[: len(raw) // 2])
+    assert reply.startswith(b"HTTP/1.1 400") and b"before the whole body" in reply
+    reply = exchange(server, head(None))
+    assert reply.startswith(b"HTTP/1.1 411") and b"Content-Length" in reply
+    assert stored(server) == before
+
+
+def test_chunked_body_is_recorded_up_to_the_limit(server):
+    """A hop that re-frames the body as chunked loses nothing; past max_body_bytes it is a 413, as with a length."""
+    doc = body(alert({"alertname": "ChunkedDelivery", "job": "j"}))
+    reply = exchange(server, head(None, "Transfer-Encoding: chunked") + chunked(json.dumps(doc).encode()))
+    assert reply.startswith(b"HTTP/1.1 200") and b'"opened"' in reply
+    before = stored(server)
+    oversized = json.dumps({**doc, "padding": "x" * server.config.max_body_bytes}).encode()
+    reply = exchange(server, head(None, "Transfer-Encoding: chunked") + chunked(oversized, 4096))
+    assert reply.startswith(b"HTTP/1.1 413") and b"exceeds the limit" in reply
     assert stored(server) == before
 
 
 def test_bearer_token_from_environment(tmp_path):
-    import threading
-
     rx = Receiver(ReceiverConfig(host="127.0.0.1", port=0, db=tmp_path / "t.db", token=TOKEN))
     threading.Thread(target=rx.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{rx.port}/webhook"
         raw = FIXTURE.read_bytes()
         h = {"Content-Type": "application/json"}
-        assert httpx.post(url, content=raw, headers=h).status_code == 401
+        missing = httpx.post(url, content=raw, headers=h)
+        assert (missing.status_code, missing.headers["WWW-Authenticate"]) == (401, "Bearer")
         assert httpx.post(url, content=raw, headers={**h, "Authorization": "Bearer wrong"}).status_code == 401
+        assert httpx.post(url, content=raw, headers={**h, "Authorization": TOKEN}).status_code == 401  # no scheme
         assert httpx.post(url, content=raw, headers={**h, "Authorization": f"Bearer {TOKEN}"}).status_code == 200
     finally:
         rx.close()
 
 
 def test_other_methods_and_paths(client):
-    assert client.put("/webhook").status_code == 405
+    put = client.put("/webhook")
+    assert (put.status_code, put.headers["Allow"], put.headers["Connection"]) == (405, "GET, HEAD, POST", "close")
     nope = client.post("/nope", json={})
     assert nope.status_code == 404 and "/webhook/page" in nope.json()["error"]
     assert client.post("/page", json={}).status_code == 404  # the old generator's path is not silently accepted
@@ -236,10 +265,120 @@ def test_label_values_with_html_are_escaped(server, client):
     assert 'href="javascript:' not in page.text
 
 
+def deliveries_stored(server) -> int:
+    db = connect(server.config.db)
+    try:
+        row = db.execute("SELECT value FROM stats WHERE name = 'deliveries'").fetchone()
+        return int(row[0]) if row else 0
+    finally:
+        db.close()
+
+
+def test_the_duplicate_cache_is_keyed_by_route_and_body(server, client):
+    """A byte-identical retry on the same route is answered without the store; on another route it is not (the
+    route's severity is part of what the store records)."""
+    raw = json.dumps(body(alert({"alertname": "CacheKey", "job": "j"}))).encode()
+    h = {"Content-Type": "application/json"}
+    assert client.post("/webhook", content=raw, headers=h).json()["outcomes"] == ["opened"]
+    stored_before = deliveries_stored(server)
+    assert client.post("/webhook", content=raw, headers=h).json()["outcomes"] == ["duplicate"]
+    assert deliveries_stored(server) == stored_before  # answered from the cache
+    assert client.post("/webhook/page", content=raw, headers=h).status_code == 200
+    assert deliveries_stored(server) == stored_before + 1  # went to the store
+
+
+def test_synchronous_webhook_core_for_embedding(server):
+    doc = body(alert({"alertname": "SyncCore", "job": "j"}))
+    status, reply, extra = server.webhook({}, json.dumps(doc).encode(), "ticket")
+    assert (status, reply["outcomes"], extra) == (200, ["opened"], {})
+    status, reply, _ = server.webhook({}, b"{", "")
+    assert status == 400 and "not JSON" in reply["error"]
+
+
+def test_every_answer_carries_the_security_headers(client):
+    for r in (client.get("/"), client.get("/api/incidents"), client.get("/healthz"), client.post("/nope", json={})):
+        assert r.headers["X-Content-Type-Options"] == "nosniff" and r.headers["Cache-Control"] == "no-store"
+        assert r.headers["Server"] == "llm-diag-triage"
+        assert ("Content-Security-Policy" in r.headers) == r.headers["Content-Type"].startswith("text/html")
+    head = client.head("/")
+    assert head.status_code == 200 and head.content == b"" and int(head.headers["Content-Length"]) > 0
+    icon = client.get("/favicon.ico")
+    assert icon.status_code == 204 and "Content-Length" not in icon.headers
+
+
+def test_port_taken_fails_before_any_thread_starts(server, tmp_path):
+    threads = threading.active_count()
+    with pytest.raises(OSError):
+        Receiver(ReceiverConfig(host="127.0.0.1", port=server.port, db=tmp_path / "t.db"))
+    assert threading.active_count() == threads
+
+
+def wait_until_up(url: str) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.02)
+    raise AssertionError(f"{url} did not come up")
+
+
+def test_shutdown_from_another_thread_answers_the_request_in_flight_then_returns(tmp_path):
+    """A delivery waiting for its commit when shutdown() comes is still answered 200 (Alertmanager need not retry);
+    an idle keep-alive connection does not hold the shutdown up; serve_forever returns and the port stops answering."""
+    import sqlite3
+
+    rx = Receiver(ReceiverConfig(host="127.0.0.1", port=0, db=tmp_path / "t.db"))
+    serving = threading.Thread(target=rx.serve_forever)
+    serving.start()
+    locker = sqlite3.connect(tmp_path / "t.db", isolation_level=None)
+    answers: list[int] = []
+    try:
+        url = f"http://127.0.0.1:{rx.port}"
+        wait_until_up(url)
+        idle = httpx.Client(timeout=10)
+        assert idle.get(f"{url}/healthz").status_code == 200
+        locker.execute("BEGIN EXCLUSIVE")  # the delivery below waits for the store
+        doc = body(alert({"alertname": "InFlightAtShutdown", "job": "j"}))
+        poster = threading.Thread(target=lambda: answers.append(httpx.post(f"{url}/webhook", json=doc, timeout=30).status_code))
+        poster.start()
+        deadline = time.monotonic() + 10
+        while not rx._server.server_state.tasks and time.monotonic() < deadline:  # the request is being handled
+            time.sleep(0.01)
+        rx.shutdown()
+        serving.join(timeout=0.5)
+        assert serving.is_alive() and not answers  # still waiting for that commit
+        locker.execute("ROLLBACK")
+        released = time.monotonic()
+        poster.join(timeout=15)
+        serving.join(timeout=15)
+        assert answers == [200] and not serving.is_alive() and time.monotonic() - released < 3
+        with pytest.raises(httpx.TransportError):
+            idle.get(f"{url}/healthz")
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{url}/healthz", timeout=2)
+        idle.close()
+    finally:
+        locker.close()
+        rx.close()
+        serving.join(timeout=10)
+
+
+def test_sigterm_stops_diag_triage_serve_cleanly(tmp_path):
+    """uvicorn's own signal handlers are not installed: the CLI's SIGTERM handler stops it, exit status 0."""
+    proc = ReceiverProcess(tmp_path / "t.db", "--no-diagnosis").start()
+    assert proc.post(body(alert({"alertname": "BeforeStop", "job": "j"}))).status_code == 200
+    assert proc.proc is not None
+    started = time.monotonic()
+    proc.proc.send_signal(signal.SIGTERM)
+    assert proc.proc.wait(timeout=15) == 0 and time.monotonic() - started < 5
+    assert "diag triage: stopped" in proc.log.read_text() and "Traceback" not in proc.log.read_text()
+
+
 def test_store_locked_is_a_503_with_retry_after_and_the_retry_records_it(tmp_path):
     """Transient failure (another process holds the store's write lock past the timeouts): 503, nothing lost."""
     import sqlite3
-    import threading
 
     rx = Receiver(ReceiverConfig(host="127.0.0.1", port=0, db=tmp_path / "t.db"))
     threading.Thread(target=rx.serve_forever, daemon=True).start()
@@ -258,3 +397,11 @@ def test_store_locked_is_a_503_with_retry_after_and_the_retry_records_it(tmp_pat
     finally:
         locker.close()
         rx.close()
+
+
+def test_a_receiver_without_a_diagnosis_source_says_so_on_its_incidents(server, client):
+    """Built directly (not through the CLI) with no source: incidents read 'not diagnosed', never 'pending' forever."""
+    raw = json.dumps(body(alert({"alertname": "NoSourceHere", "job": "j"}))).encode()
+    assert post(client, raw).status_code == 200
+    (mine,) = [i for i in client.get("/api/incidents").json() if i["title"].startswith("alertname=NoSourceHere")]
+    assert mine["diag_state"] == "off"

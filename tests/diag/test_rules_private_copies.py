@@ -7,8 +7,8 @@ from typing import Any
 
 from diag.demo.scenarios.recording import read_jsonl_gz
 from diag.rules.base import Finding
-from diag.rules.copies import duplicate_private_copies
 from diag.rules.engine import analyze
+from diag.rules.private_copies import duplicate_private_copies
 from diag.timeline import timeline_from_records
 
 T0 = 1_700_000_000.0
@@ -85,4 +85,4 @@ def test_recorded_duplicates_without_tracker_or_model_files() -> None:
         recs.append(r)
     a = analyze(timeline_from_records(recs))
     assert a.primary == "duplicate_model_processes", [(f.rule, f.confidence) for f in a.findings]
-    assert any(f.rule == "placement.duplicate_private_copies" for f in a.findings)
+    assert any(f.rule == "private_copies.duplicate_models" for f in a.findings)

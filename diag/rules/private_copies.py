@@ -38,6 +38,7 @@ MIN_PRIVATE_BYTES = 48 * (1 << 20)
 PRIVATE_SHARE = 0.5
 SIMILAR_RATIO = 0.75
 MATERIAL_WASTE_OF_LIMIT = 0.05
+BIG_WASTE_OF_LIMIT = 0.25  # extra copies taking a quarter of the limit add confidence
 UNIVERSAL_PARENTS = (0, 1)
 
 
@@ -110,7 +111,7 @@ def _copies(members: list[Member]) -> list[Member]:
     return best
 
 
-@rule("placement.duplicate_private_copies", "duplicate_model_processes", needs_any=("process:uss", "loader"))
+@rule("private_copies.duplicate_models", "duplicate_model_processes", needs_any=("process:uss", "loader"))
 def duplicate_private_copies(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | TooLittleData | None:
     """Sibling processes each holding a large, similar private copy (no model file needed), or loading one."""
     scope = stats.service_scope(tl, ac)
@@ -159,7 +160,7 @@ def duplicate_private_copies(tl: Timeline, ac: AnalysisContext | None = None) ->
         if corroborated:
             evidence.append(Evidence("of them, loaded about a copy each (loader records)", corroborated, "processes"))
         conf = 0.6 + (0.1 if corroborated >= MIN_SIBLINGS else 0.0)
-        conf += 0.1 if limit and waste >= 0.25 * limit else 0.0
+        conf += 0.1 if limit and waste >= BIG_WASTE_OF_LIMIT * limit else 0.0
         n, each = len(copies), format_bytes(smallest)
         pids = ", ".join(str(m.track.pid) for m in copies[:6])
         summary = f"{n} sibling processes ({pids}) each hold >= {each} of private memory: {n} copies of the model"
@@ -179,7 +180,7 @@ def duplicate_private_copies(tl: Timeline, ac: AnalysisContext | None = None) ->
         evidence.append(Evidence(f"limit ({limit_source})", round(limit), "bytes"))
     return Finding(
         cls="duplicate_model_processes",
-        rule="placement.duplicate_private_copies",
+        rule="private_copies.duplicate_models",
         confidence=min(conf, 0.85),
         summary=summary,
         evidence=evidence,
