@@ -15,9 +15,17 @@ sizes hold the same mix. Each size is loaded and analysed in a fresh subprocess,
 wall time of ``load_recorder(path)`` and of ``analyze(timeline)`` separately and its peak RSS
 (``VmHWM``). Whatever rules are registered in ``diag/rules`` run.
 
-Targets: full size <= 10 s (load + analyse) and <= 1 GiB peak RSS.
+Targets: full size <= 2.5 s (load + analyse) and <= 400 MiB peak RSS of the analysing process.
+
+``--order time`` reads the same rows written in time order (as an agent and a tracker append them) instead of one
+kind, and one process, after another as the generator writes them.
+
+``--compare-rev REV`` runs the same recorder files through the code at another git revision too (unpacked from
+git into a temporary folder, measured by this script's own child), alternating runs, so a before/after is
+measured the same way, side by side, in one session on a machine whose load changes.
 
     .venv/bin/python bench/analyze.py [--scales 1,4,16] [--keep DIR] [--profile] [--workers N] [--repeat N]
+                                      [--order kind|time] [--compare-rev main]
 
 Prints figures; asserts nothing.
 """
@@ -36,7 +44,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# The tree whose code is measured: this one, or (a --compare-rev child) another revision's, measured by this script.
+TREE = Path(os.environ.get("LLMDIAG_BENCH_TREE") or ROOT)
+sys.path.insert(0, str(TREE))
 
 import numpy as np  # noqa: E402
 
@@ -208,13 +218,16 @@ def generate(path: Path, seconds: int, requests: int, seed: int = 7) -> dict[str
     return counts
 
 
-def subset(full: Path, out: Path, seconds: float) -> None:
-    """Copy the first ``seconds`` of the full recorder into a new recorder file (same schema)."""
+def subset(full: Path, out: Path, seconds: float, in_time_order: bool = False) -> None:
+    """Copy the first ``seconds`` of the full recorder into a new recorder file (same schema); ``in_time_order``:
+    rows written in time order, as an agent and a tracker append them, where the generator writes one kind (and one
+    process) after another."""
     FlightRecorder(out, retention_s=10 * DAY_S, max_size_bytes=1 << 40).close()
     db = sqlite3.connect(out)
     db.execute("ATTACH DATABASE ? AS src", (str(full),))
-    db.execute("INSERT INTO records(ts, kind, schema, body) SELECT ts, kind, schema, body FROM src.records WHERE ts < ?",
-               (T0 + seconds,))  # fmt: skip
+    order = " ORDER BY ts, id" if in_time_order else ""
+    db.execute("INSERT INTO records(ts, kind, schema, body) SELECT ts, kind, schema, body FROM src.records "
+               f"WHERE ts < ?{order}", (T0 + seconds,))  # fmt: skip
     db.commit()
     db.execute("DETACH DATABASE src")
     db.close()
@@ -262,6 +275,7 @@ def child(path: str, profile: bool, workers: int | None) -> None:
     result = analyze(timeline)
     t2 = time.perf_counter()
     c2 = time.process_time()
+    hwm = _vm_hwm()  # the peak of load + analyse (the rules timed alone below are the bench's own extra work)
     per_rule = []  # each evaluated rule again, alone: where the analysis time goes
     for rule_id in result.evaluated:
         r0 = time.perf_counter()
@@ -274,7 +288,7 @@ def child(path: str, profile: bool, workers: int | None) -> None:
         prof.disable()
         pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(25)
     print(json.dumps({
-        "load_s": t1 - t0, "analyze_s": t2 - t1, "base_rss": base_rss, "rss_loaded": rss_loaded, "hwm": _vm_hwm(),
+        "load_s": t1 - t0, "analyze_s": t2 - t1, "base_rss": base_rss, "rss_loaded": rss_loaded, "hwm": hwm,
         "load_cpu_s": c1 - c0 + kids.ru_utime + kids.ru_stime, "analyze_cpu_s": c2 - c1, "worker_hwm": kids.ru_maxrss * 1024,
         "slowest_rules": per_rule[:5], "load_avg": os.getloadavg()[0],
         "counts": timeline.counts, "rules_evaluated": len(result.evaluated),
@@ -285,6 +299,62 @@ def child(path: str, profile: bool, workers: int | None) -> None:
 
 # --------------------------------------------------------------------------- driver
 
+TARGET_WALL_S = 2.5
+TARGET_PEAK = 400 << 20
+
+
+def _tree_at(rev: str, folder: Path) -> Path:
+    """The repository at git revision ``rev``, unpacked into ``folder`` (its own ``bench/analyze.py`` runs there)."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return folder
+
+
+def _run(tree: Path, path: Path, workers: int | None, profile: bool) -> dict | None:
+    """One measured load + analysis in a fresh process: this script's measurement, ``tree``'s code."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(path)]
+    if workers is not None:
+        cmd += ["--workers", str(workers)]
+    if profile:
+        cmd.append("--profile")
+    env = {**os.environ, "LLMDIAG_BENCH_TREE": str(tree)}
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=tree, env=env)
+    if out.returncode != 0:
+        print(f"{tree}: child failed (rc {out.returncode})\n{out.stderr[-3000:]}")
+        return None
+    if profile:
+        print(out.stderr)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _report(scale: int, label: str, runs: list[dict]) -> dict:
+    """Every run's figures (a shared machine is noisy: all of them, with the load average at each start), then the
+    median run by wall time in detail."""
+    by_wall = sorted(runs, key=lambda r: r["load_s"] + r["analyze_s"])
+    res = by_wall[len(by_wall) // 2]
+    each = "; ".join(
+        f"{r['load_s'] + r['analyze_s']:.2f} s ({r['load_s']:.2f} + {r['analyze_s']:.2f}), CPU "
+        f"{r['load_cpu_s'] + r['analyze_cpu_s']:.2f} s, peak {r['hwm'] / 2**20:.0f} MiB, load avg {r['load_avg']:.1f}"
+        for r in runs
+    )
+    c = res["counts"]
+    total = res["load_s"] + res["analyze_s"]
+    print(f"x{scale:<2} {label}: {len(runs)} run(s) in the order run: {each}\n"
+          f"     median run ({scale / 16 * 24:4.1f} h: host {c.get('host', 0)}, cgroup {c.get('cgroup', 0)}, "
+          f"process {c.get('process', 0)}, request {c.get('request', 0)})\n"
+          f"     wall: load {res['load_s']:.2f} s + analyze {res['analyze_s']:.2f} s = {total:.2f} s "
+          f"({total / scale:.3f} s per 1x)\n"
+          f"     CPU:  load {res['load_cpu_s']:.2f} s (all readers) + analyze {res['analyze_cpu_s']:.2f} s "
+          f"({(res['load_cpu_s'] + res['analyze_cpu_s']) / scale:.3f} s per 1x); load average at start "
+          f"{res['load_avg']:.1f}\n"
+          f"     RSS: before {res['base_rss'] / 2**20:.0f} MiB, after load {res['rss_loaded'] / 2**20:.0f} MiB, "
+          f"peak {res['hwm'] / 2**20:.0f} MiB (a forked reader's peak: {res['worker_hwm'] / 2**20:.0f} MiB)\n"
+          f"     rules: {res['rules_evaluated']} evaluated, verdict {res['primary']}; slowest {res['slowest_rules']}\n"
+          f"     not evaluated: {'; '.join(res['not_evaluated']) or 'none'}")  # fmt: skip
+    if res["findings"]:
+        print(f"     findings: {res['findings']}")
+    return res
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -292,13 +362,22 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, help="generate into (or reuse) this directory instead of a temp one")
     ap.add_argument("--profile", action="store_true", help="cProfile the largest run (to stderr)")
     ap.add_argument("--workers", type=int, help="load_recorder(workers=...) (default: its own choice)")
-    ap.add_argument("--repeat", type=int, default=1, help="runs per size; the median one (by wall time) is shown")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per size (and per tree); every run is shown")
+    ap.add_argument("--order", choices=("kind", "time"), default="kind",
+                    help="rows as generated, one kind after another (default), or in time order as an agent "
+                    "writes them")  # fmt: skip
+    ap.add_argument("--compare-rev", metavar="REV",
+                    help="also run the same files through the code at this git revision, alternating runs")  # fmt: skip
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args.child, args.profile, args.workers)
         return
     scales = sorted({int(s) for s in args.scales.split(",")})
+    if args.repeat < 1 or (args.workers is not None and args.workers < 1):
+        ap.error("--repeat and --workers take a positive number")
+    if not scales or min(scales) < 1:
+        ap.error("--scales takes positive multiples of 1/16 of a day")
     tmp = None
     if args.keep:
         folder = args.keep
@@ -306,67 +385,49 @@ def main() -> None:
     else:
         tmp = tempfile.TemporaryDirectory(prefix="llmdiag-bench-")
         folder = Path(tmp.name)
+    other = tempfile.TemporaryDirectory(prefix="llmdiag-bench-rev-") if args.compare_rev else None
     try:
+        trees = [("this tree", ROOT)]
+        if other is not None:
+            trees.append((f"git {args.compare_rev}", _tree_at(args.compare_rev, Path(other.name))))
         full = folder / "x16.db"
         if not full.exists():
             t = time.perf_counter()
             counts = generate(full, DAY_S, FULL_REQUESTS)
             print(f"generated {full.name}: {counts} in {time.perf_counter() - t:.1f} s, "
                   f"{full.stat().st_size / 2**20:.0f} MiB")  # fmt: skip
-        rows = []
+        largest: dict[str, dict] = {}
         for scale in scales:
-            path = full if scale == 16 else folder / f"x{scale}.db"
+            in_time = args.order == "time"
+            path = full if scale == 16 and not in_time else folder / f"x{scale}{'-time' if in_time else ''}.db"
             if not path.exists():
-                subset(full, path, DAY_S * scale / 16)
-            cmd = [sys.executable, __file__, "--child", str(path)]
-            if args.workers is not None:
-                cmd += ["--workers", str(args.workers)]
-            if args.profile and scale == max(scales):
-                cmd.append("--profile")
-            runs = []
-            for _ in range(max(1, args.repeat)):
-                out = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
-                if out.returncode != 0:
-                    print(f"x{scale}: child failed (rc {out.returncode})\n{out.stderr[-3000:]}")
-                    break
-                if args.profile and scale == max(scales):
-                    print(out.stderr)
-                runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-            if len(runs) < max(1, args.repeat):
-                continue
-            runs.sort(key=lambda r: r["load_s"] + r["analyze_s"])
-            res = runs[len(runs) // 2]  # the median run by wall time (a shared machine is noisy)
-            rows.append((scale, res))
-            if len(runs) > 1:
-                walls = ", ".join(f"{r['load_s'] + r['analyze_s']:.2f}" for r in runs)
-                cpus = ", ".join(f"{r['load_cpu_s'] + r['analyze_cpu_s']:.2f}" for r in runs)
-                print(f"x{scale:<2} {len(runs)} runs, the median one below; wall {walls} s; CPU {cpus} s")
-            c = res["counts"]
-            total = res["load_s"] + res["analyze_s"]
-            print(f"x{scale:<2} ({scale / 16 * 24:4.1f} h: host {c.get('host', 0)}, cgroup {c.get('cgroup', 0)}, "
-                  f"process {c.get('process', 0)}, request {c.get('request', 0)})\n"
-                  f"     wall: load {res['load_s']:.2f} s + analyze {res['analyze_s']:.2f} s = {total:.2f} s "
-                  f"({total / scale:.3f} s per 1x)\n"
-                  f"     CPU:  load {res['load_cpu_s']:.2f} s (all readers) + analyze {res['analyze_cpu_s']:.2f} s "
-                  f"({(res['load_cpu_s'] + res['analyze_cpu_s']) / scale:.3f} s per 1x); load average at start "
-                  f"{res['load_avg']:.1f}\n"
-                  f"     RSS: before {res['base_rss'] / 2**20:.0f} MiB, after load {res['rss_loaded'] / 2**20:.0f} MiB, "
-                  f"peak {res['hwm'] / 2**20:.0f} MiB (a forked reader's peak: {res['worker_hwm'] / 2**20:.0f} MiB)\n"
-                  f"     rules: {res['rules_evaluated']} evaluated, verdict {res['primary']}; slowest {res['slowest_rules']}\n"
-                  f"     not evaluated: {'; '.join(res['not_evaluated']) or 'none'}")  # fmt: skip
-            if res["findings"]:
-                print(f"     findings: {res['findings']}")
-        if rows and rows[-1][0] == 16:
-            res = rows[-1][1]
+                subset(full, path, DAY_S * scale / 16, in_time_order=in_time)
+            runs: dict[str, list[dict]] = {label: [] for label, _ in trees}
+            for k in range(args.repeat):
+                order = trees if k % 2 == 0 else trees[::-1]  # alternate which tree runs first
+                for label, tree in order:
+                    res = _run(tree, path, args.workers, args.profile and scale == max(scales))
+                    if res is not None:
+                        runs[label].append(res)
+            for label, got in runs.items():
+                if got:
+                    res = _report(scale, label, got)
+                    if scale == 16:
+                        largest[label] = res
+        for label, res in largest.items():
             total = res["load_s"] + res["analyze_s"]
             print(
-                f"full size: {total:.2f} s wall, {res['load_cpu_s'] + res['analyze_cpu_s']:.2f} s CPU "
-                f"(target <= 10 s: {'met' if total <= 10 else 'MISSED'}), "
-                f"peak RSS {res['hwm'] / GIB:.2f} GiB (target <= 1 GiB: {'met' if res['hwm'] <= GIB else 'MISSED'})"
+                f"full size, rows in {args.order} order, {label} (median run): {total:.2f} s wall, "
+                f"{res['load_cpu_s'] + res['analyze_cpu_s']:.2f} s "
+                f"CPU (target <= {TARGET_WALL_S} s: {'met' if total <= TARGET_WALL_S else 'MISSED'}), peak RSS "
+                f"{res['hwm'] / 2**20:.0f} MiB (target <= {TARGET_PEAK >> 20} MiB: "
+                f"{'met' if res['hwm'] <= TARGET_PEAK else 'MISSED'})"
             )
     finally:
         if tmp is not None:
             tmp.cleanup()
+        if other is not None:
+            other.cleanup()
 
 
 if __name__ == "__main__":

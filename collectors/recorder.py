@@ -10,6 +10,9 @@ Bounds: rows older than ``retention_s`` go first, then the oldest rows until the
 WAL fit in ``max_size_bytes`` (plus a reserve file of at most 512 KiB, given up when the disk fills).
 ``auto_vacuum=INCREMENTAL`` returns freed pages to the file system,
 so the bound is on bytes on disk, not only on rows.
+
+The SQL itself -- the schema, these writes, and every read the readers share -- is in
+``collectors.recorder_queries``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from collectors.records import Record, RecordDecodeError, RequestTiming, record_from_json
+from collectors import recorder_queries as sql
+from collectors.recorder_queries import REQUEST_NO_START_US as REQUEST_NO_START_US  # the request-row layout, which the
+from collectors.recorder_queries import REQUEST_NO_TRACE_ID as REQUEST_NO_TRACE_ID  # tracker's buffer imports from here
+from collectors.recorder_queries import REQUEST_NULL as REQUEST_NULL
+from collectors.recorder_queries import REQUEST_ROW_FIELDS, RecorderReader, RequestRow, connect_readonly
+from collectors.records import Record, RecordDecodeError, record_from_json
 
 log = logging.getLogger(__name__)
 
@@ -38,85 +46,7 @@ FORMAT_VERSION = "1"
 RESERVE_BYTES = 512 * 1024  # see FlightRecorder.make_room
 _INSERT_CHUNK = 200  # 800 (2200 for request rows) bound parameters per statement; SQLite allows 32766 since 3.32
 _INSERT_SQL: dict[int, str] = {}
-
-# ---------------------------------------------------------------- request rows rendered by SQLite
-# A tracked server writes one RequestTiming per request: the hottest write path there is. Rendering
-# its JSON in Python (even with one f-string) holds the GIL the event loop needs; here the writer
-# thread binds plain values and SQLite renders the very same JSON object as ``Record.to_json``
-# (same keys in the same order; timestamps with microsecond precision) inside ``sqlite3_step``, which
-# runs with the GIL released. Row layout (``REQUEST_ROW_FIELDS``; timestamps in integer microseconds,
-# strings already JSON-encoded, trace_id as bare hex):
-REQUEST_ROW_FIELDS = (
-    "finish_us", "arrival_us", "start_us", "outcome_json", "route_json", "model_json",
-    "prompt_tokens", "output_tokens", "ttft_s", "pid", "trace_id_hex",
-)  # fmt: skip
-RequestRow = tuple  # one tuple of len(REQUEST_ROW_FIELDS) values, in that order
-# Absent values, as ``buffer.request_row`` binds them: ``start_us`` -1, ``trace_id_hex`` '', the
-# numbers the text 'null' (what the JSON holds). Why not None: Python's sqlite3 sends every bound
-# None through its adapter protocol (two failed attribute lookups, each building an AttributeError
-# message) -- ~3k CPU instructions per None, ~13k per typical row, more than the B-tree inserts.
-# SQL NULL is still accepted in every column (rows built by hand, older callers).
-REQUEST_NO_START_US = -1
-REQUEST_NO_TRACE_ID = ""
-REQUEST_NULL = "null"
-
-
-def _us_fmt(col: str) -> tuple[str, list[str]]:
-    """printf pieces for integer microseconds -> '1796045021.000005' (exact; REAL text would keep 15 digits)."""
-    return "%d.%06d", [f"{col} / 1000000", f"{col} % 1000000"]
-
-
-def _request_body_sql() -> str:
-    """One ``printf`` builds the whole JSON object: one string allocation per row, where a chain of
-    ``||`` concatenations allocated and copied a growing string ~30 times (~19k instructions)."""
-    c = {name: f"column{i + 1}" for i, name in enumerate(REQUEST_ROW_FIELDS)}
-    fin_fmt, fin_args = _us_fmt(c["finish_us"])
-    arr_fmt, arr_args = _us_fmt(c["arrival_us"])
-    start_fmt, start_args = _us_fmt(c["start_us"])
-    start = (
-        f"CASE WHEN {c['start_us']} IS NULL OR {c['start_us']} < 0 THEN 'null' "
-        f"ELSE printf('{start_fmt}', {', '.join(start_args)}) END"
-    )
-    trace = (
-        f"CASE WHEN {c['trace_id_hex']} IS NULL OR {c['trace_id_hex']} = '' THEN 'null' "
-        f"ELSE '\"' || {c['trace_id_hex']} || '\"' END"
-    )
-
-    def nullable(col: str) -> str:
-        return f"ifnull({col}, 'null')"
-
-    fmt = (
-        f'{{"kind":"{RequestTiming.KIND}","schema":{RequestTiming.SCHEMA},"ts":{fin_fmt},"arrival":{arr_fmt},'
-        f'"start":%s,"finish":{fin_fmt},"outcome":%s,"route":%s,"model":%s,"prompt_tokens":%s,'
-        f'"output_tokens":%s,"ttft_s":%s,"pid":%s,"trace_id":%s}}'
-    )
-    args = [
-        *fin_args, *arr_args, start, *fin_args, c["outcome_json"], c["route_json"], c["model_json"],
-        nullable(c["prompt_tokens"]), nullable(c["output_tokens"]), nullable(c["ttft_s"]), nullable(c["pid"]), trace,
-    ]  # fmt: skip
-    return f"printf('{fmt}', {', '.join(args)})"
-
-
-_REQUEST_INSERT_HEAD = (
-    f"INSERT INTO records(ts, kind, schema, body) SELECT column1 / 1000000.0, '{RequestTiming.KIND}', "
-    f"{RequestTiming.SCHEMA}, {_request_body_sql()} FROM (VALUES "
-)
-_REQUEST_VALUES = "(" + ",".join("?" * len(REQUEST_ROW_FIELDS)) + ")"
 _REQUEST_SQL: dict[int, str] = {}
-_RECORD_INSERT_HEAD = "INSERT INTO records(ts, kind, schema, body) VALUES "
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS records (
-    id INTEGER PRIMARY KEY,
-    ts REAL NOT NULL,
-    kind TEXT NOT NULL,
-    schema INTEGER NOT NULL,
-    body TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS records_ts ON records(ts);
-CREATE INDEX IF NOT EXISTS records_kind_ts ON records(kind, ts);
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-"""
 
 
 def state_dir() -> Path:
@@ -252,8 +182,7 @@ class FlightRecorder:
         if readonly:
             if not self.path.exists():
                 raise FileNotFoundError(f"no flight recorder at {self.path}")
-            uri = f"file:{self.path}?mode=ro"
-            self._db = sqlite3.connect(uri, uri=True, timeout=10.0, check_same_thread=False)
+            self._db = connect_readonly(self.path)
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, timeout=10.0, check_same_thread=False, isolation_level=None)
@@ -280,7 +209,7 @@ class FlightRecorder:
 
     def _check_is_recorder(self) -> None:
         """Reading the schema fails on a file that is not SQLite; a SQLite file of someone else's is refused too."""
-        tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        tables = {row[0] for row in self._db.execute(sql.TABLES)}
         if tables and "records" not in tables:
             raise RecorderCorrupt(self.path, f"a SQLite database of something else: tables {', '.join(sorted(tables)[:5])}")
         if not tables and self.readonly and self.path.stat().st_size > 0:
@@ -320,8 +249,8 @@ class FlightRecorder:
         page_size = db.execute("PRAGMA page_size").fetchone()[0]
         db.execute(f"PRAGMA wal_autocheckpoint={max(16, min(self._wal_budget(), RESERVE_BYTES // 2) // page_size)}")
         self._make_reserve()
-        db.executescript(_SCHEMA)
-        db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('format', ?)", (FORMAT_VERSION,))
+        db.executescript(sql.SCHEMA)
+        db.execute(sql.SET_FORMAT, (FORMAT_VERSION,))
 
     def _wal_budget(self) -> int:
         return max(32 * 1024, min(16 * 1024 * 1024, self.max_size_bytes // 8))
@@ -397,12 +326,9 @@ class FlightRecorder:
         for _ in range(4):
             with contextlib.suppress(sqlite3.Error):
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-                count = self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
-                n = max(64, int(count * share))
+                n = max(64, int(self.count() * share))
                 with self._transaction():
-                    deleted += self._db.execute(
-                        "DELETE FROM records WHERE id IN (SELECT id FROM records ORDER BY ts LIMIT ?)", (n,)
-                    ).rowcount
+                    deleted += self._db.execute(sql.DELETE_OLDEST, (n,)).rowcount
                 self._reclaim()
             if self._make_reserve():
                 break
@@ -426,10 +352,11 @@ class FlightRecorder:
         return len(rows)
 
     def _insert_rows(self, rows: Sequence[tuple[float, str, int, str]]) -> None:
-        self._insert_chunked(rows, _INSERT_CHUNK, _INSERT_SQL, _RECORD_INSERT_HEAD, "(?,?,?,?)", "")
+        self._insert_chunked(rows, _INSERT_CHUNK, _INSERT_SQL, sql.RECORD_INSERT_HEAD, sql.RECORD_VALUES, "")
 
     def _insert_request_rows(self, rows: Sequence[RequestRow]) -> None:
-        self._insert_chunked(rows, self._request_chunk, _REQUEST_SQL, _REQUEST_INSERT_HEAD, _REQUEST_VALUES, ")")
+        self._insert_chunked(rows, self._request_chunk, _REQUEST_SQL, sql.REQUEST_INSERT_HEAD, sql.REQUEST_VALUES,
+                             sql.REQUEST_INSERT_TAIL)  # fmt: skip
 
     def _insert_chunked(self, rows: Sequence[tuple], step: int, cache: dict[int, str], head: str, values: str,
                         close: str) -> None:  # fmt: skip
@@ -440,12 +367,12 @@ class FlightRecorder:
         """
         for i in range(0, len(rows), step):
             chunk = rows[i : i + step]
-            sql = cache.get(len(chunk))
-            if sql is None:
-                sql = head + ",".join([values] * len(chunk)) + close
+            statement = cache.get(len(chunk))
+            if statement is None:
+                statement = head + ",".join([values] * len(chunk)) + close
                 if len(cache) < 64:
-                    cache[len(chunk)] = sql
-            self._db.execute(sql, [v for row in chunk for v in row])
+                    cache[len(chunk)] = statement
+            self._db.execute(statement, [v for row in chunk for v in row])
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -471,7 +398,7 @@ class FlightRecorder:
         """Enforce retention, then size; oldest rows go first. Safe to call from any writer."""
         now = time.time() if now is None else now
         with self._transaction():
-            by_age = self._db.execute("DELETE FROM records WHERE ts < ?", (now - self.retention_s,)).rowcount
+            by_age = self._db.execute(sql.DELETE_OLDER_THAN, (now - self.retention_s,)).rowcount
         self._reclaim()
         by_size = 0
         budget = self.max_size_bytes - self._wal_budget()
@@ -479,15 +406,13 @@ class FlightRecorder:
             used = self._used_bytes()
             if used <= budget:
                 break
-            count = self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+            count = self.count()
             if count == 0:
                 break
             per_row = max(1.0, used / count)
             n = max(16, int((used - budget) / per_row * 1.1) + 1)
             with self._transaction():
-                by_size += self._db.execute(
-                    "DELETE FROM records WHERE id IN (SELECT id FROM records ORDER BY ts LIMIT ?)", (n,)
-                ).rowcount
+                by_size += self._db.execute(sql.DELETE_OLDEST, (n,)).rowcount
             self._reclaim()
         if not self.reserve_path.exists():
             self._make_reserve()  # space came back after a full disk
@@ -512,21 +437,7 @@ class FlightRecorder:
         self, kinds: Sequence[str] | None = None, since: float | None = None, until: float | None = None
     ) -> Iterator[tuple[float, str, str]]:
         """Raw rows ``(ts, kind, json)`` in time order: the cheap path for loaders that parse columns."""
-        where, params = [], []
-        if kinds:
-            where.append(f"kind IN ({','.join('?' * len(kinds))})")
-            params.extend(kinds)
-        if since is not None:
-            where.append("ts >= ?")
-            params.append(since)
-        if until is not None:
-            where.append("ts <= ?")
-            params.append(until)
-        sql = "SELECT ts, kind, body FROM records"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY ts, id"
-        yield from self._db.execute(sql, params)
+        yield from RecorderReader(self._db).rows(kinds, since, until)
 
     def read(
         self, kinds: Sequence[str] | None = None, since: float | None = None, until: float | None = None
@@ -542,9 +453,7 @@ class FlightRecorder:
                     log.warning("skipping undecodable %s rows in %s: %s", kind, self.path, exc)
 
     def count(self, kind: str | None = None) -> int:
-        if kind is None:
-            return self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
-        return self._db.execute("SELECT COUNT(*) FROM records WHERE kind = ?", (kind,)).fetchone()[0]
+        return RecorderReader(self._db).count(kind=kind)
 
     def integrity_ok(self) -> bool:
         return self._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

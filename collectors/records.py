@@ -9,6 +9,10 @@ keys it does not know, so an older reader survives a newer writer that only *add
 Units are base units throughout: seconds (``ts`` is Unix time as a float), bytes, token counts.
 A value that could not be read is ``None`` and its name is listed in ``missing`` with the reason --
 a sampler never invents a zero.
+
+What each field becomes in the Timeline is declared here too, on the field (``number("usage")``,
+``family("stat")``, ``fact()`` ...) and on the class (``TIMELINE``): see ``collectors.fields``. The
+readers derive their decoding and their columns from that, so a field is added in one place.
 """
 
 from __future__ import annotations
@@ -18,6 +22,27 @@ import json
 import types
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
+
+from collectors.catalog import MEMINFO_FIELDS, PSI_RESOURCES, VMSTAT_FIELDS
+from collectors.fields import (
+    REQUIRED,
+    Destination,
+    Kept,
+    Rows,
+    SeriesGroup,
+    Tracks,
+    availability,
+    each,
+    fact,
+    fact_set,
+    family,
+    flag,
+    nested,
+    nested_by_key,
+    number,
+    rows_of,
+    text,
+)
 
 RequestOutcome = Literal["ok", "error", "queue_timeout", "inference_timeout", "rejected"]
 REQUEST_OUTCOMES: tuple[str, ...] = get_args(RequestOutcome)
@@ -29,6 +54,7 @@ class Record:
 
     KIND: ClassVar[str] = ""
     SCHEMA: ClassVar[int] = 1
+    TIMELINE: ClassVar[Destination | None] = None  # where the Timeline keeps it (None: not read into a Timeline)
 
     ts: float
 
@@ -74,18 +100,18 @@ def _json_default(value: Any) -> Any:
 class PsiLine:
     """One ``some``/``full`` line of a PSI file. avgs are percent (0-100); total is microseconds."""
 
-    avg10: float
-    avg60: float
-    avg300: float
-    total_us: int
+    avg10: float = number(default=REQUIRED)
+    avg60: float = number(default=REQUIRED)
+    avg300: float = number(default=REQUIRED)
+    total_us: int = number("total_s", default=REQUIRED, divide_by=1e6)  # cumulative stall seconds in the Timeline
 
 
 @dataclass
 class Psi:
     """A PSI file (host ``/proc/pressure/*`` or cgroup2 ``*.pressure``). ``full`` is absent for host cpu before 5.13."""
 
-    some: PsiLine | None = None
-    full: PsiLine | None = None
+    some: PsiLine | None = nested("some")
+    full: PsiLine | None = nested("full")
 
 
 @dataclass
@@ -98,10 +124,11 @@ class HostSnapshot(Record):
     """
 
     KIND: ClassVar[str] = "host"
-    psi: dict[str, Psi] = field(default_factory=dict)  # cpu, memory, io (irq where present)
-    memory: dict[str, int] = field(default_factory=dict)
+    TIMELINE: ClassVar[Destination] = SeriesGroup("host")
+    psi: dict[str, Psi] = nested_by_key("psi", keys=PSI_RESOURCES)  # cpu, memory, io (irq where present)
+    memory: dict[str, int] = family("memory", keys=MEMINFO_FIELDS.values())
     memory_available_estimated: bool = False
-    vmstat: dict[str, int] = field(default_factory=dict)
+    vmstat: dict[str, int] = family("vmstat", keys=VMSTAT_FIELDS)
     missing: dict[str, str] = field(default_factory=dict)  # field -> reason
 
 
@@ -116,21 +143,22 @@ class CgroupSnapshot(Record):
     """
 
     KIND: ClassVar[str] = "cgroup"
+    TIMELINE: ClassVar[Destination] = SeriesGroup("cgroups", key="path")
     path: str = ""  # the cgroup path as /proc/<pid>/cgroup prints it, e.g. /process_api/abc/svc
     version: Literal["v1", "v2", "hybrid", "none"] = "none"
-    usage_bytes: int | None = None
-    working_set_bytes: int | None = None
-    peak_bytes: int | None = None
-    limit_bytes: int | None = None
-    high_bytes: int | None = None
-    low_bytes: int | None = None
-    min_bytes: int | None = None
-    swap_bytes: int | None = None
-    events: dict[str, int] = field(default_factory=dict)
-    events_local: dict[str, int] = field(default_factory=dict)
-    stat: dict[str, int] = field(default_factory=dict)
-    under_oom: bool | None = None
-    pressure: Psi | None = None  # memory pressure of the group (v2 or the hybrid's v2 twin)
+    usage_bytes: int | None = number("usage")
+    working_set_bytes: int | None = number("working_set")
+    peak_bytes: int | None = number("peak")
+    limit_bytes: int | None = number("limit")
+    high_bytes: int | None = number("high")
+    low_bytes: int | None = number("low")
+    min_bytes: int | None = number("min")
+    swap_bytes: int | None = number("swap")
+    events: dict[str, int] = family("events")
+    events_local: dict[str, int] = family("events_local")
+    stat: dict[str, int] = family("stat")
+    under_oom: bool | None = flag()
+    pressure: Psi | None = nested("psi.memory")  # memory pressure of the group (v2 or the hybrid's v2 twin)
     missing: dict[str, str] = field(default_factory=dict)
 
 
@@ -139,20 +167,21 @@ class ProcessSample(Record):
     """One process: memory, faults, cgroup, redacted command line and the model files it holds."""
 
     KIND: ClassVar[str] = "process"
+    TIMELINE: ClassVar[Destination] = Tracks(pid="pid", start="start_time_s")
     pid: int = 0
-    ppid: int | None = None
-    comm: str = ""
-    cmdline: str = ""  # secret argument values replaced by "<redacted>"
+    ppid: int | None = fact("present")
+    comm: str = fact(default="")
+    cmdline: str = fact(default="")  # secret argument values replaced by "<redacted>"
     start_time_s: float | None = None  # seconds since boot; (pid, start_time_s) identifies a process
-    rss_bytes: int | None = None
-    pss_bytes: int | None = None
-    uss_bytes: int | None = None
-    swap_bytes: int | None = None
-    major_faults: int | None = None
-    minor_faults: int | None = None
+    rss_bytes: int | None = number("rss")
+    pss_bytes: int | None = number("pss")
+    uss_bytes: int | None = number("uss")
+    swap_bytes: int | None = number("swap")
+    major_faults: int | None = number()
+    minor_faults: int | None = number()
     num_threads: int | None = None
-    memory_cgroup: str | None = None
-    model_files: list[str] = field(default_factory=list)  # absolute paths, mapped or open
+    memory_cgroup: str | None = fact()
+    model_files: list[str] = fact_set()  # absolute paths, mapped or open
     missing: dict[str, str] = field(default_factory=dict)
 
 
@@ -161,19 +190,19 @@ class GpuDevice:
     index: int
     uuid: str
     name: str
-    total_bytes: int | None = None
-    used_bytes: int | None = None
-    free_bytes: int | None = None
-    reserved_bytes: int | None = None
-    utilization_gpu_ratio: float | None = None
-    utilization_memory_ratio: float | None = None
+    total_bytes: int | None = number("total")
+    used_bytes: int | None = number("used")
+    free_bytes: int | None = number("free")
+    reserved_bytes: int | None = number("reserved")
+    utilization_gpu_ratio: float | None = number("util_gpu")
+    utilization_memory_ratio: float | None = number("util_memory")
 
 
 @dataclass
 class GpuProcess:
-    gpu_index: int
-    pid: int  # a host PID: NVML is not pid-namespace aware
-    used_bytes: int | None = None
+    gpu_index: int = number("gpu", default=REQUIRED)
+    pid: int = number(default=REQUIRED)  # a host PID: NVML is not pid-namespace aware
+    used_bytes: int | None = number()
 
 
 @dataclass
@@ -181,11 +210,12 @@ class GpuSnapshot(Record):
     """NVML view. ``available`` False carries ``reason`` (e.g. "NVML Shared Library Not Found")."""
 
     KIND: ClassVar[str] = "gpu"
-    available: bool = False
+    TIMELINE: ClassVar[Destination] = SeriesGroup("gpus")
+    available: bool = availability(reason="reason")
     reason: str | None = None
     driver_version: str | None = None
-    devices: list[GpuDevice] = field(default_factory=list)
-    processes: list[GpuProcess] = field(default_factory=list)
+    devices: list[GpuDevice] = each(key="index")
+    processes: list[GpuProcess] = rows_of("gpu_processes", "per-process GPU memory (NVML)")
 
 
 @dataclass
@@ -197,6 +227,9 @@ class OomEvent(Record):
     """
 
     KIND: ClassVar[str] = "oom"
+    TIMELINE: ClassVar[Destination] = Kept(
+        "ooms", "ooms", "kernel OOM kill records (the agent reading /dev/kmsg, or a per-cgroup oom_kill counter)"
+    )
     constraint: str | None = None
     oom_memcg: str | None = None
     task_memcg: str | None = None
@@ -222,16 +255,19 @@ class RequestTiming(Record):
     """
 
     KIND: ClassVar[str] = "request"
-    arrival: float = 0.0
-    start: float | None = None
-    finish: float = 0.0
-    outcome: RequestOutcome = "ok"
-    route: str = ""
-    model: str = ""
-    prompt_tokens: int | None = None
-    output_tokens: int | None = None
-    ttft_s: float | None = None
-    pid: int | None = None
+    TIMELINE: ClassVar[Destination] = Rows(
+        "requests", "per-request rows (the request tracker, or an instrumented server's request records)"
+    )
+    arrival: float = number(default=0.0)
+    start: float | None = number()
+    finish: float = number(default=0.0)
+    outcome: RequestOutcome = text(default="ok")
+    route: str = text()
+    model: str = text()
+    prompt_tokens: int | None = number()
+    output_tokens: int | None = number()
+    ttft_s: float | None = number()
+    pid: int | None = number()
     trace_id: str | None = None
 
     @property
@@ -248,14 +284,15 @@ class BatchStats(Record):
     """One batch formed by the server's batcher: request count vs token count decides the peak."""
 
     KIND: ClassVar[str] = "batch"
+    TIMELINE: ClassVar[Destination] = Rows("batches", "per-batch records from the serving loop (the tracker's batch hook)")
     model: str = ""
-    requests: int = 0
-    input_tokens: int = 0
-    max_request_tokens: int = 0
-    active_decode_sequences: int = 0
-    concurrent_batches: int = 1
+    requests: int = number(default=0)
+    input_tokens: int = number(default=0)
+    max_request_tokens: int = number(default=0)
+    active_decode_sequences: int = number(default=0)
+    concurrent_batches: int = number(default=1)
     phase: str = "mixed"  # prefill | decode | mixed
-    pid: int | None = None
+    pid: int | None = number()
 
 
 @dataclass
@@ -263,15 +300,16 @@ class RoutingStats(Record):
     """MoE routing of one layer over one step. Full per-expert counts stay here, never in Prometheus."""
 
     KIND: ClassVar[str] = "routing"
+    TIMELINE: ClassVar[Destination] = Rows("routing", "MoE routing records (expert token counts per step)")
     model: str = ""
-    layer: int = 0
+    layer: int = number(default=0)
     expert_tokens: list[int] = field(default_factory=list)
-    top_expert_tokens: int = 0
-    median_expert_tokens: float = 0.0
-    skew: float | None = None  # top / median; None when the median is 0
-    balancedness: float | None = None  # mean / max (vLLM/SGLang definition)
-    overflow_tokens: int = 0
-    pid: int | None = None
+    top_expert_tokens: int = number(default=0)
+    median_expert_tokens: float = number(default=0.0)
+    skew: float | None = number()  # top / median; None when the median is 0
+    balancedness: float | None = number()  # mean / max (vLLM/SGLang definition)
+    overflow_tokens: int = number(default=0)
+    pid: int | None = number()
 
 
 @dataclass
@@ -279,13 +317,14 @@ class LoaderEvent(Record):
     """A model load or registry refresh: how long, how many bytes, cache hit, and on the request path or not."""
 
     KIND: ClassVar[str] = "loader"
+    TIMELINE: ClassVar[Destination] = Rows("loader", "model-loader records (bytes loaded, duration, whether on the request path)")
     name: str = ""
-    start: float = 0.0
-    duration_s: float = 0.0
-    bytes_read: int | None = None
-    cache_hit: bool | None = None
-    in_request_path: bool = False
-    pid: int | None = None
+    start: float = number(default=0.0)
+    duration_s: float = number(default=0.0)
+    bytes_read: int | None = number()
+    cache_hit: bool | None = number()  # a table column: 1.0 / 0.0
+    in_request_path: bool = number(default=False)
+    pid: int | None = number()
 
 
 @dataclass
@@ -293,14 +332,15 @@ class TorchMemorySnapshot(Record):
     """``torch.cuda.memory_stats`` summary of one device, from inside the serving process."""
 
     KIND: ClassVar[str] = "torch_memory"
-    device: int = 0
-    allocated_bytes: int | None = None
-    reserved_bytes: int | None = None
-    peak_allocated_bytes: int | None = None
-    peak_reserved_bytes: int | None = None
-    num_ooms: int | None = None
-    num_alloc_retries: int | None = None
-    pid: int | None = None
+    TIMELINE: ClassVar[Destination] = Rows("torch", "torch CUDA allocator snapshots")
+    device: int = number(default=0)
+    allocated_bytes: int | None = number()
+    reserved_bytes: int | None = number()
+    peak_allocated_bytes: int | None = number()
+    peak_reserved_bytes: int | None = number()
+    num_ooms: int | None = number()
+    num_alloc_retries: int | None = number()
+    pid: int | None = number()
 
 
 @dataclass
@@ -308,6 +348,7 @@ class CudaOomError(Record):
     """A parsed ``torch.OutOfMemoryError`` message. Sizes in bytes; None where the message lacked the field."""
 
     KIND: ClassVar[str] = "cuda_oom"
+    TIMELINE: ClassVar[Destination] = Kept("cuda_ooms", "cuda_ooms", "CUDA out-of-memory errors reported by the service")
     device: int | None = None
     tried_to_allocate_bytes: int | None = None
     total_capacity_bytes: int | None = None
@@ -332,6 +373,7 @@ class ServiceConfig(Record):
     """
 
     KIND: ClassVar[str] = "config"
+    TIMELINE: ClassVar[Destination] = Kept("configs", "config", "the service's configuration record")
     service: str = ""
     pid: int | None = None
     settings: dict[str, Any] = field(default_factory=dict)
@@ -350,6 +392,8 @@ class WatchScope(Record):
     """
 
     KIND: ClassVar[str] = "watch_scope"
+    # A configuration, not an observation: it does not stretch the Timeline's window, and no rule asks for it by name.
+    TIMELINE: ClassVar[Destination] = Kept("watch_scopes", "", observation=False)
     pids: list[int] = field(default_factory=list)  # --pid as given
     cgroups: list[str] = field(default_factory=list)  # --cgroup as given
     resolved_pids: list[int] = field(default_factory=list)  # the asked-for pids that exist now

@@ -11,23 +11,49 @@ Timeline and every series a rule reads stay inside this vocabulary.
 
 Names: ``host:<series>``, ``cgroup:<series>``, ``process:<series>``, ``service:<series>``,
 ``gpu:<series>`` for sampled series (see ``diag.timeline``), bare names for event tables and lists.
+
+What the recorded kinds fill is not listed by hand: it is read from their declarations in
+``collectors.records`` (``collectors.fields``), the same declarations the Timeline builder follows --
+so a field declared there is a signal here. Only the Prometheus-only ``service:`` series are spelt below.
 """
 
 from __future__ import annotations
 
-from collectors.catalog import MEMINFO_FIELDS, PSI_RESOURCES, VMSTAT_FIELDS
+from collectors import fields as fl
+from collectors.records import RECORD_TYPES, CgroupSnapshot, GpuDevice, GpuSnapshot, HostSnapshot, ProcessSample, Psi, PsiLine
+
+
+def _recorded_tables() -> dict[str, str]:
+    """Event tables and record lists of the declared kinds, with where they come from."""
+    out: dict[str, str] = {}
+    for cls in RECORD_TYPES.values():
+        dest = fl.destination(cls)
+        if isinstance(dest, fl.Rows):
+            out[dest.table] = dest.about
+        elif isinstance(dest, fl.Kept) and dest.signal:
+            out[dest.signal] = dest.about
+        for _, r in fl.roles(cls):
+            if isinstance(r, fl.RowsOf):
+                out[r.table] = r.about
+    return out
+
+
+def _table_names() -> dict[str, str]:
+    names = {}
+    for cls in RECORD_TYPES.values():
+        dest = fl.destination(cls)
+        if isinstance(dest, fl.Rows):
+            names[dest.table] = dest.table
+        names.update((r.table, r.table) for _, r in fl.roles(cls) if isinstance(r, fl.RowsOf))
+    return names
+
+
+# The Timeline attribute of each scope of sampled series, and the prefix of its signals.
+SCOPES: dict[str, str] = {"host": "host:", "cgroups": "cgroup:", "processes": "process:", "gpus": "gpu:", "service": "service:"}
 
 # Event tables and lists (one row/record per event).
 TABLES: dict[str, str] = {
-    "requests": "per-request rows (the request tracker, or an instrumented server's request records)",
-    "batches": "per-batch records from the serving loop (the tracker's batch hook)",
-    "routing": "MoE routing records (expert token counts per step)",
-    "loader": "model-loader records (bytes loaded, duration, whether on the request path)",
-    "torch": "torch CUDA allocator snapshots",
-    "gpu_processes": "per-process GPU memory (NVML)",
-    "ooms": "kernel OOM kill records (the agent reading /dev/kmsg, or a per-cgroup oom_kill counter)",
-    "cuda_ooms": "CUDA out-of-memory errors reported by the service",
-    "config": "the service's configuration record",
+    **_recorded_tables(),
     "processes": "process samples from the agent (--pid or the processes it found)",
     "process:model_files": "model files a process mapped or held open (the agent's model-file scan)",
     "requests:prompt_tokens": "prompt token counts on the request rows",
@@ -35,15 +61,8 @@ TABLES: dict[str, str] = {
     "requests:ttft_s": "time to first token on the request rows",
 }
 
-# Event-table signals and the Timeline attribute holding each (``Timeline.signals()`` reads this).
-TABLE_ATTRS: dict[str, str] = {
-    "requests": "requests",
-    "batches": "batches",
-    "routing": "routing",
-    "loader": "loader",
-    "torch": "torch",
-    "gpu_processes": "gpu_processes",
-}
+# Event-table signals and the Timeline table holding each (``Timeline.signals()`` reads this).
+TABLE_ATTRS: dict[str, str] = _table_names()
 # Request-row columns that are a signal of their own when any row has them.
 REQUEST_COLUMNS: tuple[str, ...] = ("prompt_tokens", "output_tokens", "ttft_s")
 
@@ -98,52 +117,61 @@ SERIES: frozenset[str] = frozenset(
 # is ``<scope>:<key>``. Spelt once here so a Prometheus-built Timeline names a signal exactly as a
 # recorder-built one does: a source that misspells one fills a series no rule ever reads.
 
+
+def _family(cls: type, field_name: str) -> str:
+    """``<name>.``: the prefix of a family field's series (``CgroupSnapshot.stat`` -> ``stat.``)."""
+    r = next(r for name, r in fl.roles(cls) if name == field_name)
+    assert isinstance(r, (fl.Family, fl.NestedByKey, fl.Nested))
+    return r.name + "."
+
+
 # host: ``memory.<snake>`` per meminfo field and ``vmstat.<field>`` per vmstat counter the collectors read
 # (the catalog's lists: the agent samples exactly those, and node_exporter's families are declared by them).
-HOST_MEMORY = "memory."
-HOST_VMSTAT = "vmstat."
+HOST_MEMORY = _family(HostSnapshot, "memory")
+HOST_VMSTAT = _family(HostSnapshot, "vmstat")
 
 # Pressure stall information, host-wide (the catalog's resources) and per cgroup (``memory``).
-PSI_KINDS: tuple[str, ...] = ("some", "full")
-PSI_AVG10 = "avg10"
-PSI_TOTAL = "total_s"  # cumulative stall seconds
-PSI_FIELDS: tuple[str, ...] = (PSI_AVG10, "avg60", "avg300", PSI_TOTAL)
+PSI_KINDS: tuple[str, ...] = tuple(r.name for _, r in fl.roles(Psi) if isinstance(r, fl.Nested))
+PSI_AVG10 = fl.series_name(PsiLine, "avg10")
+PSI_TOTAL = fl.series_name(PsiLine, "total_us")  # cumulative stall seconds
+PSI_FIELDS: tuple[str, ...] = tuple(fl.series_name(PsiLine, name) for name, _ in fl.roles(PsiLine))
+_HOST_PSI = _family(HostSnapshot, "psi")
 
 
 def psi(resource: str, kind: str, field: str) -> str:
     """``psi.<resource>.<some|full>.<avg10|avg60|avg300|total_s>`` (averages in percent)."""
-    return f"psi.{resource}.{kind}.{field}"
+    return f"{_HOST_PSI}{resource}.{kind}.{field}"
 
 
 # cgroup: memory counters (bytes), and the open memory.stat / memory.events families.
-CG_USAGE = "usage"
-CG_WORKING_SET = "working_set"
-CG_PEAK = "peak"
-CG_LIMIT = "limit"
-CG_HIGH = "high"
-CG_LOW = "low"
-CG_MIN = "min"
-CG_SWAP = "swap"
-CG_UNDER_OOM = "under_oom"
-CG_STAT = "stat."
-CG_EVENTS = "events."
-CG_EVENTS_LOCAL = "events_local."
+CG_USAGE = fl.series_name(CgroupSnapshot, "usage_bytes")
+CG_WORKING_SET = fl.series_name(CgroupSnapshot, "working_set_bytes")
+CG_PEAK = fl.series_name(CgroupSnapshot, "peak_bytes")
+CG_LIMIT = fl.series_name(CgroupSnapshot, "limit_bytes")
+CG_HIGH = fl.series_name(CgroupSnapshot, "high_bytes")
+CG_LOW = fl.series_name(CgroupSnapshot, "low_bytes")
+CG_MIN = fl.series_name(CgroupSnapshot, "min_bytes")
+CG_SWAP = fl.series_name(CgroupSnapshot, "swap_bytes")
+CG_UNDER_OOM = fl.series_name(CgroupSnapshot, "under_oom")
+CG_STAT = _family(CgroupSnapshot, "stat")
+CG_EVENTS = _family(CgroupSnapshot, "events")
+CG_EVENTS_LOCAL = _family(CgroupSnapshot, "events_local")
 
 # process tracks.
-PROC_RSS = "rss"
-PROC_PSS = "pss"
-PROC_USS = "uss"
-PROC_SWAP = "swap"
-PROC_MAJOR_FAULTS = "major_faults"
-PROC_MINOR_FAULTS = "minor_faults"
+PROC_RSS = fl.series_name(ProcessSample, "rss_bytes")
+PROC_PSS = fl.series_name(ProcessSample, "pss_bytes")
+PROC_USS = fl.series_name(ProcessSample, "uss_bytes")
+PROC_SWAP = fl.series_name(ProcessSample, "swap_bytes")
+PROC_MAJOR_FAULTS = fl.series_name(ProcessSample, "major_faults")
+PROC_MINOR_FAULTS = fl.series_name(ProcessSample, "minor_faults")
 
 # GPUs: memory (bytes) and utilisation (0-1) of the GPU and of its memory.
-GPU_TOTAL = "total"
-GPU_USED = "used"
-GPU_FREE = "free"
-GPU_RESERVED = "reserved"
-GPU_UTIL_GPU = "util_gpu"
-GPU_UTIL_MEMORY = "util_memory"
+GPU_TOTAL = fl.series_name(GpuDevice, "total_bytes")
+GPU_USED = fl.series_name(GpuDevice, "used_bytes")
+GPU_FREE = fl.series_name(GpuDevice, "free_bytes")
+GPU_RESERVED = fl.series_name(GpuDevice, "reserved_bytes")
+GPU_UTIL_GPU = fl.series_name(GpuDevice, "utilization_gpu_ratio")
+GPU_UTIL_MEMORY = fl.series_name(GpuDevice, "utilization_memory_ratio")
 
 # service (aggregated request side, Prometheus path): latencies as <stem>_<stat>_s, rates, gauges.
 LATENCY_QUEUE_WAIT = "queue_wait"
@@ -169,30 +197,18 @@ SVC_ACTIVE_INFERENCES = "active_inferences"
 SVC_QUEUE_DEPTH = "queue_depth"
 SVC_MODEL_PROCESSES = "model_processes:"  # + the model path: how many processes hold it (this host)
 
-# Per scope: the exact keys, and the open families (prefixes) a source may fill.
-_HOST = frozenset(
-    {psi(r, k, f) for r in PSI_RESOURCES for k in PSI_KINDS for f in PSI_FIELDS}
-    | {HOST_MEMORY + snake for snake in MEMINFO_FIELDS.values()}
-    | {HOST_VMSTAT + field for field in VMSTAT_FIELDS}
-)
-_CG_PSI = frozenset(psi("memory", k, f) for k in PSI_KINDS for f in PSI_FIELDS)
+# Per scope: the exact keys, and the open families (prefixes) a source may fill -- the recorded scopes as their
+# kinds declare them (host memory, vmstat and PSI resources are the catalog's closed lists), the service by hand.
 _SERVICE = frozenset(
     {latency(stem, stat) for stem in LATENCY_STEMS for stat in LATENCY_STATS}
     | {SVC_REQUESTS_RPS, SVC_THROUGHPUT_RPS, SVC_ERROR_RPS, SVC_TIMEOUT_RPS, SVC_REJECTED_RPS}
     | {SVC_ACTIVE_INFERENCES, SVC_QUEUE_DEPTH}
 )
-FILLED: dict[str, frozenset[str]] = {
-    "host:": _HOST,
-    "cgroup:": frozenset({CG_USAGE, CG_WORKING_SET, CG_PEAK, CG_LIMIT, CG_HIGH, CG_LOW, CG_MIN, CG_SWAP, CG_UNDER_OOM}) | _CG_PSI,
-    "process:": frozenset({PROC_RSS, PROC_PSS, PROC_USS, PROC_SWAP, PROC_MAJOR_FAULTS, PROC_MINOR_FAULTS}),
-    "gpu:": frozenset({GPU_TOTAL, GPU_USED, GPU_FREE, GPU_RESERVED, GPU_UTIL_GPU, GPU_UTIL_MEMORY}),
-    "service:": _SERVICE,
-}
+_DECLARED = {"host:": fl.filled(HostSnapshot), "cgroup:": fl.filled(CgroupSnapshot), "process:": fl.filled(ProcessSample),
+             "gpu:": fl.filled(GpuSnapshot)}  # fmt: skip
+FILLED: dict[str, frozenset[str]] = {**{scope: exact for scope, (exact, _) in _DECLARED.items()}, "service:": _SERVICE}
 FAMILIES: dict[str, tuple[str, ...]] = {
-    "host:": (),
-    "cgroup:": (CG_STAT, CG_EVENTS, CG_EVENTS_LOCAL),
-    "process:": (),
-    "gpu:": (),
+    **{scope: prefixes for scope, (_, prefixes) in _DECLARED.items()},
     "service:": (SVC_MODEL_PROCESSES,),
 }
 

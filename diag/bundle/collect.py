@@ -30,6 +30,7 @@ from collectors.cgroup import clean_cgroup_path, discover_mounts, parse_proc_cgr
 from collectors.kmsg import estimate_boot_time, parse_kmsg_record, parse_oom_events
 from collectors.procfs import under
 from collectors.recorder import FlightRecorder, RecorderCorrupt, default_recorder_path
+from collectors.recorder_queries import RecorderReader
 from collectors.records import CgroupSnapshot, ProcessSample
 from diag.bundle.options import BundleOptions
 from diag.bundle.redactor import Redactor, parse_many
@@ -528,7 +529,7 @@ def history_collector(state: State) -> Collector:
         state.staging.mkdir(parents=True, exist_ok=True)
         redactor = state.redactor
         try:
-            with FlightRecorder(path, readonly=True) as rec:
+            with RecorderReader.open(path) as rec:
                 rows = rec.rows(since=since)
                 while chunk := list(itertools.islice(rows, 1000)):
                     if ctx.cancel.is_set():
@@ -579,16 +580,13 @@ def oom_key(obj: dict[str, Any]) -> tuple[int | None, int]:
 
 def _window_under_cap(path: Path, since: float, cap: int, ctx: Context) -> tuple[float, bool, int]:
     """Move the window's start forward until the rows in it fit ``cap`` bytes of JSON (newest kept)."""
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
-    try:
-        total, count = db.execute(
-            "SELECT COALESCE(SUM(LENGTH(body)), 0), COUNT(*) FROM records WHERE ts >= ?", (since,)
-        ).fetchone()
+    with RecorderReader.open(path, timeout_s=5.0) as reader:
+        total, count = reader.size_from(since)
         if total <= cap:
             return since, False, 0
         kept = rows = 0
         cutoff = since
-        for ts, length in db.execute("SELECT ts, LENGTH(body) FROM records WHERE ts >= ? ORDER BY ts DESC", (since,)):
+        for ts, length in reader.lengths_newest_first(since):
             if rows % 5000 == 0:
                 ctx.check()
             if kept + length > cap:
@@ -597,8 +595,6 @@ def _window_under_cap(path: Path, since: float, cap: int, ctx: Context) -> tuple
             rows += 1
             cutoff = ts
         return cutoff, True, count - rows
-    finally:
-        db.close()
 
 
 # --------------------------------------------------------------------------- assembly

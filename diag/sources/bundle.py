@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from diag.sources.archive import read_timeline
 from diag.sources.recorder import BATCH_BYTES, BATCH_ROWS
 from diag.timeline import Timeline, TimelineBuilder
 from diag.timeline.fastdecode import paused_gc
@@ -15,8 +16,6 @@ def load_bundle(path: str | Path) -> Timeline:
     ``path`` is the bundle folder or its archive (``.tar.gz``/``.tar``, read without extracting)."""
     root = Path(path)
     if root.is_file():  # a .tar.gz / .tar: read in place, never extracted (untrusted input)
-        from diag.bundle.archive_input import read_timeline
-
         builder = TimelineBuilder(source=f"bundle:{root}")
         with paused_gc():
             for kind, lines in read_timeline(root, batch_rows=BATCH_ROWS, batch_bytes=BATCH_BYTES):

@@ -91,7 +91,7 @@ import numpy as np
 from collectors import catalog as cat
 from collectors.records import OomEvent
 from diag import signals as sig
-from diag.timeline import ProcessTrack, Series, Table, Timeline
+from diag.timeline import Series, Timeline, TimelineBuilder
 
 log = logging.getLogger(__name__)
 
@@ -635,50 +635,56 @@ def _ooms_from(res: _Result, constraint: str | None) -> list[OomEvent]:
 
 
 def _assemble(loaded: _Loaded, url: str, selector: str, start: float, end: float) -> Timeline:
+    """The chosen host's series, the fleet's request side and the synthetic OOM kills, through the one Timeline builder."""
     host, hosts = _pick_host(loaded)
 
     def mine(r: _Result) -> bool:
         return r.host == host
 
-    timeline = Timeline(start=start, end=end)
-    # host
-    pieces: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
+    # Pieces of one signal (the same name from several series) are merged here: a duplicate time keeps the first.
+    host_pieces: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
     for res, key, scale in loaded.host:
         if mine(res):
-            pieces[key].append((res.ts, res.values * scale))
-    timeline.host = {k: _merge(v) for k, v in pieces.items()}
-    # cgroups
+            host_pieces[key].append((res.ts, res.values * scale))
     cg: dict[str, dict[str, list[tuple[np.ndarray, np.ndarray]]]] = defaultdict(lambda: defaultdict(list))
     for res, path, key, scale in loaded.cgroups:
         if mine(res):
             cg[path][key].append((res.ts, res.values * scale))
-    timeline.cgroups = {path: {k: _merge(v) for k, v in series.items()} for path, series in cg.items()}
-    # processes
-    procs: dict[str, ProcessTrack] = {}
+    tracks: dict[str, tuple[int, str]] = {}
     proc_pieces: dict[str, dict[str, list[tuple[np.ndarray, np.ndarray]]]] = defaultdict(lambda: defaultdict(list))
     for res, key in loaded.processes:
-        if not mine(res):
-            continue
         pid = _int(res.labels.get("pid"))
-        if pid is None:
+        if not mine(res) or pid is None:
             continue
         comm = res.labels.get("comm", "")
-        track_key = f"{pid}@{comm}"
-        if track_key not in procs:
-            procs[track_key] = ProcessTrack(pid=pid, start_time_s=None, comm=comm)
+        track_key = f"{pid}@{comm}"  # no start time in Prometheus: a pid reused by the same comm continues the track
+        tracks.setdefault(track_key, (pid, comm))
         proc_pieces[track_key][key].append((res.ts, res.values))
-    for track_key, track in procs.items():
-        track.series = {k: _merge(v) for k, v in proc_pieces[track_key].items()}
-    timeline.processes = procs
-    # GPUs
     gp: dict[int, dict[str, list[tuple[np.ndarray, np.ndarray]]]] = defaultdict(lambda: defaultdict(list))
     for res, index, key, scale in loaded.gpus:
         if mine(res):
             gp[index][key].append((res.ts, res.values * scale))
-    timeline.gpus = {i: {k: _merge(v) for k, v in series.items()} for i, series in sorted(gp.items())}
+    service = dict(loaded.service)  # fleet-wide request side, plus this host's model holders
+    for res in loaded.model_processes:
+        if mine(res):
+            service[sig.SVC_MODEL_PROCESSES + res.labels["model"]] = _series(res)
+    groups: list[tuple[str, Any, dict[str, Series]]] = [
+        ("host", None, {k: _merge(v) for k, v in host_pieces.items()}),
+        *(("cgroups", path, {k: _merge(v) for k, v in series.items()}) for path, series in cg.items()),
+        *(("processes", key, {k: _merge(v) for k, v in proc_pieces[key].items()}) for key in tracks),
+        *(("gpus", index, {k: _merge(v) for k, v in series.items()}) for index, series in sorted(gp.items())),
+        ("service", None, service),
+    ]
+
+    builder = TimelineBuilder(window=(start, end))  # the query window when no series has data
+    for key, (pid, comm) in tracks.items():
+        builder.add_track(key, pid, None, comm=comm)
+    for scope, group, series in groups:
+        for name, values in series.items():
+            builder.add_series(scope, group, name, values)
     available = [r for r in loaded.gpu_available if mine(r)]
-    if not timeline.gpus and available and all(float(np.max(r.values)) == 0.0 for r in available):
-        timeline.gpu_unavailable_reason = f"NVML unavailable on the agent ({cat.GPU_AVAILABLE.name} = 0 throughout)"
+    if not gp and available and all(float(np.max(r.values)) == 0.0 for r in available):
+        builder.mark_unavailable("gpus", f"NVML unavailable on the agent ({cat.GPU_AVAILABLE.name} = 0 throughout)")
     rows: dict[str, list[np.ndarray]] = defaultdict(list)
     for res in loaded.gpu_processes:
         gpu, pid = _int(res.labels.get("gpu")), _int(res.labels.get("pid"))
@@ -688,37 +694,17 @@ def _assemble(loaded: _Loaded, url: str, selector: str, start: float, end: float
             rows["pid"].append(np.full(res.ts.size, float(pid)))
             rows["used_bytes"].append(res.values)
     if rows:
-        table = Table({k: np.concatenate(v) for k, v in rows.items()})
-        timeline.gpu_processes = table.select(np.argsort(table["ts"], kind="stable"))
-    # OOM kills
-    counts: dict[str, int] = {}
+        builder.add_rows("gpu_processes", {k: np.concatenate(v) for k, v in rows.items()})
     oom_series = [(r, c) for r, c in loaded.ooms if mine(r)]
-    ooms = [e for r, c in oom_series for e in _ooms_from(r, c)]
-    timeline.ooms = sorted(ooms, key=lambda e: e.ts)
+    builder.keep("ooms", [e for r, c in oom_series for e in _ooms_from(r, c)])
+    # Counts: "host" only where an OOM counter was seen (it makes the absence of kills evidence), then series and samples.
     if oom_series:
-        counts["host"] = max(len(r.ts) for r, _ in oom_series)
-    # service: fleet-wide request side, plus this host's model holders
-    timeline.service = dict(loaded.service)
-    for res in loaded.model_processes:
-        if mine(res):
-            timeline.service[sig.SVC_MODEL_PROCESSES + res.labels["model"]] = _series(res)
-    counts["prometheus_series"] = (
-        len(timeline.host) + sum(len(s) for s in timeline.cgroups.values())
-        + sum(len(t.series) for t in procs.values()) + sum(len(s) for s in timeline.gpus.values()) + len(timeline.service)
-    )  # fmt: skip
-    if timeline.cgroups:
-        counts["cgroup"] = sum(len(s) for series in timeline.cgroups.values() for s in series.values())
-    if procs:
-        counts["process"] = sum(len(s) for t in procs.values() for s in t.series.values())
-    timeline.counts = counts
-    # window: where there is data (the query window when there is none)
-    firsts, lasts = [], []
-    for s in _all_series(timeline):
-        if len(s):
-            firsts.append(float(s.ts[0]))
-            lasts.append(float(s.ts[-1]))
-    if firsts:
-        timeline.start, timeline.end = min(firsts), max(lasts)
+        builder.counts["host"] = max(len(r.ts) for r, _ in oom_series)
+    builder.counts["prometheus_series"] = sum(len(series) for _, _, series in groups)
+    for scope, kind in (("cgroups", "cgroup"), ("processes", "process")):
+        samples = [len(s) for sc, _, series in groups if sc == scope for s in series.values()]
+        if any(sc == scope for sc, _, _ in groups):
+            builder.counts[kind] = sum(samples)
     where = f"prometheus:{url}"
     if selector:
         where += f" {{{selector}}}"
@@ -726,16 +712,5 @@ def _assemble(loaded: _Loaded, url: str, selector: str, start: float, end: float
         shown = ", ".join(hosts[:5]) + ("..." if len(hosts) > 5 else "")
         where += f" host {host} ({len(hosts)} hosts matched: {shown}; narrow --selector to choose)"
         log.warning("selector matches %d hosts; host-level series are from %s", len(hosts), host)
-    timeline.source = where
-    return timeline
-
-
-def _all_series(t: Timeline) -> Iterable[Series]:
-    yield from t.host.values()
-    for series in t.cgroups.values():
-        yield from series.values()
-    for track in t.processes.values():
-        yield from track.series.values()
-    for series in t.gpus.values():
-        yield from series.values()
-    yield from t.service.values()
+    builder.source = where
+    return builder.build()

@@ -23,6 +23,7 @@ import logging
 import math
 import multiprocessing
 import os
+import pickle
 import sqlite3
 import threading
 import time
@@ -31,12 +32,11 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from operator import itemgetter
 from pathlib import Path
-from typing import Any
-from urllib.parse import quote
 
 import numpy as np
 
 from collectors.recorder import FlightRecorder
+from collectors.recorder_queries import RecorderReader
 from collectors.records import WatchScope, record_from_dict
 from diag.timeline import Timeline, TimelineBuilder
 from diag.timeline.fastdecode import TYPED_KINDS, paused_gc
@@ -75,24 +75,15 @@ def load_recorder(
 def _scope_before(path: Path, since: float) -> list[WatchScope]:
     """The watch scope in force when the window opens: the agent writes one only at start-up and on change,
     so a window that starts later would otherwise lose what the operator asked to watch."""
-    db = _connect(path)
-    try:
-        row = db.execute(
-            "SELECT body FROM records WHERE kind = 'watch_scope' AND ts < ? ORDER BY ts DESC LIMIT 1", (since,)
-        ).fetchone()
-    finally:
-        db.close()
-    if row is None:
+    with RecorderReader.open(path) as reader:
+        body = reader.latest_before(WatchScope.KIND, since)
+    if body is None:
         return []
     try:
-        record = record_from_dict(json.loads(row[0]))
+        record = record_from_dict(json.loads(body))
     except ValueError:
         return []
     return [record] if isinstance(record, WatchScope) else []
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    return sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=10.0)
 
 
 def _read_part(path: Path, since: float | None, until: float | None, source: str) -> TimelineBuilder:
@@ -105,10 +96,9 @@ def _read_part(path: Path, since: float | None, until: float | None, source: str
     together (earliest first), so the table pages they share are still in SQLite's cache.
     """
     builder = TimelineBuilder(source=source)
-    db = _connect(path)
-    try:
-        db.execute("BEGIN")  # one snapshot for all the window queries, as one SELECT would see (the agent may be writing)
-        streams = [_KindStream(db, kind, since, until) for kind in _kinds(db)]
+    with RecorderReader.open(path) as reader:
+        reader.begin()  # one snapshot for all the window queries, as one SELECT would see (the agent may be writing)
+        streams = [_KindStream(reader, kind, since, until) for kind in reader.kinds()]
         heap = [(stream.lo, i) for i, stream in enumerate(streams) if stream.lo is not None]
         heapq.heapify(heap)
         while heap:
@@ -117,64 +107,35 @@ def _read_part(path: Path, since: float | None, until: float | None, source: str
             stream.read_window(builder)
             if stream.lo is not None:
                 heapq.heappush(heap, (stream.lo, i))
-    finally:
-        db.close()
     return builder
-
-
-def _kinds(db: sqlite3.Connection) -> list[str]:
-    """The kinds in the file, by seeks on the (kind, ts) index rather than a scan of it."""
-    kinds: list[str] = []
-    row = db.execute("SELECT min(kind) FROM records").fetchone()
-    while row[0] is not None:
-        kinds.append(row[0])
-        row = db.execute("SELECT min(kind) FROM records WHERE kind > ?", (row[0],)).fetchone()
-    return kinds
 
 
 class _KindStream:
     """The rows of one kind in [since, until], window after window (``lo``: where the next one starts; None: done)."""
 
-    def __init__(self, db: sqlite3.Connection, kind: str, since: float | None, until: float | None) -> None:
-        self.db, self.kind = db, kind
+    def __init__(self, reader: RecorderReader, kind: str, since: float | None, until: float | None) -> None:
+        self.reader, self.kind, self.until = reader, kind, until
         self.typed = kind in TYPED_KINDS
-        # the upper bound of every query: "... AND ts <= until" when there is one
-        self.bound, self.bound_params = ("", ()) if until is None else (" AND ts <= ?", (until,))
-        start = -math.inf if since is None else since
-        self.lo: float | None = self._one(f"SELECT min(ts) FROM records WHERE kind = ? AND ts >= ?{self.bound}", start)
+        self.lo: float | None = reader.first_ts(kind, since, until)
         self.rows = BATCH_ROWS
         if self.lo is not None:
-            sample = db.execute("SELECT body FROM records WHERE kind = ? AND ts >= ? ORDER BY ts LIMIT 64", (kind, self.lo))
-            self.rows = batch_rows([body for (body,) in sample])
-
-    def _one(self, sql: str, *params: Any) -> Any:
-        """The single value of a query on this kind whose upper bound, if any, comes last."""
-        row = self.db.execute(sql, (self.kind, *params, *self.bound_params)).fetchone()
-        return None if row is None else row[0]
+            self.rows = batch_rows(reader.sample(kind, self.lo, 64))
 
     def read_window(self, builder: TimelineBuilder) -> None:
         """Hand the next window to ``builder``: ``self.rows`` rows or so, never splitting the rows of one instant."""
-        kind, lo, bound = self.kind, self.lo, self.bound
-        sql = f"SELECT ts FROM records WHERE kind = ? AND ts >= ?{bound} ORDER BY ts LIMIT 1 OFFSET ?"
-        row = self.db.execute(sql, (kind, lo, *self.bound_params, self.rows)).fetchone()
-        hi = None if row is None else row[0]
+        reader, kind, lo, until = self.reader, self.kind, self.lo, self.until
+        assert lo is not None
+        hi = reader.ts_after_rows(kind, lo, self.rows, until)
         if hi is not None and hi == lo:  # more rows at one instant than a window holds: all of them, then on
-            hi = self._one(f"SELECT min(ts) FROM records WHERE kind = ? AND ts > ?{bound}", lo)
-        if hi is None:  # the last window
-            where, params = f"kind = ? AND ts >= ?{bound}", (kind, lo, *self.bound_params)
-        else:
-            where, params = "kind = ? AND ts >= ? AND ts < ?", (kind, lo, hi)
+            hi = reader.next_ts(kind, lo, until)
         self.lo = hi
         if self.typed:
-            text, count = self.db.execute(
-                f"SELECT group_concat(body, ','), count(*) FROM (SELECT body FROM records WHERE {where} ORDER BY ts, id)",
-                params,
-            ).fetchone()
-            # SQLite 3.40 does not promise group_concat's order (ORDER BY inside aggregates is 3.44+): the builder
-            # refuses a window whose times go backwards, and then it is read row by row below like the others.
-            if count and builder.add_array(kind, "[" + text + "]", count, ordered=True):
+            array, count = reader.joined(kind, lo, hi, until)
+            # group_concat's order is the subquery's but not promised (see RecorderReader.joined): the builder refuses
+            # a window whose times go backwards, and then it is read row by row below like the others.
+            if count and array is not None and builder.add_array(kind, array, count, ordered=True):
                 return
-        bodies = [body for (body,) in self.db.execute(f"SELECT body FROM records WHERE {where} ORDER BY ts, id", params)]
+        bodies = reader.bodies(kind, lo, hi, until)
         for first in range(0, len(bodies), self.rows):
             builder.add_bodies(kind, bodies[first : first + self.rows])
 
@@ -190,18 +151,6 @@ def batch_rows(sample: Sequence[str | bytes]) -> int:
         return BATCH_ROWS
     mean = sum(map(len, sample)) / len(sample)
     return max(1, min(BATCH_ROWS, int(BATCH_BYTES / max(mean, 1.0))))
-
-
-def _where(since: float | None, until: float | None) -> tuple[str, list[float]]:
-    """The recorder's time bounds (inclusive, like ``FlightRecorder.rows``) as SQL."""
-    where, params = [], []
-    if since is not None:
-        where.append("ts >= ?")
-        params.append(since)
-    if until is not None:
-        where.append("ts <= ?")
-        params.append(until)
-    return (" WHERE " + " AND ".join(where)) if where else "", params
 
 
 def _workers(requested: int | None) -> int:
@@ -224,25 +173,23 @@ def _plan(path: Path, since: float | None, until: float | None, workers: int) ->
     """
     if workers <= 1:
         return [(since, until)]
-    clause, params = _where(since, until)
     try:
-        db = _connect(path)
+        reader = RecorderReader.open(path)
     except sqlite3.Error:
         return [(since, until)]
     try:
-        (count,) = db.execute(f"SELECT COUNT(*) FROM records{clause}", params).fetchone()
+        count = reader.count(since, until)
         if count < PARALLEL_MIN_ROWS:
             return [(since, until)]
         bounds: list[float] = []
         for k in range(1, workers):
-            sql = f"SELECT ts FROM records{clause} ORDER BY ts LIMIT 1 OFFSET ?"
-            row = db.execute(sql, (*params, count * k // workers)).fetchone()
-            if row is not None and (not bounds or row[0] > bounds[-1]):
-                bounds.append(float(row[0]))
+            ts = reader.ts_at(count * k // workers, since, until)
+            if ts is not None and (not bounds or ts > bounds[-1]):
+                bounds.append(float(ts))
     except sqlite3.Error:
         return [(since, until)]
     finally:
-        db.close()
+        reader.close()
     starts: list[float | None] = [since, *bounds]
     ends: list[float | None] = [math.nextafter(b, -math.inf) for b in bounds] + [until]
     return list(zip(starts, ends, strict=True))
@@ -250,12 +197,39 @@ def _plan(path: Path, since: float | None, until: float | None, workers: int) ->
 
 def _worker(conn: Connection, path: Path, since: float | None, until: float | None, source: str) -> None:
     try:
-        conn.send(("ok", _read_part(path, since, until, source).compact()))
+        _send_builder(conn, _read_part(path, since, until, source).compact())
     except BaseException as exc:  # the parent reads this part itself
         with contextlib.suppress(Exception):
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:
         conn.close()
+
+
+def _send_builder(conn: Connection, builder: TimelineBuilder) -> None:
+    """A builder through a pipe with its arrays out of band (pickle protocol 5): each array's bytes are sent as they
+    are and received straight into their new home, where a plain pickle would hold the whole part twice at once."""
+    buffers: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(builder, protocol=5, buffer_callback=buffers.append)
+    views = [b.raw() for b in buffers]
+    conn.send(("ok", head, [v.nbytes for v in views]))
+    for view in views:
+        conn.send_bytes(view)
+
+
+def _receive_builder(conn: Connection) -> tuple[str, object]:
+    message = conn.recv()
+    if message[0] != "ok":
+        return message[0], message[1]
+    _, head, sizes = message
+    buffers = []
+    for size in sizes:
+        buffer = bytearray(size)  # writable: the arrays made over it are ordinary, writable arrays
+        if size:
+            conn.recv_bytes_into(buffer)
+        else:
+            conn.recv_bytes()
+        buffers.append(buffer)
+    return "ok", pickle.loads(head, buffers=buffers)
 
 
 def _load_parallel(path: Path, parts: list[tuple[float | None, float | None]], source: str) -> Timeline:
@@ -271,13 +245,15 @@ def _load_parallel(path: Path, parts: list[tuple[float | None, float | None]], s
     builder = _read_part(path, *parts[0], source)
     for proc, recv, since, until in started:
         result: tuple[str, object] = ("error", "no answer")
-        with contextlib.suppress(EOFError, OSError):
-            result = recv.recv()
+        with contextlib.suppress(EOFError, OSError, pickle.UnpicklingError):
+            result = _receive_builder(recv)
         recv.close()
         proc.join()
         status, payload = result
+        del result
         if status == "ok" and isinstance(payload, TimelineBuilder):
             builder.merge(payload)
+            del payload  # its arrays now belong to ``builder``, which lets go of each as it is joined
         else:
             log.warning("parallel reader of %s failed (%s); reading that part here", path, payload)
             builder.merge(_read_part(path, since, until, source))
@@ -344,12 +320,10 @@ class RecorderWindow:
         st = os.stat(self.path)
         identity = (st.st_dev, st.st_ino)
         with paused_gc():
-            db = _connect(self.path)
-            try:
-                db.execute("BEGIN")  # one snapshot for every query of this run
-                (top,) = db.execute("SELECT max(id) FROM records").fetchone()
-                top = int(top or 0)
-                if not self._still_valid(db, identity, since, top):
+            with RecorderReader.open(self.path) as reader:
+                reader.begin()  # one snapshot for every query of this run
+                top = reader.max_id()
+                if not self._still_valid(reader, identity, since, top):
                     self.reset()
                     self.full_reads += 1
                 segments = []
@@ -357,37 +331,30 @@ class RecorderWindow:
                     if not seg.ts.size or seg.ts[-1] < since:
                         continue  # wholly before the window
                     if seg.ts[0] < since:  # the window's start cuts through it: read its part again
-                        segments.extend(self._read(db, seg.first_id, seg.last_id, since))
+                        segments.extend(self._read(reader, seg.first_id, seg.last_id, since))
                     else:
                         segments.append(seg)
                 if top > self._last_id:
-                    segments.extend(self._read(db, self._last_id, top, since))
-            finally:
-                db.close()
+                    segments.extend(self._read(reader, self._last_id, top, since))
             self._segments, self._identity, self._since, self._last_id = segments, identity, since, top
             timeline = TimelineBuilder.merged([s.builder for s in segments], self.source).build()
         timeline.watch_scopes[:0] = _scope_before(self.path, since)
         return timeline
 
-    def _still_valid(self, db: sqlite3.Connection, identity: tuple[int, int], since: float, top: int) -> bool:
+    def _still_valid(self, reader: RecorderReader, identity: tuple[int, int], since: float, top: int) -> bool:
         """Whether the segments still describe the file: same file, ids not reset, nothing of the window deleted."""
         if self._identity is None or identity != self._identity or since < self._since or top < self._last_id:
             return False
         held = sum(int(s.ts.size - np.searchsorted(s.ts, since, "left")) for s in self._segments)
-        sql = "SELECT count(*) FROM records WHERE ts >= ? AND id <= ?"
-        (present,) = db.execute(sql, (since, self._last_id)).fetchone()
-        return int(present) == held
+        return reader.count_from(since, self._last_id) == held
 
-    def _read(self, db: sqlite3.Connection, first_id: int, last_id: int, since: float) -> list[_Segment]:
+    def _read(self, reader: RecorderReader, first_id: int, last_id: int, since: float) -> list[_Segment]:
         """Rows ``first_id < id <= last_id`` with ``ts >= since`` as segments of about ``segment_s`` each.
 
         Why cut: the segment the window's start cuts through is read again on every run, so it must
         be short -- a first read of the whole window as one segment would be read again every time.
         """
-        rows = db.execute(
-            "SELECT id, ts, kind, body FROM records WHERE id > ? AND id <= ? AND ts >= ? ORDER BY id",
-            (first_id, last_id, since),
-        ).fetchall()
+        rows = reader.rows_by_id(first_id, last_id, since)
         self.rows_read += len(rows)
         segments: list[_Segment] = []
         lo, start = first_id, 0

@@ -25,7 +25,7 @@ Missing values are NaN in float columns; an absent signal is an absent key, neve
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -142,12 +142,19 @@ class Timeline:
     # What the operator asked the agent to watch (--pid/--cgroup), oldest first; the last one before the window
     # is included by the recorder loader, since a scope is written only at start-up and when it changes.
     watch_scopes: list[WatchScope] = field(default_factory=list)
+    # Tables of record kinds declared after these attributes (a ``Rows`` destination naming no attribute above).
+    tables: dict[str, Table] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)  # records read per kind
     skipped: dict[str, int] = field(default_factory=dict)  # undecodable rows per kind
 
     @property
     def duration_s(self) -> float:
         return max(0.0, self.end - self.start)
+
+    def table(self, name: str) -> Table:
+        """A table by its name: an attribute above, else one of ``tables`` (empty when absent)."""
+        found = getattr(self, name, None) if name in _TABLE_FIELDS else self.tables.get(name)
+        return found if found is not None else Table()
 
     def signals(self) -> set[str]:
         """Names of the signals present, as rules declare them (``host:memory.available``, ``requests``...)."""
@@ -163,7 +170,7 @@ class Timeline:
         for dev in self.gpus.values():
             names.update(f"gpu:{k}" for k in dev)
         for name, attr in vocabulary.TABLE_ATTRS.items():
-            if len(getattr(self, attr)):
+            if len(self.table(attr)):
                 names.add(name)
         if len(self.requests):
             for col in vocabulary.REQUEST_COLUMNS:
@@ -176,3 +183,6 @@ class Timeline:
         if self.configs:
             names.add("config")
         return names
+
+
+_TABLE_FIELDS = frozenset(f.name for f in fields(Timeline) if f.type in ("Table", Table))

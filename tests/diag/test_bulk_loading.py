@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +153,22 @@ def test_small_batches_and_parallel_parts_equal_per_row(recorder: Path, monkeypa
     parts = loaders._plan(recorder, None, None, 3)
     assert len(parts) == 3  # really split: three readers, two of them forked
     _assert_same(reference, loaders.load_recorder(recorder, workers=3))
+
+
+def test_a_readers_builder_crosses_the_pipe_whole_and_writable(clean: Path) -> None:
+    """A forked reader's arrays arrive out of band, each straight into a buffer of its own: equal, ordinary arrays."""
+    sent = loaders._read_part(clean, None, None, "x").compact()
+    recv, send = multiprocessing.Pipe(duplex=False)
+    status, got = "", None
+    with recv, send:
+        writer = threading.Thread(target=loaders._send_builder, args=(send, sent))  # a pipe holds only so much
+        writer.start()
+        status, got = loaders._receive_builder(recv)
+        writer.join()
+    assert status == "ok" and isinstance(got, TimelineBuilder)
+    (ts, values), *_ = got.groups["host"][None].chunks["memory.total"]
+    assert ts.flags.writeable and values.flags.writeable and ts.size == 400
+    _assert_same(loaders._read_part(clean, None, None, "x").build(), got.build())
 
 
 def test_since_window_is_respected(recorder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -307,3 +325,20 @@ def test_add_array_is_all_or_nothing() -> None:
     assert not b.counts and not b.decode_paths
     assert b.add_array("request", "[" + ",".join(bodies) + "]", 5, ordered=True)
     assert b.counts == {"request": 5}
+
+
+def test_late_writers_are_read_in_time_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tracker's batch written late sits among later rows, and a process's samples written out of time order: the
+    recorder is read in time order, so the requests come in time order and the process gets its latest sample's facts."""
+    rows = [(T0 + i, "host", 1, HostSnapshot(ts=T0 + i, memory={"total": i}).to_json()) for i in range(300)]
+    late = [RequestTiming(ts=T0 + 5 + i / 10, arrival=T0, finish=T0 + 5 + i / 10, route=f"/r{i}") for i in range(20)]
+    rows[250:250] = [(r.ts, r.KIND, r.SCHEMA, r.to_json()) for r in late]  # written at ~T0+250, about T0+5
+    swapped = [ProcessSample(ts=T0 + 20 + i, pid=9, comm=f"c{i}", rss_bytes=i) for i in range(6)]
+    rows[30:30] = [(p.ts, p.KIND, p.SCHEMA, p.to_json()) for p in reversed(swapped)]  # newest sample written first
+    with FlightRecorder(tmp_path / "r.db") as rec:
+        rec.write_rows(rows)
+    monkeypatch.setattr(loaders, "BATCH_BYTES", 4000)  # many windows
+    tl = loaders.load_recorder(tmp_path / "r.db", workers=1)
+    assert tl.counts == {"host": 300, "process": 6, "request": 20}
+    assert tl.processes["9@None"].comm == "c5" and tl.requests["route"][0] == "/r0"
+    _assert_same(_per_row(tmp_path / "r.db"), tl)

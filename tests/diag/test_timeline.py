@@ -128,3 +128,89 @@ def test_the_watch_scope_in_force_before_the_window_is_kept(tmp_path: Path) -> N
     assert [w.cgroups for w in tl.watch_scopes] == [["/svc"]]
     assert tl.start >= now - 31  # the scope states a configuration: it does not stretch the window
     assert load_recorder(path, since_s=60 * 60 * 2).watch_scopes[0].resolved_cgroups == ["/svc"]
+
+
+def test_whole_series_go_through_the_builder_like_records() -> None:
+    """A source of series (Prometheus) hands the builder whole series, tracks, rows and records; the window is where
+    the series have data, else the window the source asked for."""
+    from collectors.records import OomEvent
+    from diag.timeline import TimelineBuilder
+
+    empty = TimelineBuilder(source="series", window=(0.0, 100.0)).build()
+    assert (empty.start, empty.end) == (0.0, 100.0)  # nothing observed: the query window
+    b = TimelineBuilder(source="series", window=(0.0, 100.0))
+    b.add_track("7@python", 7, None, comm="python")
+    b.add_series("processes", "7@python", "rss", Series(np.array([10.0, 20.0]), np.array([1.0, 2.0])))
+    b.add_series("service", None, "queue_depth", Series(np.array([5.0, 30.0]), np.array([0.0, 3.0])))
+    b.add_rows("gpu_processes", {"ts": np.array([40.0, 35.0]), "gpu": np.zeros(2), "pid": np.full(2, 7.0),
+                                 "used_bytes": np.array([1.0, 2.0])})  # fmt: skip
+    b.keep("ooms", [OomEvent(ts=90.0), OomEvent(ts=50.0)])
+    b.mark_unavailable("gpus", "no NVML")
+    tl = b.build()
+    assert (tl.start, tl.end) == (5.0, 30.0)  # rows and kept records do not stretch it; series do
+    assert tl.processes["7@python"].comm == "python" and tl.processes["7@python"].series["rss"].values.tolist() == [1, 2]
+    assert tl.gpu_processes["ts"].tolist() == [35.0, 40.0] and [o.ts for o in tl.ooms] == [50.0, 90.0]
+    assert tl.gpu_unavailable_reason == "no NVML" and tl.counts == {}
+    with pytest.raises(KeyError, match="add_track"):
+        b.add_series("processes", "8@x", "rss", Series(np.array([1.0]), np.array([1.0])))
+    with pytest.raises(KeyError, match="scope"):
+        b.add_series("disks", None, "x", Series(np.array([1.0]), np.array([1.0])))
+    with pytest.raises(RuntimeError, match="builds one"):
+        b.build()  # its pieces are gone: a second Timeline would be empty, so it refuses
+
+
+def test_no_source_assembles_a_timeline_itself() -> None:
+    """Every source goes through ``TimelineBuilder``: none constructs a Timeline, a track or a table on its own."""
+    import ast
+
+    import diag.sources
+
+    folder = Path(diag.sources.__file__).parent
+    found = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            called = node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
+            if called in ("Timeline", "ProcessTrack", "Table"):
+                found.append(f"{path.name}:{node.lineno} {called}(...)")
+    assert found == []
+    assert "TimelineBuilder" in (folder / "prometheus.py").read_text()  # the check reads real code (not vacuous)
+
+
+def test_sources_and_the_timeline_import_nothing_above_them() -> None:
+    """Records flow up: the Timeline and its sources sit below the rules, the bundle, the triage and the demo."""
+    import ast
+
+    from tests.paths import REPO
+
+    above = ("diag.bundle", "diag.rules", "diag.triage", "diag.demo", "diag.cli")
+    found = []
+    for folder in ("diag/sources", "diag/timeline"):
+        for path in sorted((REPO / folder).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                found += [f"{folder}/{path.name} imports {n}" for n in names if n.startswith(above)]
+    assert found == []
+
+
+def test_only_a_large_build_hands_memory_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Handing freed pages back costs a walk of the heap and page faults later: worth it for a day, not for the live
+    diagnosis's few minutes every 15 s."""
+    import diag.timeline.builder as builder_module
+    from diag.timeline import TimelineBuilder
+
+    calls: list[int] = []
+    monkeypatch.setattr(builder_module, "give_back_freed_memory", lambda: calls.append(1))
+    records = [r.to_dict() for r in _records(1_000_000.0)]
+
+    def build() -> None:
+        b = TimelineBuilder()
+        for obj in records:
+            b.add(obj)
+        b.build()
+
+    build()
+    assert calls == []
+    monkeypatch.setattr(builder_module, "TRIM_FROM_ROWS", len(records))
+    build()
+    assert len(calls) >= 3  # after each group of series, each table, and once at the end

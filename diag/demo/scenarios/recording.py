@@ -14,7 +14,6 @@ noisy-neighbour rule compares against.
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
 import threading
@@ -24,6 +23,7 @@ from typing import Any
 
 from collectors.agent import Agent
 from collectors.recorder import FlightRecorder
+from collectors.recorder_queries import RecorderReader
 from collectors.snapshot import SamplerConfig, SnapshotTaker
 
 RETENTION_S = 6 * 3600.0
@@ -77,8 +77,9 @@ def scenario_records(recorder_path: str | Path, groups: Sequence[str], pids: Ite
     """Every record of the recorder, scoped to the scenario (see the module doc), oldest first."""
     keep_pids = set(pids)
     out: list[dict[str, Any]] = []
-    with FlightRecorder(recorder_path, readonly=True) as fr:
-        for _ts, kind, body in fr.rows():
+    FlightRecorder(recorder_path, readonly=True).close()  # a clear error when it is not a flight recorder
+    with RecorderReader.open(recorder_path) as reader:
+        for _ts, kind, body in reader.rows():
             try:
                 obj = json.loads(body)
             except ValueError:
@@ -100,13 +101,8 @@ def scenario_records(recorder_path: str | Path, groups: Sequence[str], pids: Ite
 
 def copy_recorder(src: str | Path, dst: str | Path) -> None:
     """A consistent copy of a flight recorder (SQLite's backup API: the WAL's contents are included)."""
-    import sqlite3
-
-    with (
-        contextlib.closing(sqlite3.connect(f"file:{src}?mode=ro", uri=True)) as source,
-        contextlib.closing(sqlite3.connect(str(dst))) as target,
-    ):
-        source.backup(target)
+    with RecorderReader.open(src) as reader:
+        reader.backup(dst)
 
 
 def write_jsonl_gz(records: Iterable[dict[str, Any]], path: str | Path) -> int:

@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from collectors.records import HostSnapshot
-from diag.bundle.archive_input import BundleArchiveError, read_timeline
 from diag.sources import load_bundle
+from diag.sources.archive import BundleArchiveError, read_timeline
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
