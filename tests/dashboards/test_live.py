@@ -190,6 +190,9 @@ def _chromium(page: Path, profile: Path) -> tuple[str, list[str]]:
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian chromium")
 def test_preview_page_has_one_chart_per_panel_and_no_console_errors(live: Live, tmp_path: Path) -> None:
     out = tmp_path / "preview.html"
+    if live.rules:  # the period panels need the period rules' first value (a 5-minute boundary): wait here too, so
+        # this test holds on its own and not only after the period-panel tests waited for it
+        assert live.prom.wait_for(PERIOD_RATIO, bool, 330), f"{PERIOD_RATIO}: never recorded"
     since = int(time.time() - live.backfill_start) + 30
     proc = subprocess.run([sys.executable, "-m", "diag.cli", "dashboards", "preview", "--prometheus", live.prom.url,
                            "--since", f"{since}s", "--out", str(out)], capture_output=True, text=True, timeout=600)  # fmt: skip
