@@ -124,12 +124,12 @@ def snapshot(
     finally:
         taker.close()
     if as_json:
-        from diag.snapshot_view import snapshot_document
+        from diag.views.snapshot import snapshot_document
 
         json.dump(snapshot_document(snap), sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
     else:
-        from diag.snapshot_view import render_snapshot
+        from diag.views.snapshot import render_snapshot
 
         render_snapshot(snap)
     scope = snap.scope
@@ -408,7 +408,7 @@ def analyze(
         json.dump(result.to_dict(), sys.stdout, indent=2, allow_nan=False, default=str)
         sys.stdout.write("\n")
     else:
-        from diag.analysis_view import render_analysis
+        from diag.views.analysis import render_analysis
 
         render_analysis(result)
 

@@ -399,7 +399,7 @@ def _run_scenario(
         json.dump(analysis.to_dict(), sys.stdout, indent=2, allow_nan=False, default=str)
         sys.stdout.write("\n")
     else:
-        from diag.analysis_view import render_analysis
+        from diag.views.analysis import render_analysis
 
         render_analysis(analysis)
     match = analysis.primary == result.expected
