@@ -21,8 +21,8 @@ import typer
 from collectors.processes import DEFAULT_MODEL_EXTENSIONS
 from collectors.recorder import ENV_RECORDER, default_recorder_path
 from collectors.snapshot import SamplerConfig
-from diag import cli_options as opts
-from diag.cli_errors import OneLineUsageErrors
+from diag.cli import options as opts
+from diag.cli.errors import OneLineUsageErrors
 from diag.live_diagnosis import DiagnoseEvery, start_live_diagnosis
 from diag.units import format_bytes, format_duration, parse_duration
 
@@ -438,11 +438,11 @@ def _load_timeline(kind: str, recorder: Path | None, bundle: Path | None, promet
 
 
 def _register_subcommands() -> None:
-    from diag.alerts_cli import register as register_alerts
-    from diag.bundle.cli import register as register_bundle
-    from diag.dashboards_cli import register as register_dashboards
-    from diag.demo.cli import register as register_demo
-    from diag.triage.cli import register as register_triage
+    from diag.cli.alerts import register as register_alerts
+    from diag.cli.bundle import register as register_bundle
+    from diag.cli.dashboards import register as register_dashboards
+    from diag.cli.demo import register as register_demo
+    from diag.cli.triage import register as register_triage
 
     register_alerts(app)
     register_bundle(app)
