@@ -17,7 +17,7 @@ from collectors.snapshot import SamplerConfig
 from diag.cli import options as opts
 from diag.cli.errors import fail
 from diag.cli.sampling import Cgroups, ModelExt, Pids, ProcRoot, SysRoot, TopN, sampler_config
-from diag.live_diagnosis import DiagnoseEvery, start_live_diagnosis
+from diag.live.diagnosis import MIN_EVERY_S, WINDOW_S, start_live_diagnosis
 from diag.units import format_bytes, format_duration, parse_duration
 
 if TYPE_CHECKING:
@@ -29,6 +29,31 @@ INTERVAL_EXAMPLES = ("500ms", "1s", "5s")
 RETENTION_EXAMPLES = ("30m", "2h", "1d")
 MAX_SIZE_EXAMPLES = ("64MiB", "256MiB", "1GiB")
 LISTEN_EXAMPLES = ("127.0.0.1:9464", "127.0.0.1:0", "off")
+
+
+def parse_every(value: str | None) -> float | None:
+    """Option callback for ``--diagnose-every``: a duration of at least MIN_EVERY_S (``collect`` refuses it with
+    ``--once``, with the other options that cannot apply there)."""
+    if value is None:
+        return None
+    try:
+        every = parse_duration(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if every < MIN_EVERY_S:
+        raise typer.BadParameter(f"{value}: at least {MIN_EVERY_S:g}s (each run analyses the last {WINDOW_S:g}s)")
+    return every
+
+
+DiagnoseEvery = Annotated[
+    str | None,
+    typer.Option(
+        "--diagnose-every",
+        callback=parse_every,
+        help="Run the rules on the last 5 min of the recorder this often (e.g. 15s) and export "
+        "llmdiag_incident{class} for the LLMDiagIncident alert.",
+    ),
+]
 
 
 def _listen_address(text: str, parse: type[ListenAddress]) -> ListenAddress:
