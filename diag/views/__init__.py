@@ -6,5 +6,6 @@ inline SVG, shared by the bundle's report and the dashboards preview) and ``dash
 panel's queries from a real Prometheus, drawn into one HTML page).
 
 Layer: above the rules (a view renders their Analysis) and the generators (the preview draws the dashboards'
-panels); below the bundle, triage, demo and live diagnosis, which use these views, and the CLI.
+panels); below the bundle, triage, demo and live diagnosis, which use these views, and the CLI
+(``tests/test_layers.py``).
 """
