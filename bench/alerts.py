@@ -185,7 +185,7 @@ def _cpu_per_diagnosis(recorder: Path, runs: int, every_s: float = 15.0) -> dict
     full window and is still being written at 1 Hz, run every ``every_s`` as the agent would: the live path
     (``LiveDiagnosis.run_once``, window kept between runs) and, at the same moments, a full read of the window
     plus the rules (what each run cost before the window was kept). CPU time, not wall time: robust to load."""
-    from diag.live_diagnosis import LiveDiagnosis
+    from diag.live.diagnosis import LiveDiagnosis
     from diag.rules.engine import analyze
     from diag.sources import load_recorder
 

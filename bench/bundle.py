@@ -14,7 +14,7 @@ The recorder holds what an agent plus a tracked server write in an hour on a 1-G
 Then, each in a fresh process, timed with ``wait4`` (wall, peak RSS = ``ru_maxrss``):
 
 1. ``diag bundle --since 1h --recorder R --out D`` (through ``diag.cli`` with the bundle command
-   registered if ``diag/cli.py`` does not have it yet); the archive and folder sizes;
+   registered if ``diag/cli/main.py`` does not have it yet); the archive and folder sizes;
 2. ``sos report --batch --only-plugins memory,process,kernel --tmp-dir D`` (Debian ``sosreport``),
    if installed and able to run here; otherwise the exact reason is printed.
 
@@ -66,10 +66,10 @@ MiB = 1 << 20
 CGROUP = "/system.slice/llm.service"
 
 WRAPPER = (
-    "import sys, typer; from diag.cli import app\n"
+    "import sys, typer; from diag.cli.main import app\n"
     "names = {c.name or (c.callback.__name__ if c.callback else '') for c in app.registered_commands}\n"
     "if 'bundle' not in names:\n"
-    "    from diag.bundle.cli import register; register(app)\n"
+    "    from diag.cli.bundle import register; register(app)\n"
     "sys.argv[0] = 'diag'; app()\n"
 )
 

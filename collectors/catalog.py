@@ -872,11 +872,11 @@ EXTERNAL_HISTOGRAM_BUCKETS: dict[str, tuple[float, ...]] = {
 INCIDENT = _declare(MetricSpec(
     "llmdiag_incident", "gauge",
     "1 while the live diagnosis concludes this incident class (primary or contributing) on the recent window.",
-    ("class",), "", "diag.live_diagnosis"))  # fmt: skip
+    ("class",), "", "diag.live.diagnosis"))  # fmt: skip
 INCIDENT_CONFIDENCE = _declare(MetricSpec(
     "llmdiag_incident_confidence", "gauge",
     "Confidence (0-1) of the live diagnosis' strongest finding of this class on the recent window.",
-    ("class",), "", "diag.live_diagnosis"))  # fmt: skip
+    ("class",), "", "diag.live.diagnosis"))  # fmt: skip
 # The words behind a concluded class, for alert annotations. Bounded: at most one series per class,
 # and its text is frozen when the class is first concluded (an incident is one series, not one per
 # evaluation); the text is cut to INCIDENT_TEXT_MAX characters.
@@ -884,4 +884,4 @@ INCIDENT_TEXT_MAX = 200
 INCIDENT_INFO = _declare(MetricSpec(
     "llmdiag_incident_info", "gauge",
     "Always 1 while the class is concluded; labels carry the finding's rule, one-line summary and top evidence.",
-    ("class", "rule", "summary", "evidence"), "", "diag.live_diagnosis"))  # fmt: skip
+    ("class", "rule", "summary", "evidence"), "", "diag.live.diagnosis"))  # fmt: skip

@@ -9,36 +9,9 @@ imported), so the test also covers modules that need root or a GPU to import use
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
+from tests.importgraph import import_graph, modules
 from tests.paths import REPO
-
-PACKAGES = ("collectors", "diag", "dashboards", "alerts")
-
-
-def modules() -> dict[str, Path]:
-    found: dict[str, Path] = {}
-    for pkg in PACKAGES:
-        for path in (REPO / pkg).rglob("*.py"):
-            name = ".".join(path.relative_to(REPO).with_suffix("").parts)
-            found[name.removesuffix(".__init__")] = path
-    return found
-
-
-def import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
-    """module -> project modules it imports (``from pkg import sub`` counts as importing ``pkg.sub`` only)."""
-    graph: dict[str, set[str]] = {}
-    for name, path in mods.items():
-        deps: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                for alias in node.names:
-                    sub = f"{node.module}.{alias.name}"
-                    deps.add(sub if sub in mods else node.module)
-            elif isinstance(node, ast.Import):
-                deps.update(alias.name for alias in node.names)
-        graph[name] = {d for d in deps if d in mods and d != name}
-    return graph
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -3,7 +3,7 @@
 Modules, one job each: ``runner`` (collectors with deadlines), ``collect`` (what is collected),
 ``redactor`` (the one pass every byte goes through), ``writer`` (files, SHA256SUMS, archive),
 ``selfcg`` (leaving the diagnosed cgroup), ``charts`` + ``report`` (report.md / report.html),
-``core`` (the order and the time budget), ``cli`` (``diag bundle``).
+``core`` (the order and the time budget). The command, ``diag bundle``, is ``diag.cli.bundle``.
 """
 
 from typing import TYPE_CHECKING, Any

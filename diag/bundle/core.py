@@ -169,7 +169,7 @@ def take_bundle(options: BundleOptions, progress: Progress | None = stderr_progr
     if options.tar:
         archive, _ = make_archive(root, compresslevel=3)
         log(f"archive {archive}")
-    from diag.analysis_view import verdict_headline
+    from diag.views.analysis import verdict_headline
 
     said = (analysis_doc or {}).get("verdict") or {}
     headline = verdict_headline(verdict, said.get("suspects") or [], said.get("too_little_data") or [])

@@ -18,10 +18,10 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
 
-from diag.analysis_view import PLAIN, verdict_headline
 from diag.bundle.charts import ChartData
 from diag.bundle.redactor import rule_label
 from diag.units import format_bytes, format_value
+from diag.views.analysis import PLAIN, verdict_headline
 
 value = format_value  # the templates' name for it
 

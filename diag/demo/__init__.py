@@ -15,7 +15,8 @@ Modules, one job each:
 - ``settings``: the frozen settings handed from the launcher to every spawned worker (as JSON).
 - ``app``: the FastAPI app factory (``/v1/completions``, ``/healthz``, ``/metrics``).
 - ``server``: the multi-worker launcher (uvicorn's spawn supervisor, PROMETHEUS_MULTIPROC_DIR).
-- ``cli``: the ``demo serve`` command and ``demo --scenario NAME`` (``register(app)`` adds both to a Typer app).
+- the ``demo serve`` command and ``demo --scenario NAME`` are ``diag.cli.demo`` (``python -m diag.cli.demo serve``
+  runs the backend without the rest of the CLI).
 - ``harness``: start it as a subprocess on a free loopback port, wait until ready, load it, stop it
   by PID (tests, scenarios, benches).
 - ``scenarios``: every incident class reproduced for real on this backend, inside real memory

@@ -132,7 +132,7 @@ def start_demo(
     port = free_port()
     log_path = Path(log_dir) / f"demo-{port}.log"
     argv = [
-        sys.executable, "-m", "diag.demo.cli", "serve",
+        sys.executable, "-m", "diag.cli.demo", "serve",
         "--port", str(port), "--workers", str(workers),
         "--weights-mb", str(weights_mb), "--weights-dir", str(weights_dir),
         "--log-level", "info", "--no-access-log",

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from diag import signals
 from diag.rules.classes import INCIDENT_CLASSES
+from diag.timeline import signals
 
 __all__ = ["INCIDENT_CLASSES", "RULES", "Evidence", "Finding", "Rule", "TooLittleData", "rule"]
 

@@ -4,7 +4,7 @@ Why: at fleet scale nobody copies flight recorders around -- the agent's and the
 ``/metrics`` are already scraped into Prometheus, so ``diag analyze --prometheus URL --selector
 'job="llm"'`` rebuilds the same Timeline from there and the same rules run on it. Metric names come
 only from ``collectors.catalog`` (ours, and the external families declared there); below they are
-named by their catalog entries (``cat.X``). The series keys they fill are spelt by ``diag.signals``
+named by their catalog entries (``cat.X``). The series keys they fill are spelt by ``diag.timeline.signals``
 (``sig.X``), the vocabulary the rules ask in, so a Prometheus-built Timeline names a signal exactly
 as a recorder-built one does.
 
@@ -90,8 +90,8 @@ import numpy as np
 
 from collectors import catalog as cat
 from collectors.records import OomEvent
-from diag import signals as sig
 from diag.timeline import Series, Timeline, TimelineBuilder
+from diag.timeline import signals as sig
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ PROBE_WINDOW_S = 600.0  # how far back the scrape-interval probe looks
 MIB = float(1 << 20)
 _NAME_OK = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*$")
 
-# Catalog keys -> the signal keys of diag.signals (the catalog's words for a part are not the Timeline's
+# Catalog keys -> the signal keys of diag.timeline.signals (the catalog's words for a part are not the Timeline's
 # spelling; tests/diag/test_signal_vocabulary.py checks every catalog key has its entry here).
 _CADVISOR_KEYS = {"usage": sig.CG_USAGE, "working_set": sig.CG_WORKING_SET, "swap": sig.CG_SWAP, "limit": sig.CG_LIMIT}
 _GPU_MEMORY_KEYS = {"total": sig.GPU_TOTAL, "used": sig.GPU_USED, "free": sig.GPU_FREE, "reserved": sig.GPU_RESERVED}
@@ -115,7 +115,7 @@ _LATENCY_FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (sig.LATENCY_PREFILL, (cat.VLLM_PREFILL_TIME.name,)),
     (sig.LATENCY_DECODE, (cat.VLLM_DECODE_TIME.name,)),
 )
-_QUANTILES = ((0.5, "p50"), (0.95, "p95"))  # (quantile, the stat of diag.signals.latency)
+_QUANTILES = ((0.5, "p50"), (0.95, "p95"))  # (quantile, the stat of diag.timeline.signals.latency)
 # Request outcomes (the tracker's ``outcome`` label) -> the service rate filled from that outcome alone.
 _OUTCOME_RATES = {"ok": sig.SVC_THROUGHPUT_RPS, "error": sig.SVC_ERROR_RPS, "rejected": sig.SVC_REJECTED_RPS}
 _TIMEOUT_OUTCOMES = ("queue_timeout", "inference_timeout")  # summed into SVC_TIMEOUT_RPS

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from diag import signals as vocabulary
 from diag.timeline import bulk as bulk_mapping
 from diag.timeline import fastdecode, rowwise
+from diag.timeline import signals as vocabulary
 from diag.timeline.columns import SeriesBuilder, give_back_freed_memory, to_float, to_table
 from diag.timeline.fastdecode import TYPED_KINDS, paused_gc
 from diag.timeline.layout import LAYOUTS, KeptLayout, TrackLayout
@@ -244,7 +244,7 @@ class TimelineBuilder:
     def add_series(self, scope: str, group: Any, name: str, series: Series) -> None:
         """One whole series (NaN-free, ascending) of ``Timeline.<scope>[group][name]`` (``group`` None: host, service).
 
-        It stretches the window. Names are the vocabulary's (``diag.signals``); like a record's keys they are
+        It stretches the window. Names are the vocabulary's (``diag.timeline.signals``); like a record's keys they are
         not refused here (a label value can name a PSI resource the vocabulary does not list): the suite
         checks that every source fills only what the vocabulary knows.
         """

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from collectors.records import CudaOomError, OomEvent, ServiceConfig, WatchScope
-from diag import signals as vocabulary
+from diag.timeline import signals as vocabulary
 
 NAN = float("nan")
 

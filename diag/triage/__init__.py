@@ -5,5 +5,5 @@ Modules, one job each: ``payload`` (strict webhook v4 validation), ``keys`` (inc
 ``ingest`` (group commit), ``lifecycle`` (state transitions), ``diagnosis`` (the asynchronous
 ``diag analyze`` worker), ``agreement`` (the diagnosis checked against the alert), ``outbox`` +
 ``sinks`` (GitHub, GitLab, Jira, JSON webhook tickets, exactly once), ``web`` (the read-only page),
-``asgi`` + ``server`` (HTTP), ``cli`` (``diag triage`` / ``diag tickets``).
+``asgi`` + ``server`` (HTTP). The commands, ``diag triage`` / ``diag tickets``, are ``diag.cli.triage``.
 """

@@ -14,7 +14,7 @@ from collectors import catalog as cat
 from collectors.recorder import FlightRecorder
 from collectors.records import record_from_dict
 from diag.demo.scenarios.recording import read_jsonl_gz
-from diag.live_diagnosis import LiveDiagnosis
+from diag.live.diagnosis import LiveDiagnosis
 from diag.rules.classes import INCIDENT_CLASSES
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "scenarios"

@@ -1,6 +1,6 @@
 """Shared helpers for the bundle tests: run ``diag bundle`` as a real process, read what it wrote, make history.
 
-``diag bundle`` is run through ``diag.cli`` with the bundle command registered when ``diag/cli.py`` does
+``diag bundle`` is run through ``diag.cli`` with the bundle command registered when ``diag/cli/main.py`` does
 not register it yet, so the tests exercise the real command line either way.
 """
 
@@ -22,10 +22,10 @@ from collectors.records import CgroupSnapshot, HostSnapshot, ProcessSample, Psi,
 
 ROOT = Path(__file__).resolve().parents[2]
 WRAPPER = (
-    "import sys; from diag.cli import app\n"
+    "import sys; from diag.cli.main import app\n"
     "names = {c.name or (c.callback.__name__ if c.callback else '') for c in app.registered_commands}\n"
     "if 'bundle' not in names:\n"
-    "    from diag.bundle.cli import register; register(app)\n"
+    "    from diag.cli.bundle import register; register(app)\n"
     "sys.argv[0] = 'diag'; app()\n"
 )
 

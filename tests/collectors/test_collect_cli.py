@@ -107,7 +107,7 @@ def _invoke(args: list[str]) -> tuple[int, str]:
     """The real command in-process (the subprocess path is covered above): exit status and stderr."""
     from typer.testing import CliRunner
 
-    from diag.cli import app
+    from diag.cli.main import app
 
     result = CliRunner().invoke(app, args)
     if result.exception is not None and not isinstance(result.exception, SystemExit):

@@ -97,7 +97,7 @@ def test_default_path_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
 def test_root_and_users_share_the_units_state_directory_rules(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Root finds what the systemd units write (/var/lib/llm-diag); a user keeps the XDG state dir."""
     from collectors import recorder
-    from diag.triage.cli import default_db_path
+    from diag.cli.triage import default_db_path
 
     for name in ("LLMDIAG_RECORDER", "LLMDIAG_STATE_DIR", "LLMDIAG_TRIAGE_DB"):
         monkeypatch.delenv(name, raising=False)

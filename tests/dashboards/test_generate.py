@@ -194,7 +194,7 @@ def test_the_cli_reports_an_unknown_metric_in_one_line(tmp_path: Path) -> None:
         "from dashboards.spec import Dashboard, Row, ts\n"
         "generate.all_dashboards = lambda: [Dashboard('x', 'x', 'x', (Row('r', (ts('t', 'd', 's', "
         'q(\'llmdiag_no_such_seconds{job=~"$job", instance=~"$instance"}\')),)),))]\n'
-        "from diag.cli import app\nsys.argv = ['diag', 'dashboards', '--out', sys.argv[1]]\napp()\n"
+        "from diag.cli.main import app\nsys.argv = ['diag', 'dashboards', '--out', sys.argv[1]]\napp()\n"
     )
     proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr

@@ -42,9 +42,9 @@ from tests.paths import REPO
 
 # The collector modules whose families the agent process exports, and the flag that turns each off or on.
 AGENT_MODULES = {"collectors.host", "collectors.cgroup", "collectors.processes", "collectors.gpu", "collectors.kmsg",
-                 "collectors.agent", "collectors.recorder", "diag.live_diagnosis"}  # fmt: skip
+                 "collectors.agent", "collectors.recorder", "diag.live.diagnosis"}  # fmt: skip
 OFF_SWITCH = {"collectors.gpu": "--no-gpu", "collectors.kmsg": "--no-kmsg"}
-ON_SWITCH = {"diag.live_diagnosis": "--diagnose-every"}
+ON_SWITCH = {"diag.live.diagnosis": "--diagnose-every"}
 BACKEND_MODULES = {"collectors.tracking"}  # ours, inside the served process
 BACKEND_EXPORTERS = {"vLLM", "TGI"}
 AGENT_JOBS = ("llm-diag-host", "llm-diag-daemonset")

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from collectors import catalog
 from collectors.recorder import FlightRecorder
-from diag.demo.cli import register
+from diag.cli.demo import register
 from diag.demo.harness import post_all, sample_sum, scrape, start_demo
 
 RID = catalog.REQUESTS.name

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from diag.cli import app
+from diag.cli.main import app
 from tests.paths import EXTERNAL
 
 PROC_FIXTURE = EXTERNAL / "node_exporter" / "proc"

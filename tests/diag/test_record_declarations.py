@@ -21,8 +21,7 @@ import pytest
 
 from collectors import fields as fl
 from collectors.records import RECORD_TYPES, CgroupSnapshot, ProcessSample, Record
-from diag import signals
-from diag.timeline import Timeline, TimelineBuilder, builder, bulk, fastdecode, layout, rowwise
+from diag.timeline import Timeline, TimelineBuilder, builder, bulk, fastdecode, layout, rowwise, signals
 
 T0 = 1_790_000_000.0
 

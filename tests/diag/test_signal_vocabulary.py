@@ -1,4 +1,4 @@
-"""Every signal a source fills, and every series a rule reads, is spelt as ``diag.signals`` spells it.
+"""Every signal a source fills, and every series a rule reads, is spelt as ``diag.timeline.signals`` spells it.
 
 Why: a source that writes ``service:queue_dept`` or a rule that reads ``cgroups[g]["working_sets"]``
 does not crash -- the rule just never sees the signal and is reported "not evaluated" (or finds
@@ -21,7 +21,6 @@ import pytest
 
 from collectors import catalog as cat
 from collectors.recorder import FlightRecorder
-from diag import signals
 from diag.bundle.report import WHY_MISSING, why_missing
 from diag.demo.scenarios.recording import read_jsonl_gz
 from diag.rules.base import RULES
@@ -29,7 +28,7 @@ from diag.rules.engine import analyze, load_rules
 from diag.sources import prometheus as prom_source
 from diag.sources.bundle import load_bundle
 from diag.sources.recorder import load_recorder
-from diag.timeline import Timeline, timeline_from_records
+from diag.timeline import Timeline, signals, timeline_from_records
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 REPLAYS = sorted(FIXTURES.rglob("*.jsonl.gz"))
@@ -191,7 +190,7 @@ def test_the_loaders_catalog_maps_cover_the_catalog() -> None:
 
 
 def _spelt_signals(tree: ast.AST) -> list[tuple[int, str]]:
-    """String literals in the loader that spell a signal key themselves instead of naming a ``diag.signals`` constant.
+    """String literals in the loader that spell a signal key themselves instead of naming a ``diag.timeline.signals`` constant.
 
     Allowed: catalog keys (``cat.X["total"]``) and the keys of the loader's catalog->signal maps, which are
     the catalog's words, not the Timeline's.

@@ -6,11 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from diag import signals
 from diag.demo.scenarios.recording import read_jsonl_gz
 from diag.rules.base import RULES, rule
 from diag.rules.engine import analyze, load_rules
-from diag.timeline import timeline_from_records
+from diag.timeline import signals, timeline_from_records
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "scenarios"
 

@@ -36,7 +36,7 @@ def test_values_by_unit() -> None:
 
 
 def test_the_terminal_view_prints_bytes_as_the_report_does() -> None:
-    from diag.analysis_view import render_analysis
+    from diag.views.analysis import render_analysis
 
     f = Finding("memory_leak", "memory.leak", 0.9, "leak", [Evidence("anon growth", 3 << 30, "bytes")])
     console = Console(record=True, width=200)

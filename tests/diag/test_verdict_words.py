@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from diag.analysis_view import PLAIN, render_analysis, verdict_headline
 from diag.bundle.report import ReportData, render_html, render_markdown
 from diag.demo.scenarios.recording import read_jsonl_gz
 from diag.rules.engine import Analysis, analyze
 from diag.timeline import timeline_from_records
+from diag.views.analysis import PLAIN, render_analysis, verdict_headline
 from tests.paths import FIXTURES
 
 SCENARIOS = FIXTURES / "scenarios"

@@ -189,7 +189,7 @@ def test_group_manager_kills_children_and_grandchildren_by_pid() -> None:
 
 def test_without_memory_cgroups_a_fault_scenario_exits_3_and_starts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """No v1 memory hierarchy (pointed at an empty directory): exit 3 with the reason, before anything runs."""
-    from diag.cli import app
+    from diag.cli.main import app
 
     monkeypatch.setattr(cg, "V1_ROOT", Path("/nonexistent/llmdiag-no-memory-controller"))
     reason = cg.unavailable_reason()  # as an ordinary user: root is missing first; as root: the hierarchy
@@ -205,7 +205,7 @@ def test_without_memory_cgroups_a_fault_scenario_exits_3_and_starts_nothing(monk
 
 
 def test_unknown_scenario_and_bad_params_are_usage_errors() -> None:
-    from diag.cli import app
+    from diag.cli.main import app
 
     runner = CliRunner()
     assert runner.invoke(app, ["demo", "--scenario", "nope"]).exit_code == 2

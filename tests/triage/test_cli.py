@@ -12,7 +12,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from diag.cli import app
+from diag.cli.main import app
 from diag.triage import lifecycle, payload
 from diag.triage.store import connect, transaction
 from tests.triage.helpers import FIXTURE, alert, body, receiver
@@ -183,7 +183,7 @@ def _defaults(**overrides: object) -> dict:
     """``serve``'s options at their defaults (as Typer would pass them), with some overridden."""
     import inspect
 
-    from diag.triage.cli import serve
+    from diag.cli.triage import serve
 
     opts = {}
     for name, param in inspect.signature(serve).parameters.items():
@@ -193,7 +193,7 @@ def _defaults(**overrides: object) -> dict:
 
 
 def test_joining_and_the_ticket_hold_reach_the_policy(tmp_path):
-    from diag.triage.cli import _serve_config
+    from diag.cli.triage import _serve_config
 
     recorder = tmp_path / "recorder.db"
     recorder.write_bytes(b"")

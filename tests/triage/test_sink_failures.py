@@ -22,7 +22,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from diag.cli import app
+from diag.cli.main import app
 from diag.triage.lifecycle import Policy
 from diag.triage.outbox import Dispatcher
 from diag.triage.server import Receiver, ReceiverConfig

@@ -1,6 +1,6 @@
 """The diagnosis, live: ``diag collect --diagnose-every 15s`` runs the rules engine on the agent's own
 recent records and exports what it concludes, so Prometheus can alert on a *diagnosis* and not only
-on symptoms.
+on symptoms. (The option itself is checked by ``diag.cli.collect``; ``MIN_EVERY_S`` is its floor.)
 
 Exported (names from the catalog):
 - ``llmdiag_incident{class}``: 1 while the class is concluded (the verdict's primary or a contributing
@@ -30,44 +30,17 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from collectors import catalog as cat
-from diag.units import parse_duration
 
 log = logging.getLogger(__name__)
 
 WINDOW_S = 300.0  # the recent window each run analyses: what "now" means for an alert; ~0.7 % of a core at 15 s
 MIN_EVERY_S = 5.0  # below this the analysis would cost more than the 2 % CPU budget on a busy recorder
-
-
-def parse_every(value: str | None) -> float | None:
-    """Option callback for ``--diagnose-every``: a duration of at least MIN_EVERY_S (``collect`` refuses it with
-    ``--once``, with the other options that cannot apply there)."""
-    if value is None:
-        return None
-    try:
-        every = parse_duration(value)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
-    if every < MIN_EVERY_S:
-        raise typer.BadParameter(f"{value}: at least {MIN_EVERY_S:g}s (each run analyses the last {WINDOW_S:g}s)")
-    return every
-
-
-DiagnoseEvery = Annotated[
-    str | None,
-    typer.Option(
-        "--diagnose-every",
-        callback=parse_every,
-        help="Run the rules on the last 5 min of the recorder this often (e.g. 15s) and export "
-        "llmdiag_incident{class} for the LLMDiagIncident alert.",
-    ),
-]
 
 
 def _short(text: str) -> str:

@@ -1,7 +1,7 @@
 """``diag dashboards``: generate, check and preview the Grafana dashboards.
 
 A thin shell over ``dashboards.generate`` (files), ``dashboards.lint`` (the ported linter rules)
-and ``diag.dashboards_preview`` (a page drawn from a real Prometheus).
+and ``diag.views.dashboards_preview`` (a page drawn from a real Prometheus).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def preview_cmd(
         _fail(f"--out {out}: directory {out.parent} does not exist")
     import httpx
 
-    from diag.dashboards_preview import PreviewError, preview
+    from diag.views.dashboards_preview import PreviewError, preview
 
     try:
         text, results = preview(prometheus, since_s)

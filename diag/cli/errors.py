@@ -6,6 +6,8 @@ not in its list, an unknown option -- came out as a framed box of several lines 
 not the value (``Input should be a valid integer``). Every usage error of ``diag`` now reads the same way:
 ``diag: --top 'x': not a whole number``, exit status 2, nothing else. ``--help`` and a bare ``diag`` (which
 shows the help) are unchanged.
+
+A command's own checks (``diag.cli.options``) end the same way through ``fail``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from typer.core import TyperGroup
@@ -114,3 +116,10 @@ class OneLineUsageErrors(TyperGroup):
                 typer.secho(f"diag: {one_line(exc)}", err=True, fg=typer.colors.RED)
             sys.exit(exc.exit_code)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def fail(message: str) -> NoReturn:
+    """A command's own check refused its input: ``diag: <message>`` on stderr, exit status 2 (the form of every
+    usage error)."""
+    typer.secho(f"diag: {message}", err=True, fg=typer.colors.RED)
+    raise typer.Exit(2)

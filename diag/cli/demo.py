@@ -10,8 +10,8 @@ prompts), ``--max-concurrency 1`` (a queue), ``--experts 8 --router-skew 4`` (on
 ``diag demo --scenario NAME`` (``demo_group``) runs one of the incident scenarios of
 ``diag.demo.scenarios`` for real and prints the analysis of its recorded window.
 
-Wiring: ``register(app)`` adds the ``demo`` group to a Typer app (``diag/cli.py`` does); running
-this module directly (``python -m diag.demo.cli serve ...``) works without it.
+Wiring: ``register(app)`` adds the ``demo`` group to a Typer app (``diag/cli/main.py`` does); running
+this module directly (``python -m diag.cli.demo serve ...``) works without it.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _fail(message: str) -> typer.Exit:
 def _checked_serve_options(o: dict[str, Any]) -> dict[str, Any]:
     """Every ``serve`` option checked before anything starts, each message naming the option, its value and
     what it accepts; returns the normalised choices. The paths are checked last."""
-    from diag import cli_options as opts
+    from diag.cli import options as opts
     from diag.demo.batcher import BATCHING_MODES
     from diag.demo.weights import PRELOAD_MODES, REFRESH_MODES
 
@@ -158,7 +158,7 @@ def serve(
     access_log: Annotated[bool, typer.Option(help="uvicorn's access log (method, path, status; never bodies).")] = True,
 ) -> None:
     """Serve the reference LLM backend: POST /v1/completions, GET /healthz, GET /metrics."""
-    from diag import cli_options as opts
+    from diag.cli import options as opts
 
     try:
         checked = _checked_serve_options(dict(locals()))
@@ -250,7 +250,7 @@ def demo_group(
       diag demo --scenario thrash --json --keep-recorder /tmp/thrash.db\n
       diag demo --scenario queue --param ramp=0.5,1,2 --seed 3
     """
-    from diag import cli_options as opts
+    from diag.cli import options as opts
 
     given = {name: _given(ctx, key) for name, key in _SCENARIO_OPTIONS.items()}
     try:
@@ -299,7 +299,7 @@ def _list_scenarios() -> None:
 def _parse_params(items: list[str], defaults: dict[str, Any]) -> dict[str, str]:
     """``KEY=VALUE`` overrides, each checked against the scenario's parameter of that name: known, and of its
     type (a number, or a comma-separated list of numbers where the default is one)."""
-    from diag import cli_options as opts
+    from diag.cli import options as opts
 
     out = {}
     for item in items:
@@ -365,7 +365,7 @@ def _run_scenario(
     import json
     import sys
 
-    from diag import cli_options as opts
+    from diag.cli import options as opts
     from diag.demo.scenarios import EXIT_NO_CGROUPS
     from diag.demo.scenarios.cgroups import CgroupUnavailable
     from diag.demo.scenarios.library import SCENARIOS
@@ -399,7 +399,7 @@ def _run_scenario(
         json.dump(analysis.to_dict(), sys.stdout, indent=2, allow_nan=False, default=str)
         sys.stdout.write("\n")
     else:
-        from diag.analysis_view import render_analysis
+        from diag.views.analysis import render_analysis
 
         render_analysis(analysis)
     match = analysis.primary == result.expected
@@ -420,7 +420,7 @@ def register(app: typer.Typer) -> None:
 
 
 def main() -> None:
-    """``python -m diag.demo.cli serve ...`` without the top-level ``diag`` CLI."""
+    """``python -m diag.cli.demo serve ...`` without the top-level ``diag`` CLI."""
     app = typer.Typer(add_completion=False, no_args_is_help=True)
     app.command("serve")(serve)
 

@@ -1,8 +1,8 @@
 """``diag dashboards preview``: every panel's queries from a real Prometheus, drawn into one HTML page.
 
 For people without Grafana at hand, and as the visual proof that the dashboards return data: each
-panel of each generated dashboard becomes one inline SVG chart (the bundle report's matplotlib
-code, so both look alike), in one self-contained page -- no scripts, no network, a strict CSP.
+panel of each generated dashboard becomes one inline SVG chart (drawn with ``diag.views.charts``, as the
+bundle report's charts are, so both look alike), in one self-contained page -- no scripts, no network, a strict CSP.
 Template variables are set to "All" (``.+``); ``$__rate_interval`` follows Grafana's rule
 max(step + scrape interval, 4 x scrape interval) with the scrape interval read from the server.
 """
@@ -22,7 +22,7 @@ import numpy as np
 
 from dashboards.build import render
 from dashboards.definitions import all_dashboards
-from diag.bundle.charts import PALETTE, _figure, _svg, _time_axis, _when, reduce_minmax
+from diag.views.charts import PALETTE, as_datetimes, new_figure, reduce_minmax, time_axis, to_svg
 
 DEFAULT_SCRAPE_S = 15.0
 MAX_POINTS_PER_PANEL = 400
@@ -125,7 +125,7 @@ _SCALES = {"bytes": (float(1 << 30), "GiB"), "percentunit": (0.01, "%"), "s": (1
 
 def chart_svg(res: PanelResult, key: str) -> str:
     """One chart: lines for time series and stats, a bucket-rate image for heatmaps; 'no data' drawn when empty."""
-    fig, (ax,) = _figure(1, height=2.2, width=7.0)
+    fig, (ax,) = new_figure(1, height=2.2, width=7.0)
     scale, label = _SCALES.get(res.unit, (1.0, res.unit if res.unit not in ("short", "none") else ""))
     finite = [(n, t, v) for n, t, v in res.series if np.isfinite(v).any()]
     if res.kind == "heatmap" and finite:
@@ -134,20 +134,20 @@ def chart_svg(res: PanelResult, key: str) -> str:
         for i, (name, t, v) in enumerate(finite[:MAX_LINES]):
             ok = np.isfinite(v)
             rt, rv = reduce_minmax(t[ok], v[ok])
-            ax.plot(_when(rt), rv / scale, color=PALETTE[i % len(PALETTE)], linewidth=1.1, label=name[:40],
+            ax.plot(as_datetimes(rt), rv / scale, color=PALETTE[i % len(PALETTE)], linewidth=1.1, label=name[:40],
                     marker="o" if rt.size == 1 else None, markersize=2)  # fmt: skip
         ax.set_ylabel(label)
         if len(finite) > 1:
             ax.legend(loc="upper left", ncols=2)
     else:
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
-    _time_axis(ax, maxticks=6)
+    time_axis(ax, maxticks=6)
     ax.set_title(res.title, loc="left")
     with warnings.catch_warnings():
         # matplotlib's date locator falls back to a 30-unit tick interval for some ranges and says so
         # once per chart; the chart is right, and forty copies of the note would bury real errors
         warnings.filterwarnings("ignore", message="AutoDateLocator was unable", category=UserWarning)
-        return _svg(fig, key)
+        return to_svg(fig, key)
 
 
 def _heatmap(ax: Any, series: list[tuple[str, np.ndarray, np.ndarray]], label: str) -> None:
@@ -167,7 +167,7 @@ def _heatmap(ax: Any, series: list[tuple[str, np.ndarray, np.ndarray]], label: s
     grid = np.nan_to_num(np.diff(np.vstack([np.zeros(times.size), grid]), axis=0), nan=0.0).clip(min=0)
     step = float(np.median(np.diff(times))) if times.size > 1 else 1.0
     edges = np.append(times, times[-1] + step)  # flat shading: one more edge than cells
-    ax.pcolormesh(_when(edges), np.arange(len(series) + 1), grid, cmap="Oranges", shading="flat")
+    ax.pcolormesh(as_datetimes(edges), np.arange(len(series) + 1), grid, cmap="Oranges", shading="flat")
     ticks = list(range(0, len(series), max(1, len(series) // 6)))
     ax.set_yticks([t + 0.5 for t in ticks], [series[t][0] for t in ticks])
     ax.set_ylabel(f"le ({label})" if label else "le")

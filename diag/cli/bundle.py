@@ -1,6 +1,6 @@
 """``diag bundle``: the command an on-call engineer runs on the sick machine.
 
-Wiring: ``register(app)`` adds the command to a Typer app (``diag/cli.py`` calls it). Progress goes
+Wiring: ``register(app)`` adds the command to a Typer app (``diag/cli/main.py`` calls it). Progress goes
 to stderr; stdout gets the verdict and the paths, so ``diag bundle | tail -1`` is the archive.
 """
 
@@ -92,8 +92,8 @@ def _options(
     cgroup: list[str] | None, unit: str | None, include: list[Path] | None, gpu: bool,
 ) -> BundleOptions:  # fmt: skip
     """Every option checked before anything is collected; the --out folder is created when missing."""
-    from diag import cli_options as opts
     from diag.bundle.options import BundleOptions
+    from diag.cli import options as opts
 
     try:
         since_s = opts.duration("--since", since, high=400 * 86400, examples=("30m", "2h", "1d"))
@@ -138,7 +138,7 @@ def register(app: typer.Typer) -> None:
     app.command("bundle")(bundle)
 
 
-if __name__ == "__main__":  # pragma: no cover - ``python -m diag.bundle.cli`` works without diag/cli.py
+if __name__ == "__main__":  # pragma: no cover - ``python -m diag.cli.bundle`` works without diag/cli/main.py
     standalone = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     standalone.command()(bundle)
     standalone()

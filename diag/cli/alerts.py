@@ -1,6 +1,6 @@
 """``diag alerts``: generate SLO and cause alerts from a spec, check them, run their promtool tests.
 
-Glue only: the generator lives in ``alerts/`` (which imports nothing from ``diag``); this module
+Glue only: the generator lives in ``alerts/`` (which reads only the rules' levels from ``diag``); this module
 hands it the rules engine's incident classes, reads a live /metrics when asked, and runs promtool.
 """
 

@@ -342,7 +342,7 @@ def _serve_config(**opts: Any) -> Any:
 
 def _sinks(opts: dict[str, Any]) -> dict[str, Any]:
     """The ticket sinks the options ask for; options of a sink that is not configured are refused."""
-    from diag.cli_options import http_url
+    from diag.cli.options import http_url
     from diag.triage.sinks import GitHubSink, GitLabSink, JiraSink, Sink, WebhookSink
 
     sinks: dict[str, Sink] = {}

@@ -1,0 +1,127 @@
+"""``diag analyze``: the rules on a window of records -- the flight recorder, a bundle, or Prometheus -- and the verdict."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from collectors.recorder import default_recorder_path
+from diag.cli import options as opts
+from diag.cli.errors import fail
+
+SINCE_EXAMPLES = ("30m", "2h", "1d")
+
+
+def _analysis_source(
+    recorder: Path | None, bundle: Path | None, prometheus: str | None, selector: str | None, since: str | None
+) -> tuple[str, float]:
+    """Which source to read (checked: exactly one, each with only the options that apply to it) and the window."""
+    try:
+        given = {"--recorder": recorder is not None, "--bundle": bundle is not None, "--prometheus": prometheus is not None}
+        if sum(given.values()) > 1:
+            got = ", ".join(k for k, v in given.items() if v)
+            raise opts.OptionError(f"give one of --recorder, --bundle, --prometheus (got {got})")
+        since_s = opts.duration("--since", since or "1h", high=400 * 86400, examples=SINCE_EXAMPLES)
+        if prometheus is None:
+            opts.refuse({"--selector": selector is not None}, "without --prometheus (it selects series in Prometheus)")
+        if bundle is not None:
+            opts.refuse({"--since": since is not None}, "with --bundle (a bundle holds the window it was taken with)")
+            opts.bundle_path("--bundle", bundle)
+            return "bundle", since_s
+        if prometheus is not None:
+            opts.http_url("--prometheus", prometheus)
+            return "prometheus", since_s
+        if recorder is not None:
+            opts.existing_file("--recorder", recorder)
+    except opts.OptionError as exc:
+        fail(str(exc))
+    return "recorder", since_s
+
+
+def analyze(
+    recorder: Annotated[Path | None, typer.Option(readable=False, help="Flight recorder to read (default: the agent's).")] = None,
+    bundle: Annotated[
+        Path | None,
+        typer.Option(readable=False, help="Analyse an incident bundle instead: its folder or its .tar.gz (read in place)."),
+    ] = None,
+    prometheus: Annotated[str | None, typer.Option(help="Prometheus base URL: the fleet-scale path (query_range).")] = None,
+    selector: Annotated[
+        str | None,
+        typer.Option(help='With --prometheus: label matchers for the service, e.g. \'job="llm",instance="10.0.0.5:9464"\'.'),
+    ] = None,
+    since: Annotated[str | None, typer.Option(help="How far back to look, e.g. 30m, 2h (default 1h; not with --bundle).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="The documented JSON document instead of text.")] = False,
+) -> None:
+    """Classify what the records show: the verdict first, findings with evidence, and what could not be evaluated.
+
+    Verdict: an incident class when a finding reaches confidence 0.5
+    (other findings at 0.5 or more are "contributing").
+    "inconclusive" when findings reach only 0.3 (the "suspects", with their
+    confidence) or a rule had too little data to judge ("too_little_data":
+    what it had and what it needs). "healthy" only when no rule found anything
+    at 0.3 or more and none lacked data. Rules whose signals are absent are
+    listed as not evaluated, with where the signal would come from.
+
+    The service is what `diag collect --pid/--cgroup` named, else the
+    processes writing service records, else model-file holders inside the
+    watched groups; a neighbour is never taken for the service.
+
+    JSON: {"verdict": {"primary", "contributing", "suspects", "too_little_data",
+    "meaning"}, "findings": [{"class", "rule", "confidence", "summary",
+    "evidence", "rules_out", "remediation", "start", "end"}],
+    "not_evaluated": [{"rule", "class", "missing", "why"}]}
+
+    Exit status: 0 analysed; 2 an option is invalid or cannot apply, or the source cannot be read (no
+    recorder, a recorder file that is not a database, a folder that is not a bundle, Prometheus unreachable).
+
+    Examples:\n
+      diag analyze --since 30m\n
+      diag analyze --bundle ./llm-diag-bundle-20261130T1200Z --json\n
+      diag analyze --prometheus http://127.0.0.1:9090 --selector 'job="llm-api"'
+    """
+    from diag.rules.engine import analyze as run_rules
+
+    kind, since_s = _analysis_source(recorder, bundle, prometheus, selector, since)
+    timeline = _load_timeline(kind, recorder, bundle, prometheus, selector or "", since_s)
+    result = run_rules(timeline)
+    if as_json:
+        json.dump(result.to_dict(), sys.stdout, indent=2, allow_nan=False, default=str)
+        sys.stdout.write("\n")
+    else:
+        from diag.views.analysis import render_analysis
+
+        render_analysis(result)
+
+
+def _load_timeline(kind: str, recorder: Path | None, bundle: Path | None, prometheus: str | None, selector: str,
+                   since_s: float):  # type: ignore[no-untyped-def]  # fmt: skip
+    from collectors.recorder import RecorderCorrupt
+    from diag.sources import load_bundle, load_prometheus, load_recorder
+
+    path = recorder or default_recorder_path()
+    try:
+        if kind == "bundle":
+            assert bundle is not None
+            return load_bundle(bundle)
+        if kind == "prometheus":
+            assert prometheus is not None
+            return load_prometheus(prometheus, selector=selector, since_s=since_s)
+        if not path.exists():
+            fail(f"no flight recorder at {path}; run `diag collect` first, or pass --recorder/--bundle/--prometheus")
+        return load_recorder(path, since_s=since_s)
+    except (RecorderCorrupt, sqlite3.DatabaseError) as exc:
+        fail(f"{exc if isinstance(exc, RecorderCorrupt) else f'{path} is not a readable flight recorder ({exc})'}. "
+              "Move it aside (a running `diag collect` does so itself on its next start) and analyse a bundle "
+              "or Prometheus instead, or pass --recorder with another file")  # fmt: skip
+    except (OSError, ValueError) as exc:
+        fail(str(exc))
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``analyze`` to the ``diag`` app."""
+    app.command("analyze")(analyze)

@@ -1,0 +1,243 @@
+"""``diag collect``: the host agent (sample, record, serve /metrics), its options all checked before it starts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from collectors.recorder import ENV_RECORDER, default_recorder_path
+from collectors.snapshot import SamplerConfig
+from diag.cli import options as opts
+from diag.cli.errors import fail
+from diag.cli.sampling import Cgroups, ModelExt, Pids, ProcRoot, SysRoot, TopN, sampler_config
+from diag.live.diagnosis import MIN_EVERY_S, WINDOW_S, start_live_diagnosis
+from diag.units import format_bytes, format_duration, parse_duration
+
+if TYPE_CHECKING:
+    from collectors.agent import ListenAddress
+
+DEFAULT_LISTEN = "127.0.0.1:9464"
+
+INTERVAL_EXAMPLES = ("500ms", "1s", "5s")
+RETENTION_EXAMPLES = ("30m", "2h", "1d")
+MAX_SIZE_EXAMPLES = ("64MiB", "256MiB", "1GiB")
+LISTEN_EXAMPLES = ("127.0.0.1:9464", "127.0.0.1:0", "off")
+
+
+def parse_every(value: str | None) -> float | None:
+    """Option callback for ``--diagnose-every``: a duration of at least MIN_EVERY_S (``collect`` refuses it with
+    ``--once``, with the other options that cannot apply there)."""
+    if value is None:
+        return None
+    try:
+        every = parse_duration(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if every < MIN_EVERY_S:
+        raise typer.BadParameter(f"{value}: at least {MIN_EVERY_S:g}s (each run analyses the last {WINDOW_S:g}s)")
+    return every
+
+
+DiagnoseEvery = Annotated[
+    str | None,
+    typer.Option(
+        "--diagnose-every",
+        callback=parse_every,
+        help="Run the rules on the last 5 min of the recorder this often (e.g. 15s) and export "
+        "llmdiag_incident{class} for the LLMDiagIncident alert.",
+    ),
+]
+
+
+def _listen_address(text: str, parse: type[ListenAddress]) -> ListenAddress:
+    """``--listen``'s HOST:PORT, with the reason and accepted forms in one line when it is not one."""
+    try:
+        return parse.parse(text)
+    except ValueError as exc:
+        reason = str(exc).replace(f"listen address {text!r}", "").lstrip(": ").split(", e.g.")[0] or "not HOST:PORT"
+        raise opts.OptionError(
+            f"--listen {text!r}: {reason}; use e.g. {opts.listing(LISTEN_EXAMPLES)} (port 0: any free port)"
+        ) from None
+
+
+@dataclass(frozen=True)
+class _CollectPlan:
+    """``diag collect``'s options, all checked: what the agent will do, decided before it does anything."""
+
+    interval_s: float
+    once: bool
+    address: ListenAddress | None
+    recorder: Path
+    retention_s: float
+    max_size_bytes: int
+    retention_text: str
+    max_size_text: str
+
+
+def _collect_plan(
+    interval: str | None, listen: str | None, once: bool, recorder: Path | None, retention: str | None,
+    max_size: str | None, samples: int | None, kmsg: bool | None, diagnose_every: float | None = None,
+) -> _CollectPlan:  # fmt: skip
+    """Validate every collect option (values first, then combinations); exit 2 naming the accepted forms."""
+    from collectors.agent import ListenAddress
+
+    try:
+        interval_s = opts.duration("--interval", interval or "1s", low=0.01, high=3600, examples=INTERVAL_EXAMPLES)
+        # Suggested retentions keep at least two samples of the interval asked for (checked below).
+        kept = [e for e in RETENTION_EXAMPLES if parse_duration(e) >= 2 * interval_s] or [format_duration(2 * interval_s)]
+        retention_s = opts.duration("--retention", retention or "2h", low=1, high=400 * 86400, examples=kept)
+        max_size_bytes = opts.size("--max-size", max_size or "256MiB", low=64 * 1024, examples=MAX_SIZE_EXAMPLES)
+        if samples is not None and samples < 1:
+            raise opts.OptionError(f"--samples {samples}: at least 1 (leave it out to run until SIGTERM)")
+        if retention_s < 2 * interval_s:
+            raise opts.OptionError(f"--retention {retention or '2h'} keeps less than two samples of --interval "
+                                   f"{interval or '1s'}; use e.g. {opts.listing(kept)}")  # fmt: skip
+        address = None
+        if listen is not None and listen.lower() != "off":
+            address = _listen_address(listen, ListenAddress)
+        elif listen is None and not once:
+            address = ListenAddress.parse(DEFAULT_LISTEN)
+        path = opts.writable_file_path("--recorder", recorder) if recorder is not None else default_recorder_path()
+        if once:
+            opts.refuse(
+                {"--interval": interval is not None, "--listen": listen is not None, "--recorder": recorder is not None,
+                 "--retention": retention is not None,
+                 "--max-size": max_size is not None, "--samples": samples is not None, "--kmsg": kmsg is True,
+                 "--diagnose-every": diagnose_every is not None},
+                "with --once (it prints one exposition and records nothing)",
+            )  # fmt: skip
+    except opts.OptionError as exc:
+        fail(str(exc))
+    return _CollectPlan(interval_s, once, address, path, retention_s, max_size_bytes, retention or "2h",
+                        max_size or "256MiB")  # fmt: skip
+
+
+def collect(
+    interval: Annotated[str | None, typer.Option(help="Sampling interval, e.g. 1s, 500ms, 5s (10ms to 1h). Default: 1s.")] = None,
+    listen: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Serve Prometheus /metrics here (HOST:PORT; port 0: a free one). 'off' disables. Default: {DEFAULT_LISTEN}."
+        ),
+    ] = None,
+    once: Annotated[bool, typer.Option("--once", help="Print one exposition to stdout and exit (records nothing).")] = False,
+    recorder: Annotated[
+        Path | None,
+        typer.Option(
+            readable=False, help=f"Flight recorder file (SQLite). Default: ${ENV_RECORDER} or the user state directory."
+        ),
+    ] = None,
+    retention: Annotated[str | None, typer.Option(help="Keep this much history, e.g. 2h, 30m, 1d. Default: 2h.")] = None,
+    max_size: Annotated[
+        str | None, typer.Option("--max-size", help="Cap on the recorder's size on disk, e.g. 256MiB (at least 64KiB).")
+    ] = None,
+    samples: Annotated[
+        int | None, typer.Option(help="Stop after this many samples, at least 1 (default: run until SIGTERM).")
+    ] = None,
+    proc_root: ProcRoot = Path("/proc"),
+    sys_root: SysRoot = Path("/sys"),
+    pid: Pids = None,
+    cgroup: Cgroups = None,
+    top: TopN = 10,
+    model_ext: ModelExt = None,
+    kmsg: Annotated[
+        bool | None, typer.Option("--kmsg/--no-kmsg", help="Watch /dev/kmsg for kernel OOM kills (root). Default: on.")
+    ] = None,
+    gpu: Annotated[bool, typer.Option("--gpu/--no-gpu", help="Query NVML.")] = True,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each sample to stderr.")] = False,
+    diagnose_every: DiagnoseEvery = None,
+) -> None:
+    """Run the host agent: sample every INTERVAL, write the flight recorder, serve /metrics.
+
+    The recorder keeps RETENTION of history within MAX_SIZE (oldest trimmed first) and survives kill -9.
+    On a full disk it drops its oldest rows to make room and keeps sampling; a recorder file that is not
+    a database (or is deleted or replaced while running) is moved aside as <name>.corrupt-<UTC time> and
+    a fresh one started. A --pid or --cgroup that does not exist yet is warned about and looked for again
+    every sample. Stop it with SIGTERM or Ctrl-C; the current sample is finished and the recorder closed.
+
+    Exit status: 0 stopped (signal or --samples); 2 an option is invalid or cannot apply (e.g. --retention
+    with --once), the address cannot be bound, or no recorder can be created at the path.
+
+    Examples:\n
+      diag collect                                   # 1 Hz, http://127.0.0.1:9464/metrics\n
+      diag collect --once --proc-root /host/proc     # one exposition, e.g. from a container\n
+      diag collect --pid 4242 --retention 6h --max-size 1GiB
+    """
+    every_s: float | None = diagnose_every  # type: ignore[assignment]  # the option's callback made it seconds
+    plan = _collect_plan(interval, listen, once, recorder, retention, max_size, samples, kmsg, every_s)
+    config = sampler_config(proc_root, sys_root, pid, cgroup, top, model_ext, kmsg=kmsg is not False and not once, gpu=gpu)
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    if plan.once:
+        _collect_once(config)
+    else:
+        _run_agent(plan, config, samples, verbose, every_s)
+
+
+def _collect_once(config: SamplerConfig) -> None:
+    from collectors.exporter import exposition
+    from collectors.snapshot import SnapshotTaker
+
+    taker = SnapshotTaker(config)
+    try:
+        snap = taker.take()
+        sys.stdout.write(exposition(snap).decode())
+    finally:
+        taker.close()
+    if snap.scope is not None:
+        for line in snap.scope.missing:
+            typer.secho(f"diag collect: not found: {line}", err=True, fg=typer.colors.YELLOW)
+
+
+def _run_agent(
+    plan: _CollectPlan, config: SamplerConfig, samples: int | None, verbose: bool, diagnose_every_s: float | None
+) -> None:
+    from collectors.agent import Agent
+    from collectors.recorder import open_for_writing
+    from collectors.snapshot import SnapshotTaker
+
+    try:
+        flight, moved_aside = open_for_writing(plan.recorder, plan.retention_s, plan.max_size_bytes)
+    except (OSError, ValueError, sqlite3.Error) as exc:
+        fail(f"cannot open or create the flight recorder {plan.recorder}: {exc}")
+    taker = SnapshotTaker(config)
+
+    def progress(snap: object) -> None:
+        if verbose:
+            logging.info("sample %d written (%s)", agent.samples, format_bytes(flight.size_bytes()))
+
+    agent = Agent(taker, interval_s=plan.interval_s, recorder=flight, on_sample=progress)
+    if moved_aside is not None:
+        agent.count_reset("corrupt")
+        typer.echo(f"diag collect: {plan.recorder} was not a readable database: moved it to {moved_aside} "
+                   "(kept) and started a fresh recorder", err=True)  # fmt: skip
+    agent.install_signal_handlers()
+    start_live_diagnosis(agent, plan.recorder, diagnose_every_s)
+    if plan.address is not None:
+        try:
+            agent.serve(plan.address)
+        except OSError as exc:
+            agent.close()
+            fail(f"cannot listen on {plan.address.host}:{plan.address.port}: {exc}")
+    where = f"http://{plan.address.host}:{agent.bound_port}/metrics" if plan.address else "no /metrics"
+    typer.echo(
+        f"diag collect: sampling every {plan.interval_s:g}s, recorder {plan.recorder} (keep {plan.retention_text}, "
+        f"max {plan.max_size_text}), {where}; pid {os.getpid()}",
+        err=True,
+    )
+    try:
+        agent.run(max_samples=samples)
+    finally:
+        agent.close()
+    typer.echo(f"diag collect: stopped after {agent.samples} samples", err=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``collect`` to the ``diag`` app."""
+    app.command("collect")(collect)
