@@ -225,7 +225,14 @@ def _firing(
         _transition(db, policy, inc, "refired", "fired again during the hold-down (a flap, not a reopen)", now)
         return "refired"
     if new:
-        db.execute("UPDATE incidents SET updated_at = ? WHERE id = ?", (now, inc["id"]))
+        # A new alert is new evidence: a diagnosis made before it fired may not have seen what it saw (an OOM page
+        # opened on one kill, joined by the service's own kill a minute later), so it is diagnosed again.
+        db.execute(
+            "UPDATE incidents SET updated_at = ?, diag_state = CASE WHEN diag_state IN ('done', 'failed') THEN 'pending'"
+            " ELSE diag_state END, diag_requested = CASE WHEN diag_state IN ('done', 'failed') THEN ? ELSE diag_requested"
+            " END WHERE id = ?",
+            (now, now, inc["id"]),
+        )
         add_event(db, inc["id"], "alert", f"alert {alert.fingerprint} joined the incident", now)
         return "joined"
     return "duplicate"

@@ -158,3 +158,17 @@ def test_a_ticket_already_filed_is_handed_over_or_closed_as_a_duplicate(db):
     assert closes == [(2, "jira")]  # the duplicate Jira issue is closed, no GitHub issue is created to be closed
     comments = [r["text"] for r in db.execute("SELECT * FROM outbox WHERE incident_id = 1 AND action = 'comment'")]
     assert comments and "was incident 2" in comments[0]
+
+
+def test_a_new_alert_joining_a_diagnosed_incident_asks_for_its_diagnosis_again(db):
+    """An OOM page opened on one kill is diagnosed; the service's own kill fires a second alert of the same key a
+    minute later: the diagnosis runs again, over a window that now holds it. A repeat of a known alert does not."""
+    oom = {**OOM, "constraint": "CONSTRAINT_MEMCG"}
+    fire(db, oom, 1000.0)
+    with transaction(db):
+        db.execute("UPDATE incidents SET diag_state = 'done', diag_class = 'host_oom' WHERE id = 1")
+    assert fire(db, oom, 1010.0) == ["duplicate"]
+    assert db.execute("SELECT diag_state FROM incidents WHERE id = 1").fetchone()[0] == "done"
+    assert fire(db, {**oom, "alertname": "LLMDiagCgroupOOMKill", "cgroup": "/svc"}, 1060.0) == ["joined"]
+    row = db.execute("SELECT diag_state, diag_requested FROM incidents WHERE id = 1").fetchone()
+    assert tuple(row) == ("pending", 1060.0)
