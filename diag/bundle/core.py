@@ -30,11 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from collectors.redact import redact_argv_counts
-from diag.bundle import collect
 from diag.bundle.charts import ChartData
 from diag.bundle.options import BundleOptions
+from diag.bundle.plugin import Context, Output, Phase, State
+from diag.bundle.plugins import PLUGINS
+from diag.bundle.plugins.history import History, oom_key
+from diag.bundle.plugins.processes import watched_pids
 from diag.bundle.redactor import Redactor
-from diag.bundle.runner import Collector, Context, Output, Run, run_collectors
+from diag.bundle.runner import Collector, Run, collectors, run_collectors
 from diag.bundle.selfcg import SelfCgroup, leave_watched
 from diag.bundle.writer import BundleWriter, make_archive
 
@@ -104,7 +107,7 @@ def take_bundle(options: BundleOptions, progress: Progress | None = stderr_progr
     redactor = Redactor()
     writer = BundleWriter(root, redactor)
     staging = root / ".staging" / "timeline"
-    state = collect.State(options, redactor, started, started - options.since_s, staging)
+    state = State(options, redactor, started, started - options.since_s, staging)
     log(f"writing {root} (deadline {deadline:g} s, history since {options.since_s:g} s)")
 
     # ---- never run inside the group we diagnose (explicit targets: before collecting anything)
@@ -112,13 +115,13 @@ def take_bundle(options: BundleOptions, progress: Progress | None = stderr_progr
     if options.pids or options.cgroups:
         selfcg = _leave(options, [*options.cgroups, *_pid_groups(options)], log)
 
-    # ---- phase 1: volatile state
-    runs = run_collectors([*collect.volatile_collectors(options), collect.snapshot_collector(state)], min(at(0.2), at(0.6)), log)
+    # ---- phase 1: volatile state (the plugins declared VOLATILE: /proc copies and the sampler's snapshot)
+    runs = run_collectors(collectors(PLUGINS, state, Phase.VOLATILE), at(0.2), log)
     if not (options.pids or options.cgroups):
         selfcg = _leave(options, [c.path for c in state.cgroups], log)
 
-    # ---- phase 2: cgroup/process files, GPU, kernel, commands, history
-    runs += run_collectors(collect.phase_two(state), at(0.6), log)
+    # ---- phase 2: what the snapshot decides (group and process files), GPU, kernel, commands, history
+    runs += run_collectors(collectors(PLUGINS, state, Phase.AFTER_SNAPSHOT), at(0.6), log)
 
     # ---- write what came back: raw files, the history adopted, the snapshot's records appended
     counts = _write_collected(writer, runs, redactor, log)
@@ -179,7 +182,7 @@ def take_bundle(options: BundleOptions, progress: Progress | None = stderr_progr
 # --------------------------------------------------------------------------- steps
 
 
-def _manifest(about: dict[str, Any], options: BundleOptions, state: collect.State, runs: list[Run],
+def _manifest(about: dict[str, Any], options: BundleOptions, state: State, runs: list[Run],
               writer: BundleWriter) -> dict[str, Any]:  # fmt: skip
     """manifest.json: what was asked, what each collector did (timing, timeout, bytes, sha256), every file."""
     window, duration = about["window"], about["duration_s"]
@@ -201,7 +204,7 @@ def _manifest(about: dict[str, Any], options: BundleOptions, state: collect.Stat
         "watched": {
             "pids": list(options.pids),
             "cgroups": list(options.cgroups) or [c.path for c in state.cgroups],
-            "model_holders": collect.watched_pids(state),
+            "model_holders": watched_pids(state),
         },
         "collectors": [_run_doc(r, writer) for r in runs],
         "timeline": about["timeline"],
@@ -235,7 +238,7 @@ def _write_collected(writer: BundleWriter, runs: list[Run], redactor: Redactor, 
     Returns the records written per kind (timeline/<kind>.jsonl lines).
     """
     hist_run = next((r for r in runs if r.name == "history"), None)
-    hist: collect.History | None = None
+    hist: History | None = None
     if hist_run is not None and hist_run.output is not None:
         hist = hist_run.output.extra.pop("history", None)
     counts: dict[str, int] = dict(hist.rows) if hist is not None else {}
@@ -253,11 +256,12 @@ def _write_collected(writer: BundleWriter, runs: list[Run], redactor: Redactor, 
             if "\x00" in f.text:  # binary: the rules read text; what they cannot read is not shipped
                 redactor.drop_file(f.path, f"binary content from {f.source or run.name}: not copied")
                 continue
-            writer.write_text(f.path, f.text, truncated=f.truncated, source=f.source, collector=run.name)
+            writer.write_text(f.path, f.text, truncated=f.truncated, source=f.source, collector=run.name,
+                              masks=run.redaction.masks)
         lines: dict[str, list[str]] = {}
         for obj in out.records:
             kind = str(obj.get("kind") or "unknown")
-            if kind == "oom" and collect.oom_key(obj) in seen_ooms:
+            if kind == "oom" and oom_key(obj) in seen_ooms:
                 continue  # the agent already recorded this kill
             clean = redactor.value(obj, f"timeline/{kind}.jsonl")
             lines.setdefault(kind, []).append(dumps(clean))
@@ -381,6 +385,7 @@ def _run_doc(run: Run, writer: BundleWriter) -> dict[str, Any]:
     files = [f for f in writer.files.values() if f.collector == run.name]
     doc: dict[str, Any] = {
         "name": run.name,
+        "plugin": run.plugin,
         "description": run.description,
         "status": run.status,
         "reason": run.reason,

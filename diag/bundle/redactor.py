@@ -26,9 +26,13 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from collectors.redact import REDACTED, is_secret_name, redact_text
+
+if TYPE_CHECKING:
+    from diag.bundle.plugin import Mask
 
 # Field names whose string content is model input or output. Dropped wherever they appear in a record
 # or a JSON document. Numeric values under these names (a count) are kept.
@@ -83,6 +87,7 @@ RULE_LABELS = {
     "flag_value": "values of secret-looking command-line flags",
     "secret_key": "record fields with secret-looking names",
     "prompt_field": "prompt or completion fields dropped",
+    "request_log_text": "prompts and completions in a server's request log lines",
 }
 
 
@@ -131,9 +136,16 @@ class Redactor:
 
     # ------------------------------------------------------------------ public
 
-    def text(self, text: str, where: str) -> str:
-        """Free text through every rule; ``where`` is the bundle path the text is written to."""
-        out, counts = redact_text(text)  # not memoised: long and unique
+    def text(self, text: str, where: str, masks: Sequence[Mask] = ()) -> str:
+        """Free text through a plugin's own ``masks`` (each counted under its rule), then every common rule;
+        ``where`` is the bundle path the text is written to."""
+        counts: Counter[str] = Counter()
+        for mask in masks:
+            text, n = mask.pattern.subn(mask.replacement, text)
+            if n:
+                counts[mask.rule] += n
+        out, common = redact_text(text)  # not memoised: long and unique
+        counts.update(common)
         self.add_counts(where, counts)
         return out
 

@@ -13,12 +13,16 @@ import json
 import os
 import shutil
 import tarfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from collectors.redact import REDACTED
 from diag.bundle.redactor import Redactor
+
+if TYPE_CHECKING:
+    from diag.bundle.plugin import Mask
 
 SUMS = "SHA256SUMS"
 _HTML_MASK = "&lt;redacted&gt;"  # the mask as an autoescaping template writes it
@@ -57,13 +61,13 @@ class BundleWriter:
         return rel, target
 
     def write_text(self, rel: str, text: str, *, truncated: bool = False, source: str | None = None,
-                   collector: str | None = None, html: bool = False) -> FileEntry:  # fmt: skip
-        """Free text through every text rule. ``html``: a mask the pass inserts is escaped (``<redacted>``
-        would otherwise be read as a tag and vanish from the page)."""
+                   collector: str | None = None, html: bool = False, masks: Sequence[Mask] = ()) -> FileEntry:  # fmt: skip
+        """Free text through the plugin's own ``masks``, then every text rule. ``html``: a mask the pass inserts
+        is escaped (``<redacted>`` would otherwise be read as a tag and vanish from the page)."""
         rel, target = self._target(rel)
         if html:  # the rules know their own mask only unescaped ("--api-key &lt;redacted&gt;" would be masked again)
             text = text.replace(_HTML_MASK, REDACTED)
-        clean = self.redactor.text(text, rel)
+        clean = self.redactor.text(text, rel, masks)
         if html:
             clean = clean.replace(REDACTED, _HTML_MASK)
         data = clean.encode("utf-8")
