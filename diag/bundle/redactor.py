@@ -186,8 +186,31 @@ class Redactor:
         kind = self._keys.get(name)
         if kind is None:
             kind = 3 if self._redact_str(name)[1] else 2 if name.lower() in PROMPT_FIELDS else 1 if is_secret_name(name) else 0
-            self._keys[name] = kind
+            if len(self._keys) < _CACHE_MAX_ENTRIES:
+                self._keys[name] = kind
         return kind
+
+    def json_text_is_clean(self, text: str) -> bool:
+        """True when every JSON object in ``text`` (valid JSON, e.g. a batch of records joined into an array)
+        would be written as it is by ``record_line``: no raw line break, and every string in it -- key or value --
+        one that no rule acts on as either (an ordinary key, no text rule's match).
+
+        Decided from the text's distinct strings, so a batch of a thousand records costs a split and a set
+        instead of a walk of each (an hour of 1 Hz history: ~0.5 s of CPU against ~1 s). Conservative: a string
+        that is harmless as a value but not as a key (``"api_key"`` as a value) makes it False, and so does an
+        escaped quote (the split would cut that string); False sends the caller to the record-by-record walk.
+        """
+        if "\n" in text or "\r" in text or '\\"' in text:
+            return False
+        for token in set(text.split('"')[1::2]):
+            if "\\" in token:  # an escape: judge the string the reader will decode
+                try:
+                    token = json.loads(f'"{token}"')
+                except ValueError:
+                    return False
+            if self._key(token) != 0:
+                return False
+        return True
 
     def _clean(self, obj: dict[str, Any]) -> bool:
         """True when ``value(obj)`` would change nothing (same decisions, no copy, stops at the first hit)."""

@@ -14,15 +14,18 @@ from __future__ import annotations
 import itertools
 import re
 import sqlite3
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from collectors.recorder import FlightRecorder, RecorderCorrupt, default_recorder_path
 from collectors.recorder_queries import RecorderReader
 from diag.bundle.bounded import describe
 from diag.bundle.plugin import Context, Output, State
-from diag.bundle.redactor import parse_many
+from diag.bundle.redactor import Redactor, parse_many
 
 _KIND_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 BATCH = 1000
@@ -75,24 +78,27 @@ def _stream(path: Path, state: State, ctx: Context) -> Output:
                 if ctx.cancel.is_set():
                     cancelled = True
                     break
-                for (_ts, kind, body), parsed in zip(chunk, parse_many([r[2] for r in chunk]), strict=True):
+                lines: dict[str, list[str]] = {}  # this batch's lines by kind, written at once
+                for kind, line, obj in _redacted(chunk, redactor):
                     k = kind if _KIND_RE.match(kind or "") else "unknown"
-                    got = redactor.record_line(body, f"timeline/{k}.jsonl", parsed)
-                    if got is None:
-                        continue
-                    line, obj = got
-                    if obj.get("kind") != kind and isinstance(obj.get("kind"), str) and _KIND_RE.match(obj["kind"]):
-                        k = obj["kind"]  # the record's own kind wins over the row's label
+                    own = obj["kind"]
+                    if own != kind and isinstance(own, str) and _KIND_RE.match(own):
+                        k = own  # the record's own kind wins over the row's label
+                    if k == "oom":
+                        hist.oom_keys.add(oom_key(obj))
+                    batch = lines.get(k)
+                    if batch is None:
+                        batch = lines[k] = []
+                    batch.append(line)
+                for k, batch in lines.items():
                     fh = handles.get(k)
                     if fh is None:
                         hist.files[k] = state.staging / f"{k}.jsonl"
                         fh = handles[k] = open(hist.files[k], "w", encoding="utf-8")  # noqa: SIM115 - closed below
-                    fh.write(line)
-                    fh.write("\n")
-                    hist.rows[k] = hist.rows.get(k, 0) + 1
-                    hist.bytes += len(line) + 1
-                    if k == "oom":
-                        hist.oom_keys.add(oom_key(obj))
+                    text = "\n".join(batch) + "\n"
+                    fh.write(text)
+                    hist.rows[k] = hist.rows.get(k, 0) + len(batch)
+                    hist.bytes += len(text)
     finally:
         for fh in handles.values():
             fh.close()
@@ -109,6 +115,41 @@ def _stream(path: Path, state: State, ctx: Context) -> Output:
     if total == 0:
         out.status, out.reason = "skipped", f"the flight recorder {path} has no records in the window"
     return out
+
+
+class _Head(msgspec.Struct):
+    """The three fields the stream needs of a record it writes as it came (the rest is validated and skipped)."""
+
+    kind: Any = None
+    ts: Any = None
+    pid: Any = None
+
+
+_HEADS = msgspec.json.Decoder(list[_Head])
+Row = tuple[float, str, str]
+
+
+def _redacted(chunk: list[Row], redactor: Redactor) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(row kind, line to write, what the line decodes to -- or its head) for each row that is a JSON object.
+
+    Fast path: the batch is decoded once into heads (every row validated as a JSON object, nothing else
+    built) and, when no string in it is one a rule acts on (``json_text_is_clean``), every row is written as
+    it was stored. Otherwise each row is decoded and redacted on its own (``record_line``).
+    """
+    bodies = [r[2] for r in chunk]
+    joined = "[" + ",".join(bodies) + "]"
+    try:
+        heads = _HEADS.decode(joined)
+    except (msgspec.DecodeError, RecursionError):
+        heads = None
+    if heads is not None and len(heads) == len(chunk) and redactor.json_text_is_clean(joined):
+        for (_ts, kind, body), head in zip(chunk, heads, strict=True):
+            yield kind, body, {"kind": head.kind, "ts": head.ts, "pid": head.pid}
+        return
+    for (_ts, kind, body), parsed in zip(chunk, parse_many(bodies), strict=True):
+        got = redactor.record_line(body, f"timeline/{kind if _KIND_RE.match(kind or '') else 'unknown'}.jsonl", parsed)
+        if got is not None:
+            yield kind, got[0], {"kind": got[1].get("kind"), "ts": got[1].get("ts"), "pid": got[1].get("pid")}
 
 
 def _window_under_cap(path: Path, since: float, cap: int, ctx: Context) -> tuple[float, bool, int]:
