@@ -22,6 +22,7 @@ import json
 import shutil
 import socket
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -39,7 +40,7 @@ from diag.bundle.plugins.processes import watched_pids
 from diag.bundle.redactor import Redactor
 from diag.bundle.runner import Collector, Run, collectors, run_collectors
 from diag.bundle.selfcg import SelfCgroup, leave_watched
-from diag.bundle.writer import BundleWriter, make_archive
+from diag.bundle.writer import BundleWriter, EarlyArchive
 
 FORMAT = 1
 Progress = Callable[[str], None]
@@ -121,11 +122,17 @@ def take_bundle(options: BundleOptions, progress: Progress | None = stderr_progr
         selfcg = _leave(options, [c.path for c in state.cgroups], log)
 
     # ---- phase 2: what the snapshot decides (group and process files), GPU, kernel, commands, history
+    _preload_analysis()
     runs += run_collectors(collectors(PLUGINS, state, Phase.AFTER_SNAPSHOT), at(0.6), log)
 
     # ---- write what came back: raw files, the history adopted, the snapshot's records appended
     counts = _write_collected(writer, runs, redactor, log)
     shutil.rmtree(root / ".staging", ignore_errors=True)
+
+    # ---- the archive begins with the timeline (final now), in the background; the rest joins it at the end
+    archive = EarlyArchive(writer, compresslevel=1) if options.tar else None  # level 1 vs 3: ~35 % less time, ~8 % more bytes
+    if archive is not None:
+        archive.begin("timeline/")
 
     # ---- analysis (abandonable): the folder read back the way `diag analyze --bundle` reads it
     analysis_doc, analysis_error, chart_data, tl_window = _analyse(root, at(0.8), runs, log)
@@ -145,6 +152,8 @@ def take_bundle(options: BundleOptions, progress: Progress | None = stderr_progr
     notices += [
         f"collector {r.name} timed out after {r.timeout_s:g} s: its data is missing or partial" for r in runs if r.timeout_hit
     ]
+    if archive is not None:
+        archive.wait()  # the timeline's hashes
     writer.hash_all()
     run_docs = [_run_doc(r, writer) for r in runs]
     from diag.bundle.report import ReportData
@@ -168,15 +177,15 @@ def take_bundle(options: BundleOptions, progress: Progress | None = stderr_progr
     manifest = _manifest(about, options, state, runs, writer)
     writer.write_json("manifest.json", manifest, collector="bundle")
     writer.write_sums()
-    archive = None
-    if options.tar:
-        archive, _ = make_archive(root, compresslevel=3)
-        log(f"archive {archive}")
+    archive_path = None
+    if archive is not None:
+        archive_path, _ = archive.finish()
+        log(f"archive {archive_path}")
     from diag.views.analysis import verdict_headline
 
     said = (analysis_doc or {}).get("verdict") or {}
     headline = verdict_headline(verdict, said.get("suspects") or [], said.get("too_little_data") or [])
-    return BundleResult(root, archive, verdict, headline, manifest, time.monotonic() - t0, runs)
+    return BundleResult(root, archive_path, verdict, headline, manifest, time.monotonic() - t0, runs)
 
 
 # --------------------------------------------------------------------------- steps
@@ -310,6 +319,25 @@ def _analyse(root: Path, deadline: float, runs: list[Run],
     if run.status == "ok" and "doc" in holder:
         return holder["doc"], None, holder.get("charts"), holder.get("window")
     return None, run.reason or run.status, None, holder.get("window")
+
+
+def _preload_analysis() -> None:
+    """Import the rules and the loaders in the background while phase 2 runs.
+
+    Why: the history plugin spends much of its time inside SQLite, which lets go of the GIL, and the
+    analysis that follows it starts with ~0.25 s of imports; on a host with a core to spare the two overlap.
+    Nothing is run but imports: a failure here is the analysis's to report, when it imports them again.
+    """
+
+    def load() -> None:
+        with contextlib.suppress(Exception):
+            from diag.rules.engine import load_rules
+            from diag.rules.usl import load_curve  # noqa: F401 - imported for the charts' extract
+            from diag.sources import load_bundle  # noqa: F401
+
+            load_rules()
+
+    threading.Thread(target=load, name="bundle-preload", daemon=True).start()
 
 
 M_ARENA_MAX = -8  # glibc mallopt parameter
