@@ -224,29 +224,40 @@ def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def compile_tree() -> float:
+def export_rev(rev: str, into: Path) -> Path:
+    """The tree of revision ``rev`` (``git archive``), to run its ``diag bundle`` beside this one's."""
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def compile_tree(tree: Path = ROOT) -> float:
     """Byte-compile the project's packages, as ``pip install`` does for an installed copy; seconds taken.
 
     Why: a development shell may set PYTHONDONTWRITEBYTECODE (this one does), and then every ``diag`` run
     compiles the whole tree from source again (~0.4 s of a bundle), while sos's modules were compiled when
     dpkg installed them. Both sides are measured as installed."""
     started = time.monotonic()
-    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", str(ROOT / "diag"), str(ROOT / "collectors")],
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", str(tree / "diag"), str(tree / "collectors")],
                    check=True, stdout=subprocess.DEVNULL)  # fmt: skip
     return time.monotonic() - started
 
 
-def run_bundle(recorder: Path, out: Path, i: int, floor: bool) -> dict[str, float] | None:
-    target = out / f"run{i}"
+def run_bundle(recorder: Path, out: Path, i: int, floor: bool, tree: Path = ROOT,
+               label: str = "bundle") -> dict[str, float] | None:  # fmt: skip
+    """One ``diag bundle`` of the code in ``tree`` (its directory first on the path: ``python -c`` puts the
+    working directory there)."""
+    target = out / f"{label}{i}"
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
     argv = [sys.executable, "-c", WRAPPER, "bundle", "--since", "1h", "--recorder", str(recorder), "--out", str(target),
             "--deadline", "60s", "--quiet"]  # fmt: skip
     load = os.getloadavg()[0]
-    wall, rss, rc, tail = timed(argv, cwd=str(ROOT))
+    wall, rss, rc, tail = timed(argv, cwd=str(tree))
     cpu = LAST_CPU_S[0]
     if rc != 0:
-        print(f"bundle run {i} failed (exit {rc}):\n{tail}")
+        print(f"{label} run {i} failed (exit {rc}):\n{tail}")
         return None
     folder = next(p for p in target.iterdir() if p.is_dir())
     archive = folder.with_name(folder.name + ".tar.gz")
@@ -263,7 +274,7 @@ def run_bundle(recorder: Path, out: Path, i: int, floor: bool) -> dict[str, floa
                                        cwd=str(ROOT))  # fmt: skip
         if a_rc == 0:
             r["analyze_wall_s"], r["analyze_rss_mib"] = a_wall, a_rss
-    print(f"  bundle run {i}: wall {r['wall_s']:.2f} s, CPU {r['cpu_s']:.2f} s (load {r['load']:.2f}; "
+    print(f"  {label} run {i}: wall {r['wall_s']:.2f} s, CPU {r['cpu_s']:.2f} s (load {r['load']:.2f}; "
           f"inside take_bundle {r['inner_s']:.2f} s: history {r['history_s']:.2f}, analysis {r['analysis_s']:.2f}, "
           f"report {r['report_s']:.2f}), peak RSS {r['rss_mib']:.0f} MiB, archive {r['archive_mib']:.1f} MiB, "
           f"folder {r['folder_mib']:.1f} MiB, {r['records']} records, verdict {r['verdict']}"
@@ -297,6 +308,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5, help="Pairs of runs (bundle and sos, side by side).")
     ap.add_argument("--no-sos", action="store_true")
     ap.add_argument("--floor", action="store_true", help="Also time `diag analyze --bundle` on the first bundle.")
+    ap.add_argument("--compare-rev", help="Also run this git revision's diag bundle in every round (e.g. main).")
     args = ap.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="llmdiag-bench-bundle-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -308,19 +320,31 @@ def main() -> None:
         print(f"recorder: {sum(counts.values())} rows ({', '.join(f'{k} {n}' for k, n in counts.items())}), "
               f"{recorder.stat().st_size / MiB:.1f} MiB, generated in {time.monotonic() - started:.1f} s")  # fmt: skip
         print(f"byte-compiled diag/ and collectors/ in {compile_tree():.1f} s (as an installed copy is)")
+        other = None
+        if args.compare_rev:
+            other = export_rev(args.compare_rev, work / "compare-tree")
+            compile_tree(other)
+            print(f"comparing with {args.compare_rev} ({other}), byte-compiled too")
+        befores: list[dict[str, float]] = []
         print(f"load average before: {' / '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
         bundles: list[dict[str, float]] = []
         soses: list[dict[str, float]] = []
         ratios: list[float] = []
         for i in range(args.runs):
             # side by side, alternating which goes first, so a burst of other load falls on both alike
-            order = ("bundle", "sos") if i % 2 == 0 else ("sos", "bundle")
+            order = ["bundle", "sos"] + (["before"] if other else [])
+            if i % 2:
+                order.reverse()
             got: dict[str, dict[str, float] | str | None] = {}
             for which in order:
                 if which == "bundle":
                     got[which] = run_bundle(recorder, work / "bundles", i, floor=args.floor and i == 0)
+                elif which == "before" and other is not None:
+                    got[which] = run_bundle(recorder, work / "bundles", i, False, other, args.compare_rev)
                 elif not args.no_sos:
                     got[which] = run_sos(work / "sos", i)
+            if isinstance(got.get("before"), dict):
+                befores.append(got["before"])  # type: ignore[arg-type]
             b, o = got.get("bundle"), got.get("sos")
             if isinstance(b, dict):
                 bundles.append(b)
@@ -332,13 +356,19 @@ def main() -> None:
                 if isinstance(b, dict):
                     ratios.append(b["wall_s"] / o["wall_s"])
                     print(f"  pair {i}: bundle / sos = {ratios[-1]:.2f} (target <= {TARGET_RATIO})")
+        med = lambda rows, key: float(np.median([r[key] for r in rows]))  # noqa: E731
         if bundles:
-            med = lambda rows, key: float(np.median([r[key] for r in rows]))  # noqa: E731
             print(f"diag bundle --since 1h: median wall {med(bundles, 'wall_s'):.2f} s, CPU {med(bundles, 'cpu_s'):.2f} s, "
                   f"peak RSS {med(bundles, 'rss_mib'):.0f} MiB (target <= 150), archive {med(bundles, 'archive_mib'):.1f} MiB "
                   f"(target <= 20; folder {med(bundles, 'folder_mib'):.1f} MiB); inside: "
                   f"history {med(bundles, 'history_s'):.2f} s, analysis {med(bundles, 'analysis_s'):.2f} s, "
                   f"report {med(bundles, 'report_s'):.2f} s")  # fmt: skip
+        if befores:
+            print(f"{args.compare_rev}'s diag bundle --since 1h: median wall {med(befores, 'wall_s'):.2f} s, "
+                  f"CPU {med(befores, 'cpu_s'):.2f} s, peak RSS {med(befores, 'rss_mib'):.0f} MiB; inside: "
+                  f"history {med(befores, 'history_s'):.2f} s, analysis {med(befores, 'analysis_s'):.2f} s, "
+                  f"report {med(befores, 'report_s'):.2f} s; its ratio of the medians to sos "
+                  f"{med(befores, 'wall_s') / med(soses, 'wall_s') if soses else float('nan'):.2f}")  # fmt: skip
         if soses:
             print(f"sos report --only-plugins memory,process,kernel: median wall {med(soses, 'wall_s'):.2f} s, "
                   f"CPU {med(soses, 'cpu_s'):.2f} s, peak RSS {med(soses, 'rss_mib'):.0f} MiB, archive "
