@@ -145,7 +145,7 @@ def take_bundle(options: BundleOptions, progress: Progress | None = stderr_progr
         writer.write_json("findings.json", {"error": analysis_error, "verdict": None}, collector="analysis")
     verdict = (analysis_doc or {}).get("verdict", {}).get("primary") or "unknown"
 
-    # ---- report (abandonable; charts need matplotlib and time)
+    # ---- report (abandonable: charts take time on a starved host)
     command, argv_counts = redact_argv_counts(list(options.argv) or ["diag", "bundle"])
     redactor.add_counts("manifest.json", argv_counts)
     notices = [w for w in (selfcg.warning,) if w]  # not `warnings`: this module uses the warnings module
@@ -291,8 +291,7 @@ def _analyse(root: Path, deadline: float, runs: list[Run],
 
     Reading back (rather than keeping what was collected) makes findings.json what ``diag analyze
     --bundle`` gives on this folder anywhere, by construction. The Timeline is let go as soon as the
-    rules and the chart extract are done, so matplotlib's import (in the report step) does not stack
-    on top of it.
+    rules and the chart extract are done, so the report step's memory does not stack on top of it.
     """
     holder: dict[str, Any] = {}
 
@@ -380,7 +379,7 @@ def _report(writer: BundleWriter, data: Any, chart_data: ChartData | None, deadl
         return Output(extra={"charts": holder["charts"]})
 
     budget = max(1.0, deadline - time.monotonic())
-    (run,) = run_collectors([Collector("report", "report.html with charts (matplotlib, inline SVG)", fn, budget)],
+    (run,) = run_collectors([Collector("report", "report.html with charts (inline SVG)", fn, budget)],
                             time.monotonic() + budget, log)  # fmt: skip
     runs.append(run)
     if "html" in holder and run.status == "ok":
