@@ -122,7 +122,7 @@ def take_bundle(options: BundleOptions, progress: Progress | None = stderr_progr
         selfcg = _leave(options, [c.path for c in state.cgroups], log)
 
     # ---- phase 2: what the snapshot decides (group and process files), GPU, kernel, commands, history
-    _preload_analysis()
+    preload = _preload_analysis()
     runs += run_collectors(collectors(PLUGINS, state, Phase.AFTER_SNAPSHOT), at(0.6), log)
 
     # ---- write what came back: raw files, the history adopted, the snapshot's records appended
@@ -135,7 +135,7 @@ def take_bundle(options: BundleOptions, progress: Progress | None = stderr_progr
         archive.begin("timeline/")
 
     # ---- analysis (abandonable): the folder read back the way `diag analyze --bundle` reads it
-    analysis_doc, analysis_error, chart_data, tl_window = _analyse(root, at(0.8), runs, log)
+    analysis_doc, analysis_error, chart_data, tl_window = _analyse(root, at(0.8), runs, log, preload)
     _release_memory()
     findings_entry = None
     if analysis_doc is not None:
@@ -285,8 +285,8 @@ def _write_collected(writer: BundleWriter, runs: list[Run], redactor: Redactor, 
 Window = tuple[float, float]
 
 
-def _analyse(root: Path, deadline: float, runs: list[Run],
-             log: Progress) -> tuple[dict[str, Any] | None, str | None, ChartData | None, Window | None]:  # fmt: skip
+def _analyse(root: Path, deadline: float, runs: list[Run], log: Progress,
+             preload: threading.Thread) -> tuple[dict[str, Any] | None, str | None, ChartData | None, Window | None]:  # fmt: skip
     """Read the bundle back with ``load_bundle``, run the rules, copy out what the charts need.
 
     Reading back (rather than keeping what was collected) makes findings.json what ``diag analyze
@@ -296,6 +296,8 @@ def _analyse(root: Path, deadline: float, runs: list[Run],
     holder: dict[str, Any] = {}
 
     def fn(ctx: Context) -> Output:
+        # One importer of the rule modules at a time: the background imports are done first (normally long since).
+        preload.join()
         from diag.bundle.charts import extract
         from diag.rules.engine import analyze
         from diag.sources import load_bundle
@@ -320,7 +322,7 @@ def _analyse(root: Path, deadline: float, runs: list[Run],
     return None, run.reason or run.status, None, holder.get("window")
 
 
-def _preload_analysis() -> None:
+def _preload_analysis() -> threading.Thread:
     """Import the rules and the loaders in the background while phase 2 runs.
 
     Why: the history plugin spends much of its time inside SQLite, which lets go of the GIL, and the
@@ -336,7 +338,9 @@ def _preload_analysis() -> None:
 
             load_rules()
 
-    threading.Thread(target=load, name="bundle-preload", daemon=True).start()
+    thread = threading.Thread(target=load, name="bundle-preload", daemon=True)
+    thread.start()
+    return thread
 
 
 M_ARENA_MAX = -8  # glibc mallopt parameter
