@@ -22,7 +22,6 @@ own name in redaction.json.
 from __future__ import annotations
 
 import enum
-import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -31,11 +30,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from collectors.procfs import under
+from diag.bundle.redactor import Mask, Redactor
 
 if TYPE_CHECKING:
     from collectors.records import CgroupSnapshot, ProcessSample
     from diag.bundle.options import BundleOptions
-    from diag.bundle.redactor import Redactor
 
 
 # --------------------------------------------------------------------------- what a step gets and gives back
@@ -207,16 +206,6 @@ class Gather:
 
 
 Step = Copy | Command | Gather
-
-
-@dataclass(frozen=True)
-class Mask:
-    """A plugin's own redaction (sos: ``postproc`` / ``do_file_sub``): ``pattern``'s matches in the plugin's
-    files become ``replacement``, counted as ``rule`` in redaction.json, before the common rules run."""
-
-    rule: str
-    pattern: re.Pattern[str]
-    replacement: str
 
 
 @dataclass(frozen=True)

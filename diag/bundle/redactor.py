@@ -24,15 +24,14 @@ bundle file, and end up in ``redaction.json``. ``redact_text`` results are memoi
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from collectors.redact import REDACTED, is_secret_name, redact_text
-
-if TYPE_CHECKING:
-    from diag.bundle.plugin import Mask
 
 # Field names whose string content is model input or output. Dropped wherever they appear in a record
 # or a JSON document. Numeric values under these names (a count) are kept.
@@ -95,6 +94,16 @@ def rule_label(rule: str) -> str:
     if rule.startswith("token_"):
         return f"API credentials ({rule[len('token_') :]} shape)"
     return RULE_LABELS.get(rule, rule.replace("_", " "))
+
+
+@dataclass(frozen=True)
+class Mask:
+    """A plugin's own redaction (sos: ``postproc`` / ``do_file_sub``): ``pattern``'s matches in the plugin's
+    files become ``replacement``, counted as ``rule`` in redaction.json, before the common rules run."""
+
+    rule: str
+    pattern: re.Pattern[str]
+    replacement: str
 
 
 _UNPARSED: Any = object()

@@ -17,13 +17,10 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from collectors.redact import REDACTED
-from diag.bundle.redactor import Redactor
-
-if TYPE_CHECKING:
-    from diag.bundle.plugin import Mask
+from diag.bundle.redactor import Mask, Redactor
 
 SUMS = "SHA256SUMS"
 _HTML_MASK = "&lt;redacted&gt;"  # the mask as an autoescaping template writes it
