@@ -153,19 +153,11 @@ def _sidecar(archive: Path) -> Path:
     return sidecar
 
 
-def make_archive(root: Path, compresslevel: int = 6) -> tuple[Path, Path]:
-    """``<root>.tar.gz`` (owner names stripped) and its ``.sha256`` sidecar."""
-    archive = root.with_name(root.name + ".tar.gz")
-    with tarfile.open(archive, "w:gz", compresslevel=compresslevel) as tar:
-        tar.add(root, arcname=root.name, filter=_scrub)
-    return archive, _sidecar(archive)
-
-
 class EarlyArchive:
     """``<root>.tar.gz`` begun early: files that are final already (the timeline: most of the bytes) are hashed
     and compressed in a background thread while the analysis and the report run -- hashlib and zlib let go of
     the GIL, so on a host with a core to spare that time is hidden -- and everything else is added at the end,
-    in ``tar.add``'s order (sorted, depth first). Same archive as ``make_archive`` but for the order of members.
+    in ``tar.add``'s order (sorted, depth first), owner names stripped, a ``.sha256`` sidecar beside it.
     It is written as ``<name>.tar.gz.partial`` and renamed when complete: an archive under its final name is whole.
     """
 
