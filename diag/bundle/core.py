@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import gc
 import json
 import shutil
 import socket
@@ -136,7 +135,6 @@ def take_bundle(options: BundleOptions, progress: Progress | None = stderr_progr
 
     # ---- analysis (abandonable): the folder read back the way `diag analyze --bundle` reads it
     analysis_doc, analysis_error, chart_data, tl_window = _analyse(root, at(0.8), runs, log, preload)
-    _release_memory()
     findings_entry = None
     if analysis_doc is not None:
         findings_entry = writer.write_json("findings.json", analysis_doc, collector="analysis")
@@ -356,13 +354,6 @@ def _one_malloc_arena() -> None:
     """
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, 1)
-
-
-def _release_memory() -> None:
-    """Hand freed heap back to the OS (glibc keeps it otherwise), so later phases reuse rather than add."""
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _report(writer: BundleWriter, data: Any, chart_data: ChartData | None, deadline: float, runs: list[Run],

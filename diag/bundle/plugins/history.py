@@ -153,7 +153,14 @@ def _redacted(chunk: list[Row], redactor: Redactor) -> Iterator[tuple[str, str, 
 
 
 def _window_under_cap(path: Path, since: float, cap: int, ctx: Context) -> tuple[float, bool, int]:
-    """Move the window's start forward until the rows in it fit ``cap`` bytes of JSON (newest kept)."""
+    """Move the window's start forward until the rows in it fit ``cap`` bytes of JSON (newest kept).
+
+    A recorder whose files (database and write-ahead log) are no bigger than the cap cannot hold more JSON than
+    that, so it is not asked: summing the bodies' lengths reads every one of them (0.05-0.2 s for an hour).
+    """
+    on_disk = sum(p.stat().st_size for p in (path, path.with_name(path.name + "-wal")) if p.exists())
+    if on_disk <= cap:
+        return since, False, 0
     with RecorderReader.open(path, timeout_s=5.0) as reader:
         total, count = reader.size_from(since)
         if total <= cap:
