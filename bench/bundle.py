@@ -11,16 +11,19 @@ The recorder holds what an agent plus a tracked server write in an hour on a 1-G
 - ~14 000 ``RequestTiming`` rows from an M/G/4 queue with a load surge (so waits appear), a
   ``ServiceConfig``; ending *now*, so ``--since 1h`` selects all of it.
 
-Then, each in a fresh process, timed with ``wait4`` (wall, peak RSS = ``ru_maxrss``):
+The project's packages are byte-compiled first, as an installed copy is (``compile_tree``). Then, in pairs
+side by side (alternating which goes first), each in a fresh process timed with ``wait4`` (wall, CPU, peak
+RSS = ``ru_maxrss``), with the load average at its start:
 
 1. ``diag bundle --since 1h --recorder R --out D`` (through ``diag.cli`` with the bundle command
    registered if ``diag/cli/main.py`` does not have it yet); the archive and folder sizes;
 2. ``sos report --batch --only-plugins memory,process,kernel --tmp-dir D`` (Debian ``sosreport``),
    if installed and able to run here; otherwise the exact reason is printed.
 
-Targets: bundle <= 5 s, <= 150 MiB RSS, archive <= 20 MiB.
+Targets: bundle wall time <= 1.2x sos report's in the same run (pair by pair and median), <= 150 MiB RSS,
+archive <= 20 MiB. The host is shared and noisy: run it several times and keep every figure.
 
-    .venv/bin/python bench/bundle.py [--keep DIR] [--runs 3] [--no-sos]
+    .venv/bin/python bench/bundle.py [--keep DIR] [--runs 5] [--no-sos] [--floor]
 
 Prints figures; asserts nothing.
 """
@@ -64,6 +67,7 @@ SLOTS = 4
 GiB = 1 << 30
 MiB = 1 << 20
 CGROUP = "/system.slice/llm.service"
+TARGET_RATIO = 1.2  # bundle wall time / sos report wall time, same host, same moment
 
 WRAPPER = (
     "import sys, typer; from diag.cli.main import app\n"
@@ -220,64 +224,91 @@ def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def bench_bundle(recorder: Path, out: Path, runs: int) -> list[dict[str, float]]:
-    results = []
-    for i in range(runs):
-        target = out / f"run{i}"
-        shutil.rmtree(target, ignore_errors=True)
-        target.mkdir(parents=True)
-        argv = [sys.executable, "-c", WRAPPER, "bundle", "--since", "1h", "--recorder", str(recorder), "--out", str(target),
-                "--deadline", "60s", "--quiet"]  # fmt: skip
-        wall, rss, rc, tail = timed(argv, cwd=str(ROOT))
-        cpu = LAST_CPU_S[0]
-        if rc != 0:
-            print(f"bundle run {i} failed (exit {rc}):\n{tail}")
-            continue
-        folder = next(p for p in target.iterdir() if p.is_dir())
-        archive = folder.with_name(folder.name + ".tar.gz")
-        manifest = json.loads((folder / "manifest.json").read_text())
-        steps = {c["name"]: c["duration_s"] for c in manifest["collectors"]}
-        results.append({"wall_s": wall, "cpu_s": cpu, "load": os.getloadavg()[0], "rss_mib": rss,
-                        "archive_mib": archive.stat().st_size / MiB,
-                        "folder_mib": dir_bytes(folder) / MiB, "verdict": manifest["verdict"],
-                        "history_s": steps.get("history", float("nan")), "analysis_s": steps.get("analysis", float("nan")),
-                        "report_s": steps.get("report", float("nan")), "inner_s": manifest["duration_s"],
-                        "records": sum(manifest["timeline"].values())})  # fmt: skip
-        r = results[-1]
-        # the floor: the same folder read back and judged by `diag analyze --bundle` alone (loader + rules)
+def export_rev(rev: str, into: Path) -> Path:
+    """The tree of revision ``rev`` (``git archive``), to run its ``diag bundle`` beside this one's."""
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def compile_tree(tree: Path = ROOT) -> float:
+    """Byte-compile the project's packages, as ``pip install`` does for an installed copy; seconds taken.
+
+    Why: a development shell may set PYTHONDONTWRITEBYTECODE (this one does), and then every ``diag`` run
+    compiles the whole tree from source again (~0.4 s of a bundle), while sos's modules were compiled when
+    dpkg installed them. Both sides are measured as installed."""
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", str(tree / "diag"), str(tree / "collectors")],
+                   check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    return time.monotonic() - started
+
+
+def run_bundle(recorder: Path, out: Path, i: int, floor: bool, tree: Path = ROOT,
+               label: str = "bundle") -> dict[str, float] | None:  # fmt: skip
+    """One ``diag bundle`` of the code in ``tree`` (its directory first on the path: ``python -c`` puts the
+    working directory there)."""
+    target = out / f"{label}{i}"
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    argv = [sys.executable, "-c", WRAPPER, "bundle", "--since", "1h", "--recorder", str(recorder), "--out", str(target),
+            "--deadline", "60s", "--quiet"]  # fmt: skip
+    load = os.getloadavg()[0]
+    wall, rss, rc, tail = timed(argv, cwd=str(tree))
+    cpu = LAST_CPU_S[0]
+    if rc != 0:
+        print(f"{label} run {i} failed (exit {rc}):\n{tail}")
+        return None
+    folder = next(p for p in target.iterdir() if p.is_dir())
+    archive = folder.with_name(folder.name + ".tar.gz")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    steps = {c["name"]: c["duration_s"] for c in manifest["collectors"]}
+    r = {"wall_s": wall, "cpu_s": cpu, "load": load, "rss_mib": rss, "archive_mib": archive.stat().st_size / MiB,
+         "folder_mib": dir_bytes(folder) / MiB, "verdict": manifest["verdict"],
+         "history_s": steps.get("history", float("nan")), "analysis_s": steps.get("analysis", float("nan")),
+         "report_s": steps.get("report", float("nan")), "inner_s": manifest["duration_s"],
+         "records": sum(manifest["timeline"].values()), "analyze_wall_s": float("nan"),
+         "analyze_rss_mib": float("nan")}  # fmt: skip
+    if floor:  # the same folder read back and judged by `diag analyze --bundle` alone (loader + rules)
         a_wall, a_rss, a_rc, _ = timed([sys.executable, "-m", "diag.cli", "analyze", "--bundle", str(folder), "--json"],
                                        cwd=str(ROOT))  # fmt: skip
-        r["analyze_wall_s"], r["analyze_rss_mib"] = (a_wall, a_rss) if a_rc == 0 else (float("nan"), float("nan"))
-        print(f"  bundle run {i}: wall {r['wall_s']:.2f} s, CPU {r['cpu_s']:.2f} s (load {r['load']:.1f}; "
-              f"inside take_bundle {r['inner_s']:.2f} s: "
-              f"history {r['history_s']:.2f}, "
-              f"analysis {r['analysis_s']:.2f}, report {r['report_s']:.2f}), peak RSS {r['rss_mib']:.0f} MiB, "
-              f"archive {r['archive_mib']:.1f} MiB, folder {r['folder_mib']:.1f} MiB, {r['records']} records, "
-              f"verdict {r['verdict']}; `diag analyze --bundle` on it alone: {r['analyze_wall_s']:.2f} s, "
-              f"{r['analyze_rss_mib']:.0f} MiB")  # fmt: skip
-    return results
+        if a_rc == 0:
+            r["analyze_wall_s"], r["analyze_rss_mib"] = a_wall, a_rss
+    print(f"  {label} run {i}: wall {r['wall_s']:.2f} s, CPU {r['cpu_s']:.2f} s (load {r['load']:.2f}; "
+          f"inside take_bundle {r['inner_s']:.2f} s: history {r['history_s']:.2f}, analysis {r['analysis_s']:.2f}, "
+          f"report {r['report_s']:.2f}), peak RSS {r['rss_mib']:.0f} MiB, archive {r['archive_mib']:.1f} MiB, "
+          f"folder {r['folder_mib']:.1f} MiB, {r['records']} records, verdict {r['verdict']}"
+          + (f"; `diag analyze --bundle` on it alone: {r['analyze_wall_s']:.2f} s, {r['analyze_rss_mib']:.0f} MiB"
+             if floor else ""))  # fmt: skip
+    return r
 
 
-def bench_sos(out: Path) -> dict[str, float] | str:
+def run_sos(out: Path, i: int) -> dict[str, float] | str:
     exe = shutil.which("sos") or shutil.which("sosreport")
     if exe is None:
         return "sos is not installed (Debian package 'sosreport': apt-get install -y sosreport)"
-    target = out / "sos"
-    target.mkdir()
+    target = out / f"sos{i}"
+    target.mkdir(parents=True)
     argv = [exe, "report", "--batch", "--only-plugins", "memory,process,kernel", "--tmp-dir", str(target)]
+    load = os.getloadavg()[0]
     wall, rss, rc, tail = timed(argv)
     cpu = LAST_CPU_S[0]
     archives = [p for p in target.iterdir() if p.name.startswith("sosreport") and p.name.endswith((".tar.xz", ".tar.gz"))]
     if rc != 0 or not archives:
         return f"sos report exited {rc} without an archive:\n{tail}"
-    return {"wall_s": wall, "cpu_s": cpu, "rss_mib": rss, "archive_mib": archives[0].stat().st_size / MiB}
+    r = {"wall_s": wall, "cpu_s": cpu, "load": load, "rss_mib": rss, "archive_mib": archives[0].stat().st_size / MiB}
+    print(f"  sos report run {i}: wall {wall:.2f} s, CPU {cpu:.2f} s (load {load:.2f}), peak RSS {rss:.0f} MiB, "
+          f"archive {r['archive_mib']:.2f} MiB")  # fmt: skip
+    return r
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--keep", type=Path, help="Keep the recorder and bundles here.")
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=5, help="Pairs of runs (bundle and sos, side by side).")
     ap.add_argument("--no-sos", action="store_true")
+    ap.add_argument("--floor", action="store_true", help="Also time `diag analyze --bundle` on the first bundle.")
+    ap.add_argument("--compare-rev", help="Also run this git revision's diag bundle in every round (e.g. main).")
     args = ap.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="llmdiag-bench-bundle-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -288,22 +319,65 @@ def main() -> None:
         counts = generate(recorder)
         print(f"recorder: {sum(counts.values())} rows ({', '.join(f'{k} {n}' for k, n in counts.items())}), "
               f"{recorder.stat().st_size / MiB:.1f} MiB, generated in {time.monotonic() - started:.1f} s")  # fmt: skip
-        print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-        results = bench_bundle(recorder, work / "bundles", args.runs)
-        if results:
-            med = lambda key: float(np.median([r[key] for r in results]))  # noqa: E731
-            print(f"diag bundle --since 1h: median wall {med('wall_s'):.2f} s, CPU {med('cpu_s'):.2f} s (target <= 5), "
-                  f"peak RSS {med('rss_mib'):.0f} MiB (target <= 150), archive {med('archive_mib'):.1f} MiB "
-                  f"(target <= 20; folder {med('folder_mib'):.1f} MiB); of which the analysis floor "
-                  f"(`diag analyze --bundle`): {med('analyze_wall_s'):.2f} s, {med('analyze_rss_mib'):.0f} MiB")  # fmt: skip
-        if not args.no_sos:
-            sos = bench_sos(work)
-            if isinstance(sos, str):
-                print(f"sos report: could not run here: {sos}")
-            else:
-                print(f"sos report --only-plugins memory,process,kernel: wall {sos['wall_s']:.2f} s, CPU {sos['cpu_s']:.2f} s, "
-                      f"peak RSS {sos['rss_mib']:.0f} MiB, archive {sos['archive_mib']:.2f} MiB "
-                      "(no history, no verdict, no report)")  # fmt: skip
+        print(f"byte-compiled diag/ and collectors/ in {compile_tree():.1f} s (as an installed copy is)")
+        other = None
+        if args.compare_rev:
+            other = export_rev(args.compare_rev, work / "compare-tree")
+            compile_tree(other)
+            print(f"comparing with {args.compare_rev} ({other}), byte-compiled too")
+        befores: list[dict[str, float]] = []
+        print(f"load average before: {' / '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
+        bundles: list[dict[str, float]] = []
+        soses: list[dict[str, float]] = []
+        ratios: list[float] = []
+        for i in range(args.runs):
+            # side by side, alternating which goes first, so a burst of other load falls on both alike
+            order = ["bundle", "sos"] + (["before"] if other else [])
+            if i % 2:
+                order.reverse()
+            got: dict[str, dict[str, float] | str | None] = {}
+            for which in order:
+                if which == "bundle":
+                    got[which] = run_bundle(recorder, work / "bundles", i, floor=args.floor and i == 0)
+                elif which == "before" and other is not None:
+                    got[which] = run_bundle(recorder, work / "bundles", i, False, other, args.compare_rev)
+                elif not args.no_sos:
+                    got[which] = run_sos(work / "sos", i)
+            if isinstance(got.get("before"), dict):
+                befores.append(got["before"])  # type: ignore[arg-type]
+            b, o = got.get("bundle"), got.get("sos")
+            if isinstance(b, dict):
+                bundles.append(b)
+            if isinstance(o, str):
+                print(f"sos report: could not run here: {o}")
+                args.no_sos = True
+            elif isinstance(o, dict):
+                soses.append(o)
+                if isinstance(b, dict):
+                    ratios.append(b["wall_s"] / o["wall_s"])
+                    print(f"  pair {i}: bundle / sos = {ratios[-1]:.2f} (target <= {TARGET_RATIO})")
+        med = lambda rows, key: float(np.median([r[key] for r in rows]))  # noqa: E731
+        if bundles:
+            print(f"diag bundle --since 1h: median wall {med(bundles, 'wall_s'):.2f} s, CPU {med(bundles, 'cpu_s'):.2f} s, "
+                  f"peak RSS {med(bundles, 'rss_mib'):.0f} MiB (target <= 150), archive {med(bundles, 'archive_mib'):.1f} MiB "
+                  f"(target <= 20; folder {med(bundles, 'folder_mib'):.1f} MiB); inside: "
+                  f"history {med(bundles, 'history_s'):.2f} s, analysis {med(bundles, 'analysis_s'):.2f} s, "
+                  f"report {med(bundles, 'report_s'):.2f} s")  # fmt: skip
+        if befores:
+            print(f"{args.compare_rev}'s diag bundle --since 1h: median wall {med(befores, 'wall_s'):.2f} s, "
+                  f"CPU {med(befores, 'cpu_s'):.2f} s, peak RSS {med(befores, 'rss_mib'):.0f} MiB; inside: "
+                  f"history {med(befores, 'history_s'):.2f} s, analysis {med(befores, 'analysis_s'):.2f} s, "
+                  f"report {med(befores, 'report_s'):.2f} s; its ratio of the medians to sos "
+                  f"{med(befores, 'wall_s') / med(soses, 'wall_s') if soses else float('nan'):.2f}")  # fmt: skip
+        if soses:
+            print(f"sos report --only-plugins memory,process,kernel: median wall {med(soses, 'wall_s'):.2f} s, "
+                  f"CPU {med(soses, 'cpu_s'):.2f} s, peak RSS {med(soses, 'rss_mib'):.0f} MiB, archive "
+                  f"{med(soses, 'archive_mib'):.2f} MiB (no history, no verdict, no report)")  # fmt: skip
+        if ratios:
+            print(f"bundle / sos, pair by pair: {' '.join(f'{r:.2f}' for r in ratios)}; median {float(np.median(ratios)):.2f}, "
+                  f"ratio of the medians {med(bundles, 'wall_s') / med(soses, 'wall_s'):.2f} (target <= {TARGET_RATIO}); "
+                  f"CPU ratio of the medians {med(bundles, 'cpu_s') / med(soses, 'cpu_s'):.2f}")  # fmt: skip
+        print(f"load average after: {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -1,9 +1,11 @@
 """Incident bundles: ``take_bundle(BundleOptions)`` -> a folder + .tar.gz that another machine can analyse.
 
-Modules, one job each: ``runner`` (collectors with deadlines), ``collect`` (what is collected),
-``redactor`` (the one pass every byte goes through), ``writer`` (files, SHA256SUMS, archive),
-``selfcg`` (leaving the diagnosed cgroup), ``charts`` + ``report`` (report.md / report.html),
-``core`` (the order and the time budget). The command, ``diag bundle``, is ``diag.cli.bundle``.
+Modules, one job each: ``plugins`` (what is collected: one declaration per subsystem, in order),
+``plugin`` (the vocabulary those declarations use), ``runner`` (executing them, each step in an abandonable
+worker under its deadline), ``bounded`` (tail-capped reads, commands killed at their deadline), ``redactor``
+(the one pass every byte goes through), ``writer`` (files, SHA256SUMS, archive), ``selfcg`` (leaving the
+diagnosed cgroup), ``charts`` + ``report`` (report.md / report.html), ``core`` (the order and the time
+budget). The command, ``diag bundle``, is ``diag.cli.bundle``.
 """
 
 from typing import TYPE_CHECKING, Any

@@ -1,12 +1,16 @@
-"""The report's charts: memory, pressure, queue wait vs inference, throughput vs concurrency, and the small
-evidence lines, drawn with the project's chart primitives (``diag.views.charts``: matplotlib to inline SVG,
-long series reduced to min/max envelopes).
+"""Charts for the report, written straight to SVG text (inlined: no files, no network, no JS) by ``svgplot``.
 
-``extract`` copies out of a Timeline the few series the charts draw (already reduced), so the
-report can let the Timeline go before matplotlib is imported: the bundle's peak memory is then the
-larger of the two phases, not their sum. Each chart function takes that ``ChartData`` (records only
--- charts render, they do not judge) and returns a ``Chart`` or None when the data is not there;
-the report then says so instead of drawing an empty box.
+Long series are reduced to per-bucket min/max pairs before drawing, which keeps every spike visible at a
+fraction of the points (an hour at 1 Hz is 3600 points per line; a reader's eye gets ~800 pixels).
+
+``extract`` copies out of a Timeline the few series the charts draw (already reduced), so the report can let
+the Timeline go before it renders. Each chart function takes that ``ChartData`` (records only -- charts
+render, they do not judge) and returns a ``Chart`` or None when the data is not there; the report then says
+so instead of drawing an empty box.
+
+The report's own plotting path rather than the project's matplotlib primitives (``diag.views.charts``, which
+the dashboards' preview draws with): importing matplotlib and laying out the report's six figures cost ~1.5 s
+of a bundle meant to cost what ``sos report`` costs. The palette and the min/max envelope are shared.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from diag.bundle import svgplot
 from diag.timeline import Series, Timeline
-from diag.views.charts import PALETTE, as_datetimes, new_figure, reduce_minmax, time_axis, to_svg
+from diag.views.charts import PALETTE, reduce_minmax
 
 GiB = float(1 << 30)
 MiB = float(1 << 20)
@@ -89,16 +94,16 @@ def extract(tl: Timeline) -> ChartData:
     return data
 
 
-def _line(ax: Any, s: Series, scale: float, label: str, color: str, **kw: Any) -> bool:
+def _line(s: Series, scale: float, label: str, color: str, dash: str = "") -> svgplot.Line | None:
     s = s.valid()
     if len(s) == 0:
-        return False
+        return None
     t, v = reduce_minmax(s.ts, s.values / scale)
-    if t.size == 1:
-        ax.plot(as_datetimes(t), v, marker="o", color=color, label=label, **kw)
-    else:
-        ax.plot(as_datetimes(t), v, color=color, label=label, linewidth=1.2, **kw)
-    return True
+    return svgplot.Line(t, v, color, label, dash, markers=t.size == 1)
+
+
+def _lines(*lines: svgplot.Line | None) -> list[svgplot.Line]:
+    return [line for line in lines if line is not None]
 
 
 def _short(path: str, width: int = 40) -> str:
@@ -110,73 +115,60 @@ def _short(path: str, width: int = 40) -> str:
 
 def memory_chart(d: ChartData) -> Chart | None:
     """Memory over time: host used vs total, each watched cgroup's usage vs its limit, each GPU's used vs total."""
-    panels: list[str] = []
+    panels: list[tuple[str, svgplot.Panel]] = []
     if "used" in d.host:
-        panels.append("host")
+        total = _line(d.host["memory.total"], GiB, "total", "#555555", "--") if "memory.total" in d.host else None
+        panels.append(("host", svgplot.Panel(_lines(_line(d.host["used"], GiB, "used (total − available)", PALETTE[0]),
+                                                    total), ylabel="host GiB")))  # fmt: skip
     groups = [p for p, s in d.cgroups.items() if "usage" in s]
     if groups:
-        panels.append("cgroup")
+        lines: list[svgplot.Line | None] = []
+        for i, path in enumerate(groups):
+            color = PALETTE[(i + 1) % len(PALETTE)]
+            lines.append(_line(d.cgroups[path]["usage"], MiB, f"{_short(path)} usage", color))
+            if "limit" in d.cgroups[path]:
+                lines.append(_line(d.cgroups[path]["limit"], MiB, f"{_short(path)} limit", color, "--"))
+        panels.append(("cgroup", svgplot.Panel(_lines(*lines), ylabel="cgroup MiB")))
     gpus = [i for i, s in d.gpus.items() if "used" in s]
     if gpus:
-        panels.append("gpu")
+        lines = []
+        for i in gpus:
+            color = PALETTE[(i + 3) % len(PALETTE)]
+            lines.append(_line(d.gpus[i]["used"], GiB, f"GPU {i} used", color))
+            if "total" in d.gpus[i]:
+                lines.append(_line(d.gpus[i]["total"], GiB, f"GPU {i} total", color, "--"))
+        panels.append(("gpu", svgplot.Panel(_lines(*lines), ylabel="GPU GiB")))
     if not panels:
         return None
-    fig, axes = new_figure(len(panels))
-    for ax, panel in zip(axes, panels, strict=True):
-        if panel == "host":
-            _line(ax, d.host["used"], GiB, "used (total − available)", PALETTE[0])
-            if "memory.total" in d.host:
-                _line(ax, d.host["memory.total"], GiB, "total", "#555555", linestyle="--")
-            ax.set_ylabel("host GiB")
-        elif panel == "cgroup":
-            for i, path in enumerate(groups):
-                color = PALETTE[(i + 1) % len(PALETTE)]
-                _line(ax, d.cgroups[path]["usage"], MiB, f"{_short(path)} usage", color)
-                if "limit" in d.cgroups[path]:
-                    _line(ax, d.cgroups[path]["limit"], MiB, f"{_short(path)} limit", color, linestyle="--")
-            ax.set_ylabel("cgroup MiB")
-        else:
-            for i in gpus:
-                color = PALETTE[(i + 3) % len(PALETTE)]
-                _line(ax, d.gpus[i]["used"], GiB, f"GPU {i} used", color)
-                if "total" in d.gpus[i]:
-                    _line(ax, d.gpus[i]["total"], GiB, f"GPU {i} total", color, linestyle="--")
-            ax.set_ylabel("GPU GiB")
-        ax.legend(loc="upper left", ncols=2)
-    time_axis(axes[-1])
     what = {"host": "host", "cgroup": "watched cgroup", "gpu": "GPU"}
-    return Chart("memory", "Memory over time", "Memory in use over the window: " + ", ".join(what[p] for p in panels)
-                 + ". Dashed lines are the ceilings (host total, cgroup limit, GPU total).", to_svg(fig, "memory"))  # fmt: skip
+    svg = svgplot.figure("memory", [p for _, p in panels], panel_height=190.0)
+    return Chart("memory", "Memory over time", "Memory in use over the window: " + ", ".join(what[k] for k, _ in panels)
+                 + ". Dashed lines are the ceilings (host total, cgroup limit, GPU total).", svg)  # fmt: skip
 
 
 def psi_chart(d: ChartData) -> Chart | None:
     """Pressure stall information (avg10, percent of time stalled): host memory/io/cpu and each cgroup's memory."""
-    lines: list[tuple[Series, str, str, dict[str, Any]]] = []
-    for name, label, color, kw in (
-        ("psi.memory.some.avg10", "host memory some", PALETTE[0], {}),
-        ("psi.memory.full.avg10", "host memory full", PALETTE[1], {}),
-        ("psi.io.some.avg10", "host io some", PALETTE[3], {"linestyle": ":"}),
-        ("psi.cpu.some.avg10", "host cpu some", "#777777", {"linestyle": ":"}),
+    lines: list[svgplot.Line | None] = []
+    for name, label, color, dash in (
+        ("psi.memory.some.avg10", "host memory some", PALETTE[0], ""),
+        ("psi.memory.full.avg10", "host memory full", PALETTE[1], ""),
+        ("psi.io.some.avg10", "host io some", PALETTE[3], ":"),
+        ("psi.cpu.some.avg10", "host cpu some", "#777777", ":"),
     ):
         if name in d.host:
-            lines.append((d.host[name], label, color, kw))
+            lines.append(_line(d.host[name], 1.0, label, color, dash))
     for i, (path, series) in enumerate(d.cgroups.items()):
-        for kind, style in (("some", "-"), ("full", "--")):
+        for kind, dash in (("some", ""), ("full", "--")):
             s = series.get(f"psi.memory.{kind}.avg10")
             if s is not None:
-                lines.append((s, f"{_short(path, 30)} memory {kind}", PALETTE[(i + 4) % len(PALETTE)], {"linestyle": style}))
-    if not lines:
+                lines.append(_line(s, 1.0, f"{_short(path, 30)} memory {kind}", PALETTE[(i + 4) % len(PALETTE)], dash))
+    drawn = _lines(*lines)
+    if not drawn:
         return None
-    fig, (ax,) = new_figure(1, height=3.0)
-    for s, label, color, kw in lines:
-        _line(ax, s, 1.0, label, color, **kw)
-    ax.set_ylabel("% of time stalled (avg10)")
-    ax.set_ylim(bottom=0)
-    ax.legend(loc="upper left", ncols=2)
-    time_axis(ax)
+    svg = svgplot.figure("psi", [svgplot.Panel(drawn, ylabel="% of time stalled (avg10)", y_from_zero=True)])
     return Chart("psi", "Pressure (PSI)", "Share of wall time in which some (or all) tasks stalled waiting for memory, "
                  "I/O or CPU. Memory 'full' above a few percent means the service is mostly waiting on reclaim.",
-                 to_svg(fig, "psi"))  # fmt: skip
+                 svg)  # fmt: skip
 
 
 def queue_chart(d: ChartData) -> Chart | None:
@@ -184,10 +176,10 @@ def queue_chart(d: ChartData) -> Chart | None:
     if not d.arrival.size:
         return None
     arrival, wait, infer = d.arrival, d.queue_wait, d.inference
-    fig, (ax,) = new_figure(1, height=3.0)
+    panel = svgplot.Panel(ylabel="seconds", y_from_zero=True)
     if arrival.size <= MAX_SCATTER:
-        ax.scatter(as_datetimes(arrival), wait, s=6, color=PALETTE[1], alpha=0.6, label="queue wait", linewidths=0)
-        ax.scatter(as_datetimes(arrival), infer, s=6, color=PALETTE[0], alpha=0.6, label="inference", linewidths=0)
+        panel.points = [svgplot.Points(arrival, wait, PALETTE[1], "queue wait"),
+                        svgplot.Points(arrival, infer, PALETTE[0], "inference")]  # fmt: skip
     else:  # too many to scatter: per-bucket median and p95
         edges = np.linspace(arrival.min(), arrival.max(), 121)
         idx = np.clip(np.searchsorted(edges, arrival, "right") - 1, 0, 119)
@@ -198,16 +190,12 @@ def queue_chart(d: ChartData) -> Chart | None:
             for b in np.unique(idx):
                 seg = values[idx == b]
                 med[b], p95[b] = np.median(seg), np.percentile(seg, 95)
-            ax.plot(as_datetimes(centers), med, color=color, label=f"{label} median")
-            ax.plot(as_datetimes(centers), p95, color=color, linestyle="--", label=f"{label} p95")
-    ax.set_ylabel("seconds")
-    ax.set_ylim(bottom=0)
-    ax.legend(loc="upper left", ncols=2)
-    time_axis(ax)
+            panel.lines += [svgplot.Line(centers, med, color, f"{label} median"),
+                            svgplot.Line(centers, p95, color, f"{label} p95", "--")]  # fmt: skip
     n = int(arrival.size)
     return Chart("queue", "Queue wait vs inference time", f"{n} started requests by arrival time. Waiting that grows while "
                  "inference stays flat is a queue backlog; inference that grows with load is the service itself slowing "
-                 "down (e.g. thrashing).", to_svg(fig, "queue"))  # fmt: skip
+                 "down (e.g. thrashing).", svgplot.figure("queue", [panel]))  # fmt: skip
 
 
 def throughput_chart(d: ChartData) -> Chart | None:
@@ -218,18 +206,16 @@ def throughput_chart(d: ChartData) -> Chart | None:
     keep = ~np.isnan(curve.throughput) & ~np.isnan(curve.n_service)
     if keep.sum() < 3:
         return None
-    fig, (ax,) = new_figure(1, height=3.2, width=6.5)
-    when = curve.centers[keep]
-    points = ax.scatter(curve.n_service[keep], curve.throughput[keep], c=when - when.min(), cmap="viridis", s=14)
-    bar = fig.colorbar(points, ax=ax)
-    bar.set_label("seconds since window start")
-    ax.set_xlabel("requests in service (time-averaged)")
-    ax.set_ylabel("completions / s")
-    ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
+    when = curve.centers[keep] - curve.centers[keep].min()
+    span = float(when.max()) or 1.0
+    panel = svgplot.Panel(points=[svgplot.Points(curve.n_service[keep], curve.throughput[keep], svgplot.viridis(when / span),
+                                                 radius=3.0, opacity=1.0)],
+                          ylabel="completions / s", y_from_zero=True)  # fmt: skip
+    svg = svgplot.figure("throughput", [panel], is_time=False, xlabel="requests in service (time-averaged)", width=660.0,
+                         panel_height=240.0, colorbar=svgplot.ColorBar(0.0, span, "seconds since window start"))  # fmt: skip
     return Chart("throughput", "Throughput vs concurrency", f"One point per {curve.dt:.0f} s bucket. Throughput that "
                  "flattens as concurrency rises is a saturated service (queueing); throughput that falls is "
-                 "contention such as thrashing.", to_svg(fig, "throughput"))  # fmt: skip
+                 "contention such as thrashing.", svg)  # fmt: skip
 
 
 def evidence_chart(key: str, label: str, unit: str, series: Sequence[Sequence[float]]) -> str | None:
@@ -237,16 +223,12 @@ def evidence_chart(key: str, label: str, unit: str, series: Sequence[Sequence[fl
     pts = np.asarray([p[:2] for p in series if len(p) >= 2], dtype=np.float64)
     if pts.ndim != 2 or pts.shape[0] < 2:
         return None
-    fig, (ax,) = new_figure(1, height=1.5, width=6.0)
     scale, unit_label = 1.0, unit
     if unit in ("bytes", "B") and np.nanmax(np.abs(pts[:, 1])) >= MiB:
         scale, unit_label = MiB, "MiB"
-    ax.plot(as_datetimes(pts[:, 0]), pts[:, 1] / scale, color=PALETTE[0], linewidth=1.2, marker="o", markersize=2)
-    ax.set_ylabel(unit_label or "")
-    ax.set_title(label, loc="left")
-    time_axis(ax, maxticks=5)
-    ax.set_xlabel("")
-    return to_svg(fig, key)
+    line = svgplot.Line(pts[:, 0], pts[:, 1] / scale, PALETTE[0], markers=True)
+    panel = svgplot.Panel([line], ylabel=unit_label or "", title=label)
+    return svgplot.figure(key, [panel], width=660.0, panel_height=100.0, max_ticks=5, xlabel="")
 
 
 def overview_charts(d: ChartData) -> list[Chart]:

@@ -1,4 +1,8 @@
-"""Collectors with deadlines: every collector runs in a worker it can abandon, under a timeout.
+"""The runner: it executes the plugins' declarations (``plugin.py``), each step in a worker it can abandon.
+
+``collectors(plugins, state, phase)`` turns every step of the phase's plugins into a ``Collector`` (the
+plugin's checks, then the step: files copied, a command run, or the plugin's own gather function), and
+``run_collectors`` runs them all at once, each under min(its timeout, the phase's deadline).
 
 Why: the bundle is taken on exactly the machine that is sick. sos report hung for hours on one
 stuck command until it wrapped each command in a timeout, and NVIDIA's bug-report script has a
@@ -20,81 +24,48 @@ stuck command until it wrapped each command in a timeout, and NVIDIA's bug-repor
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import os
-import selectors
-import signal
-import stat
-import subprocess
+import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-CHUNK = 64 * 1024
+from diag.bundle.bounded import describe, read_tail, run_command, text_of
+from diag.bundle.plugin import (
+    COMMON,
+    Cancelled,
+    Check,
+    Command,
+    Context,
+    Copy,
+    Found,
+    Gather,
+    OutFile,
+    Output,
+    Phase,
+    Plugin,
+    Redaction,
+    State,
+    Step,
+    seconds,
+)
+
+CollectorFn = Callable[[Context], Output]
 GRACE_S = 0.5  # after a timeout: how long a collector may take to acknowledge cancellation
 
 
 @dataclass
-class OutFile:
-    """One file a collector wants in the bundle: text (redacted as text) or records (redacted per field)."""
-
-    path: str  # relative to the bundle root, e.g. raw/proc/meminfo
-    text: str
-    truncated: bool = False
-    source: str | None = None  # what it is a copy of (a path or a command)
-    source_bytes: int | None = None  # how big the source was, when known
-
-
-@dataclass
-class Output:
-    """What a collector returns. ``status`` ok | skipped | error; ``reason`` says why when not ok."""
-
-    status: str = "ok"
-    reason: str | None = None
-    files: list[OutFile] = field(default_factory=list)
-    records: list[dict[str, Any]] = field(default_factory=list)
-    return_code: int | None = None
-    argv: list[str] | None = None
-    timeout_hit: bool = False  # a command killed by its own deadline (partial output kept)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-class Cancelled(Exception):
-    """Raised inside a collector that noticed its cancel flag."""
-
-
-CollectorFn = Callable[["Context"], Output]
-
-
-@dataclass
-class Context:
-    """What a collector gets: its cancel flag and its own deadline (monotonic seconds).
-
-    ``partial``: a collector that produces output over time (a command's stdout) sets it to a function
-    returning what it has so far. If the collector is abandoned at its deadline, the runner keeps that
-    -- a snapshot taken then, so nothing the abandoned worker does later can reach the bundle.
-    """
-
-    cancel: threading.Event
-    deadline: float
-    partial: Callable[[], Output] | None = None
-
-    def remaining(self) -> float:
-        return max(0.0, self.deadline - time.monotonic())
-
-    def check(self) -> None:
-        if self.cancel.is_set():
-            raise Cancelled
-
-
-@dataclass
 class Collector:
+    """One abandonable unit of work: a plugin's step (or the analysis, the report)."""
+
     name: str
     description: str
     fn: CollectorFn
     timeout_s: float
+    plugin: str | None = None
+    redaction: Redaction = COMMON
 
 
 @dataclass
@@ -104,6 +75,8 @@ class Run:
     name: str
     description: str
     timeout_s: float
+    plugin: str | None = None
+    redaction: Redaction = COMMON
     start: float = 0.0
     end: float = 0.0
     duration_s: float = 0.0
@@ -143,7 +116,7 @@ def run_collectors(collectors: Sequence[Collector], deadline: float, progress: C
     runs: list[Run] = []
     workers: list[tuple[_Worker, Run, float]] = []
     for c in collectors:
-        run = Run(c.name, c.description, round(c.timeout_s, 3))
+        run = Run(c.name, c.description, round(c.timeout_s, 3), c.plugin, c.redaction)
         now = time.monotonic()
         own_deadline = min(now + c.timeout_s, deadline)
         run.timeout_s = round(max(0.0, own_deadline - now), 3)
@@ -195,173 +168,109 @@ def _partial_output(ctx: Context) -> Output | None:
     return out
 
 
-# --------------------------------------------------------------------------- bounded reads
+# --------------------------------------------------------------------------- executing the declarations
 
 
-@dataclass
-class TailRead:
-    data: bytes
-    truncated: bool
-    size: int  # bytes the source had (read or skipped)
+def collectors(plugins: Sequence[Plugin], state: State, phase: Phase) -> list[Collector]:
+    """One collector per step of every plugin of ``phase``, in declaration order."""
+    out = []
+    for plugin in plugins:
+        if plugin.phase is not phase:
+            continue
+        for step in plugin.steps_for(state.options):
+            timeout = seconds(step.timeout if step.timeout is not None else plugin.timeout, state.options)
+            out.append(Collector(step.name, step.description, _step_fn(plugin, step, state), timeout, plugin.name,
+                                 plugin.redaction))  # fmt: skip
+    return out
 
 
-def read_tail(path: str, cap: int, ctx: Context | None = None) -> TailRead:
-    """The last ``cap`` bytes of a file (regular: seek; /proc, pipes: stream keeping the tail).
+def _step_fn(plugin: Plugin, step: Step, state: State) -> CollectorFn:
+    def fn(ctx: Context) -> Output:
+        reason = first_reason(plugin.when, state)
+        if reason is not None:
+            return Output(status="skipped", reason=reason)
+        if isinstance(step, Copy):
+            return copy_files(step, state, ctx)
+        if isinstance(step, Command):
+            return run_declared_command(step, state, ctx)
+        if isinstance(step, Gather):
+            return step.fn(state, ctx)
+        raise TypeError(f"{plugin.name}: not a step: {step!r}")
 
-    Blocking on purpose: a file on a hung mount blocks whatever flags we pass, so the caller runs
-    this in an abandonable collector instead of pretending it cannot block.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISREG(st.st_mode) and st.st_size > cap:
-            os.lseek(fd, st.st_size - cap, os.SEEK_SET)
-            parts = []
-            got = 0
-            while got < cap:
-                if ctx is not None:
-                    ctx.check()
-                chunk = os.read(fd, min(CHUNK, cap - got))
-                if not chunk:
-                    break
-                parts.append(chunk)
-                got += len(chunk)
-            return TailRead(_drop_partial_line(b"".join(parts)), True, st.st_size)
-        buf = bytearray()
-        total = 0
-        while True:
-            if ctx is not None:
-                ctx.check()
-            chunk = os.read(fd, CHUNK)
-            if not chunk:
-                break
-            total += len(chunk)
-            buf += chunk
-            if len(buf) > 2 * cap:
-                del buf[: len(buf) - cap]
-        truncated = total > cap
-        data = bytes(buf[-cap:]) if truncated else bytes(buf)
-        return TailRead(_drop_partial_line(data) if truncated else data, truncated, total)
-    finally:
-        os.close(fd)
+    return fn
 
 
-def _drop_partial_line(data: bytes) -> bytes:
-    """A tail starts mid-line; drop that fragment (it could be half of a secret the rules cannot see)."""
-    newline = data.find(b"\n")
-    return data[newline + 1 :] if 0 <= newline < len(data) - 1 else data
+def first_reason(checks: Sequence[Check], state: State) -> str | None:
+    for check in checks:
+        reason = check(state)
+        if reason is not None:
+            return reason
+    return None
 
 
-@dataclass
-class CommandResult:
-    stdout: bytes
-    stderr: bytes
-    return_code: int | None
-    timed_out: bool
-    truncated: bool
-    duration_s: float
+def copy_file(source: str, dest: str, cap: int, ctx: Context) -> OutFile:
+    tail = read_tail(source, cap, ctx)
+    return OutFile(dest, text_of(tail.data), tail.truncated, source, tail.size)
 
 
-def run_command(
-    argv: Sequence[str], ctx: Context, cap: int, env: dict[str, str] | None = None, sink: bytearray | None = None
-) -> CommandResult:
-    """Run ``argv`` with stdin closed, keeping the tail of stdout (``cap``) and of stderr (64 KiB).
-
-    Killed -- its whole process group -- when ``ctx``'s deadline passes or it is cancelled; what it
-    printed until then is kept (the pipes are drained after the kill). ``sink``: the buffer stdout is
-    read into as it arrives (at most 2 x ``cap``, the tail), so a caller can publish it through
-    ``Context.partial`` while the command still runs.
-    """
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        list(argv),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        env=env,
-    )
-    out, err = (sink if sink is not None else bytearray()), bytearray()
-    total_out = 0
-    timed_out = False
-    sel = selectors.DefaultSelector()
-    assert proc.stdout is not None and proc.stderr is not None
-    for pipe, buf in ((proc.stdout, out), (proc.stderr, err)):
-        os.set_blocking(pipe.fileno(), False)
-        sel.register(pipe, selectors.EVENT_READ, buf)
-    try:
-        open_pipes = 2
-        while open_pipes:
-            left = ctx.deadline - time.monotonic()
-            if left <= 0 or ctx.cancel.is_set():
-                timed_out = True
-                break
-            for key, _ in sel.select(timeout=min(left, 0.2)):
-                got = _read_into(key.fd, key.data, cap if key.data is out else 64 * 1024)
-                if got is None:
-                    sel.unregister(key.fileobj)
-                    open_pipes -= 1
-                elif key.data is out:
-                    total_out += got
-        if timed_out:
-            _kill_group(proc)
-            total_out += _drain(sel, out, cap)
-        else:
-            try:
-                proc.wait(max(0.05, ctx.deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:  # closed its pipes but did not exit
-                timed_out = True
-                _kill_group(proc)
-    finally:
-        sel.close()
-        for pipe in (proc.stdout, proc.stderr):
-            with contextlib.suppress(OSError):
-                pipe.close()
-    truncated = total_out > cap
-    data = bytes(out[-cap:]) if truncated else bytes(out)
-    return CommandResult(
-        _drop_partial_line(data) if truncated else data,
-        bytes(err[-64 * 1024 :]),
-        proc.returncode,
-        timed_out,
-        truncated,
-        time.monotonic() - started,
-    )
+MAX_PROBLEMS = 10  # named one by one in the reason; the rest counted
 
 
-def _read_into(fd: int, buf: bytearray, limit: int) -> int | None:
-    """One non-blocking read appended to ``buf`` (kept under 2 x ``limit``, the tail); bytes read, None at EOF."""
-    try:
-        chunk = os.read(fd, CHUNK)
-    except BlockingIOError:
-        return 0
-    if not chunk:
-        return None
-    buf += chunk
-    if len(buf) > 2 * limit:
-        del buf[: len(buf) - limit]
-    return len(chunk)
+def copy_files(step: Copy, state: State, ctx: Context) -> Output:
+    """A ``Copy`` step: every file it declares (or its function finds), each tail-capped; problems named."""
+    o = state.options
+    found = step.files(state) if callable(step.files) else Found([s.resolve(o) for s in step.files])
+    if found.skipped is not None:
+        return Output(status="skipped", reason=found.skipped)
+    out = Output(extra=dict(found.notes))
+    problems = list(found.problems)
+    cap = getattr(o, step.cap)
+    for item in found.files:
+        ctx.check()
+        try:
+            out.files.append(copy_file(item.source, item.dest, cap, ctx))
+        except OSError as exc:
+            if not ((item.optional and exc.errno == errno.ENOENT) or exc.errno in step.not_problems):
+                problems.append(f"{item.source}: {describe(exc)}")
+    if problems:
+        more = len(problems) - MAX_PROBLEMS
+        out.reason = "; ".join(problems[:MAX_PROBLEMS]) + (f" (+{more} more)" if more > 0 else "")
+        out.status = "ok" if out.files else "error"
+    return out
 
 
-def _drain(sel: selectors.BaseSelector, out: bytearray, cap: int, within_s: float = 0.3) -> int:
-    """After the kill: what is still in the pipes (written before the kill, not yet read). Bounded in time:
-    a grandchild that left the process group may still hold a pipe open."""
-    deadline = time.monotonic() + within_s
-    total = 0
-    while sel.get_map() and time.monotonic() < deadline:
-        for key, _ in sel.select(timeout=max(0.0, deadline - time.monotonic())):
-            got = _read_into(key.fd, key.data, cap if key.data is out else 64 * 1024)
-            if got is None:
-                sel.unregister(key.fileobj)
-            elif key.data is out:
-                total += got
-    return total
+def run_declared_command(step: Command, state: State, ctx: Context) -> Output:
+    """A ``Command`` step: the program found on PATH, the step's checks, then the command under the deadline."""
+    o = state.options
+    program = step.program(o) if callable(step.program) else step.program
+    exe = shutil.which(program)
+    if exe is None:
+        return Output(status="skipped", reason=step.missing.format(program=program))
+    reason = first_reason(step.requires, state)
+    if reason is not None:
+        return Output(status="skipped", reason=reason)
+    env = {**os.environ, **dict(step.env)} if step.env else None
+    return command_output([exe, *step.args(state)], step.dest, getattr(o, step.cap), ctx, env)
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        proc.kill()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(2.0)
+def command_output(argv: list[str], dest: str, cap: int, ctx: Context, env: dict[str, str] | None = None) -> Output:
+    """Run a command into ``dest``; its stdout is published as it arrives, so even an abandoned run keeps it."""
+    printed = bytearray()
+
+    def so_far() -> Output:
+        data = bytes(printed)  # one copy under the GIL: the worker may still be appending
+        kept = data[-cap:] if len(data) > cap else data
+        return Output(argv=argv, files=[OutFile(dest, text_of(kept), len(data) > cap, " ".join(argv))],
+                      reason=f"{len(kept)} bytes of output printed before it was abandoned")  # fmt: skip
+
+    ctx.partial = so_far
+    res = run_command(argv, ctx, cap, env=env, sink=printed)
+    out = Output(argv=argv, return_code=res.return_code, timeout_hit=res.timed_out)
+    out.files.append(OutFile(dest, text_of(res.stdout), res.truncated, " ".join(argv)))
+    if res.timed_out:
+        out.reason = f"killed after {res.duration_s:.1f} s (timeout); kept {len(res.stdout)} bytes of output"
+    elif res.return_code != 0:
+        out.status = "error"
+        err = text_of(res.stderr).strip().splitlines()
+        out.reason = f"exit code {res.return_code}" + (f": {err[-1][:300]}" if err else "")
+    return out

@@ -13,12 +13,14 @@ import json
 import os
 import shutil
 import tarfile
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from collectors.redact import REDACTED
-from diag.bundle.redactor import Redactor
+from diag.bundle.redactor import Mask, Redactor
 
 SUMS = "SHA256SUMS"
 _HTML_MASK = "&lt;redacted&gt;"  # the mask as an autoescaping template writes it
@@ -57,13 +59,13 @@ class BundleWriter:
         return rel, target
 
     def write_text(self, rel: str, text: str, *, truncated: bool = False, source: str | None = None,
-                   collector: str | None = None, html: bool = False) -> FileEntry:  # fmt: skip
-        """Free text through every text rule. ``html``: a mask the pass inserts is escaped (``<redacted>``
-        would otherwise be read as a tag and vanish from the page)."""
+                   collector: str | None = None, html: bool = False, masks: Sequence[Mask] = ()) -> FileEntry:  # fmt: skip
+        """Free text through the plugin's own ``masks``, then every text rule. ``html``: a mask the pass inserts
+        is escaped (``<redacted>`` would otherwise be read as a tag and vanish from the page)."""
         rel, target = self._target(rel)
         if html:  # the rules know their own mask only unescaped ("--api-key &lt;redacted&gt;" would be masked again)
             text = text.replace(_HTML_MASK, REDACTED)
-        clean = self.redactor.text(text, rel)
+        clean = self.redactor.text(text, rel, masks)
         if html:
             clean = clean.replace(REDACTED, _HTML_MASK)
         data = clean.encode("utf-8")
@@ -138,18 +140,91 @@ def sha256_file(path: Path) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
-def make_archive(root: Path, compresslevel: int = 6) -> tuple[Path, Path]:
-    """``<root>.tar.gz`` (owner names stripped) and its ``.sha256`` sidecar."""
-    archive = root.with_name(root.name + ".tar.gz")
+def _scrub(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
 
-    def scrub(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        info.uid = info.gid = 0
-        info.uname = info.gname = ""
-        return info
 
-    with tarfile.open(archive, "w:gz", compresslevel=compresslevel) as tar:
-        tar.add(root, arcname=root.name, filter=scrub)
+def _sidecar(archive: Path) -> Path:
     digest, _ = sha256_file(archive)
     sidecar = archive.with_name(archive.name + ".sha256")
     sidecar.write_text(f"{digest}  {archive.name}\n", encoding="utf-8")
-    return archive, sidecar
+    return sidecar
+
+
+class EarlyArchive:
+    """``<root>.tar.gz`` begun early: files that are final already (the timeline: most of the bytes) are hashed
+    and compressed in a background thread while the analysis and the report run -- hashlib and zlib let go of
+    the GIL, so on a host with a core to spare that time is hidden -- and everything else is added at the end,
+    in ``tar.add``'s order (sorted, depth first), owner names stripped, a ``.sha256`` sidecar beside it.
+    It is written as ``<name>.tar.gz.partial`` and renamed when complete: an archive under its final name is whole.
+    """
+
+    def __init__(self, writer: BundleWriter, compresslevel: int) -> None:
+        self.writer = writer
+        self.root = writer.root
+        self.path = self.root.with_name(self.root.name + ".tar.gz")
+        self._partial = self.path.with_name(self.path.name + ".partial")
+        self._tar = tarfile.open(self._partial, "w:gz", compresslevel=compresslevel)  # noqa: SIM115 - closed in finish
+        self._added: set[str] = set()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def begin(self, prefix: str) -> None:
+        """Hash and archive, in the background, the files written so far under ``prefix`` (final from now on)."""
+        entries = sorted((e for e in self.writer.files.values() if e.path.startswith(prefix)), key=lambda e: e.path)
+        self._thread = threading.Thread(target=self._early, args=(entries,), name="bundle-archive", daemon=True)
+        self._thread.start()
+
+    def _early(self, entries: list[FileEntry]) -> None:
+        try:
+            self._add_dir(self.root, recursive=False)
+            for entry in entries:
+                path = self.root / entry.path
+                for parent in reversed(path.relative_to(self.root).parents[:-1]):
+                    self._add_dir(self.root / parent, recursive=False)
+                if not entry.sha256:
+                    entry.sha256, entry.bytes = sha256_file(path)
+                self._add_file(path)
+        except BaseException as exc:  # reported by finish()
+            self._error = exc
+
+    def wait(self) -> None:
+        """Until the background part is done (its files are hashed then)."""
+        if self._thread is not None:
+            self._thread.join()
+
+    def _arcname(self, path: Path) -> str:
+        return self.root.name if path == self.root else f"{self.root.name}/{path.relative_to(self.root).as_posix()}"
+
+    def _add_dir(self, path: Path, recursive: bool) -> None:
+        name = self._arcname(path)
+        if name not in self._added:
+            self._added.add(name)
+            self._tar.add(path, arcname=name, recursive=False, filter=_scrub)
+        if recursive:
+            for child in sorted(os.listdir(path)):
+                full = path / child
+                if full.is_dir() and not full.is_symlink():
+                    self._add_dir(full, recursive=True)
+                else:
+                    self._add_file(full)
+
+    def _add_file(self, path: Path) -> None:
+        name = self._arcname(path)
+        if name not in self._added:
+            self._added.add(name)
+            self._tar.add(path, arcname=name, recursive=False, filter=_scrub)
+
+    def finish(self) -> tuple[Path, Path]:
+        """Everything not archived yet, then the archive closed, in place, with its ``.sha256`` sidecar."""
+        self.wait()
+        try:
+            if self._error is not None:
+                raise self._error
+            self._add_dir(self.root, recursive=True)
+        finally:
+            self._tar.close()
+        os.replace(self._partial, self.path)
+        return self.path, _sidecar(self.path)

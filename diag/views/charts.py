@@ -1,7 +1,7 @@
-"""What every chart of the project is drawn with: matplotlib straight to SVG text, for inlining (no files, no
-network, no JS). The bundle's report (``diag.bundle.charts``) and the dashboards preview
-(``diag.views.dashboards_preview``) both draw with these, so the two look alike and neither reaches into
-the other's private helpers.
+"""The project's chart primitives: matplotlib straight to SVG text, for inlining (no files, no network, no JS).
+The dashboards preview (``diag.views.dashboards_preview``) draws with these; the bundle's report draws its
+own lighter SVG (``diag.bundle.svgplot``: matplotlib's import and layout cost it ~1.5 s) with the same
+palette and the same min/max envelope (``PALETTE``, ``reduce_minmax``).
 
 Why matplotlib's ``Figure`` and not ``pyplot``: no global figure state and no GUI backend, so it is
 safe off the main thread and on a headless box. Why SVG with ``svg.fonttype = none``: text stays

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tarfile
 import time
 from pathlib import Path
 
@@ -54,6 +55,15 @@ def test_bundle_of_recorded_history(tmp_path: Path) -> None:
     assert analyze(load_bundle(root)).to_dict()["verdict"] == findings["verdict"]
     assert verify_sums(root) == len(manifest["files"]) + 1  # every file but SHA256SUMS and manifest.json, + manifest
     assert result.archive is not None and result.archive.with_name(result.archive.name + ".sha256").is_file()
+    # the archive (begun with the timeline while the analysis ran) holds the folder exactly, byte for byte
+    with tarfile.open(result.archive) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        assert set(members) == {root.name} | {f"{root.name}/{p.relative_to(root).as_posix()}" for p in root.rglob("*")}
+        for name, member in members.items():
+            if member.isfile():
+                assert tar.extractfile(member).read() == (root.parent / name).read_bytes(), name
+            assert member.uname == member.gname == "" and member.uid == member.gid == 0
+    assert not list(tmp_path.glob("*.partial"))
     # the manifest accounts for every file, per collector
     listed = {f["path"] for c in manifest["collectors"] for f in c["files"]}
     assert {"raw/proc/meminfo", "raw/proc/vmstat", "raw/proc/pressure/memory", "timeline/request.jsonl"} <= listed

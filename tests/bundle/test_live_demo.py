@@ -35,15 +35,18 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from collectors.recorder_queries import RecorderReader
 from diag.demo.harness import post_all, start_demo
 from diag.rules.engine import analyze
 from diag.rules.stall_signals import FAULTS_UP, REFAULTS_UP
@@ -85,6 +88,22 @@ def _host_disturbance(tl: Timeline) -> str | None:
     return ", ".join(found) or None
 
 
+def _rows(rec: Path, kind: str, since: float | None = None) -> int:
+    try:
+        with RecorderReader.open(rec, timeout_s=5.0) as reader:
+            return reader.count(since=since, kind=kind)
+    except sqlite3.Error:  # not created yet, or its schema not written yet
+        return 0
+
+
+def _until(done: Callable[[], bool], what: str, within_s: float = 60.0) -> None:
+    """Poll ``done`` until it holds; fail naming ``what`` after ``within_s``."""
+    end = time.monotonic() + within_s
+    while not done():
+        assert time.monotonic() < end, f"not within {within_s:g} s: {what}"
+        time.sleep(0.1)
+
+
 def test_bundle_of_a_live_queue_backlog(tmp_path: Path) -> None:
     require_live()
     began = time.monotonic()
@@ -111,7 +130,7 @@ def test_bundle_of_a_live_queue_backlog(tmp_path: Path) -> None:
             env={**os.environ, "OPENAI_API_KEY": f"env{canary}", "HF_TOKEN": f"hfenv{canary}"},
         )  # fmt: skip
         try:
-            time.sleep(3)  # a few agent samples before the load
+            _until(lambda: _rows(rec, "host") >= 3, "three agent samples before the load")
             # Long enough generations (~0.1 s) that inference, not the HTTP round trip, is what a slot holds.
             body = lambda tag, i: {"prompt": f"{tag} {i}: " + "the quick brown fox jumps over the lazy dog " * 6,  # noqa: E731
                                    "max_tokens": 96}  # fmt: skip
@@ -120,7 +139,10 @@ def test_bundle_of_a_live_queue_backlog(tmp_path: Path) -> None:
             # 16 clients on one slot: waits climb to ~15x the inference time, inference stays flat.
             burst = post_all(srv.url, [body("all at once", i) for i in range(140)], concurrency=16)
             assert {r.status_code for r in calm + canary_reply + burst} == {200}
-            time.sleep(2.5)  # the tracker's writer and the agent flush
+            # every request written by the tracker's buffered writer, and an agent sample taken after the last one
+            done = time.time()
+            _until(lambda: _rows(rec, "request") >= 161, "the tracker's 161 request records in the recorder")
+            _until(lambda: _rows(rec, "host", since=done) >= 1, "an agent sample after the load")
             age = f"{time.monotonic() - began + 5:.0f}s"
             run = run_bundle(
                 "--since", age, "--recorder", str(rec), "--pid", str(srv.worker_pids[0]), "--pid", str(secret.pid),

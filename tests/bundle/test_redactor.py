@@ -56,6 +56,33 @@ def test_fast_path_decides_exactly_as_the_full_walk(record: dict, pretty: bool) 
         assert expected == json.loads(body)
 
 
+@settings(max_examples=400, deadline=None)
+@given(st.lists(records, min_size=1, max_size=6), st.booleans())
+def test_a_batch_judged_clean_from_its_strings_is_one_the_walk_leaves_alone(batch: list[dict], ascii_only: bool) -> None:
+    """The history writes a batch of rows as stored when ``json_text_is_clean`` says so: then the walk of every
+    row must change nothing and count nothing (a secret in any key or value, a prompt field, an escaped quote or
+    a line break must all make it say no)."""
+    bodies = [json.dumps(r, ensure_ascii=ascii_only) for r in batch]
+    joined = "[" + ",".join(bodies) + "]"
+    if not Redactor().json_text_is_clean(joined):
+        return
+    walker = Redactor()
+    for body in bodies:
+        assert walker.value(json.loads(body), "timeline/x.jsonl") == json.loads(body)
+        assert walker.record_line(body, "timeline/x.jsonl") == (body, json.loads(body))
+    assert walker.report()["total"] == 0
+
+
+def test_a_batch_with_a_secret_anywhere_is_not_clean() -> None:
+    r = Redactor()
+    plain = {"kind": "process", "ts": 1.0, "comm": "python3", "cmdline": "python3 -m server --port 8000"}
+    assert r.json_text_is_clean(json.dumps([plain] * 3))
+    for bad in ({"api_key": "plainvalue"}, {"cmdline": "srv --token abc123"}, {"prompt": "hi"},
+                {"note": 'say \"Bearer abcdefghijklmnop\"'}, {"x": "caf\u00e9 AKIAABCDEFGHIJKLMNOP"}):  # fmt: skip
+        assert not r.json_text_is_clean(json.dumps([plain, {**plain, **bad}, plain])), bad
+    assert not r.json_text_is_clean(json.dumps([plain], indent=1))  # a line break between tokens: re-encode
+
+
 def test_prompt_fields_are_dropped_not_masked_and_counted() -> None:
     r = Redactor()
     rec = {"kind": "request", "ts": 1.0, "prompt_tokens": 12, "prompt": "tell me a secret story",

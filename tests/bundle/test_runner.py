@@ -9,7 +9,9 @@ import threading
 import time
 from pathlib import Path
 
-from diag.bundle.runner import Collector, Context, Output, read_tail, run_collectors, run_command
+from diag.bundle.bounded import read_tail, run_command
+from diag.bundle.plugin import Context, Output
+from diag.bundle.runner import Collector, command_output, run_collectors
 
 
 def _ctx(seconds: float) -> Context:
@@ -126,15 +128,13 @@ def test_a_command_that_prints_then_hangs_keeps_its_output_when_killed_at_once(t
 def test_an_abandoned_command_collector_keeps_what_was_printed(tmp_path: Path) -> None:
     """A collector stuck past its deadline (here: running its command under a later deadline of its own, as a
     worker blocked in a kill or a slow wait would be) is abandoned -- and what its command printed is kept."""
-    from diag.bundle.collect import _command_output
-
     pidfile = tmp_path / "pid"
     argv = ["sh", "-c", f"echo $$ > {pidfile}; echo 'GPU 00000000:3B:00.0'; exec sleep 300"]
 
     def stuck(ctx: Context) -> Output:
         own = Context(threading.Event(), time.monotonic() + 4.0)
         ctx.partial = lambda: own.partial() if own.partial is not None else Output()
-        return _command_output(argv, "raw/nvidia-smi-q.txt", 1 << 20, own)
+        return command_output(argv, "raw/nvidia-smi-q.txt", 1 << 20, own)
 
     (run,) = run_collectors([Collector("nvidia-smi", "stuck", stuck, 1.0)], time.monotonic() + 30, lambda _: None)
     assert run.abandoned and run.timeout_hit and run.status == "timeout"
@@ -148,13 +148,16 @@ def test_an_abandoned_command_collector_keeps_what_was_printed(tmp_path: Path) -
 def test_the_kmsg_collector_stops_at_its_own_budget_and_keeps_its_lines(tmp_path: Path) -> None:
     """A source that never drains (here /dev/zero; on a host that thrashes, a slow CPU) must not run the
     collector into its deadline: it returns what it read before the deadline, saying where it stopped."""
-    from diag.bundle import collect
     from diag.bundle.options import BundleOptions
+    from diag.bundle.plugin import Phase, State
+    from diag.bundle.plugins import PLUGINS
     from diag.bundle.redactor import Redactor
+    from diag.bundle.runner import collectors
 
     options = BundleOptions(kmsg_path="/dev/zero")
-    state = collect.State(options, Redactor(), time.time(), time.time() - 60, tmp_path)
-    collector = collect.kmsg_collector(state)
+    state = State(options, Redactor(), time.time(), time.time() - 60, tmp_path)
+    (collector,) = [c for c in collectors(PLUGINS, state, Phase.AFTER_SNAPSHOT) if c.name == "kmsg"]
+    assert collector.timeout_s == 5.0 and collector.plugin == "kernel"  # as the kernel plugin declares
     collector.timeout_s = 1.5
     (run,) = run_collectors([collector], time.monotonic() + 30, lambda _: None)
     assert run.status == "ok" and not run.timeout_hit and not run.abandoned  # done before its 1.5 s deadline
