@@ -107,6 +107,14 @@ SERIES: frozenset[str] = frozenset(
         "service:queue_wait_p50_s",
         "service:inference_p50_s",
         "service:queue_depth",
+        "service:requests_waiting",
+        "service:requests_running",
+        "service:requests_waiting_capacity",
+        "service:kv_cache_usage_ratio",
+        "service:preemptions_rps",
+        "service:ttft_mean_s",
+        "service:itl_mean_s",
+        "service:e2e_mean_s",
     }
 )
 
@@ -179,7 +187,10 @@ LATENCY_INFERENCE = "inference"
 LATENCY_E2E = "e2e"
 LATENCY_PREFILL = "prefill"
 LATENCY_DECODE = "decode"
-LATENCY_STEMS: tuple[str, ...] = (LATENCY_QUEUE_WAIT, LATENCY_INFERENCE, LATENCY_E2E, LATENCY_PREFILL, LATENCY_DECODE)
+LATENCY_TTFT = "ttft"
+LATENCY_ITL = "itl"  # inter-token latency (vLLM's time per output token, TGI's mean time per token)
+LATENCY_STEMS: tuple[str, ...] = (LATENCY_QUEUE_WAIT, LATENCY_INFERENCE, LATENCY_E2E, LATENCY_PREFILL, LATENCY_DECODE,
+                                  LATENCY_TTFT, LATENCY_ITL)  # fmt: skip
 LATENCY_STATS: tuple[str, ...] = ("p50", "p95", "mean")
 
 
@@ -196,6 +207,15 @@ SVC_REJECTED_RPS = "rejected_rps"
 SVC_ACTIVE_INFERENCES = "active_inferences"
 SVC_QUEUE_DEPTH = "queue_depth"
 SVC_MODEL_PROCESSES = "model_processes:"  # + the model path: how many processes hold it (this host)
+# What an inference engine reports of its own scheduler (vLLM, TGI, llama.cpp's server; the tracker where it can):
+SVC_REQUESTS_WAITING = "requests_waiting"  # requests queued for the scheduler
+SVC_REQUESTS_RUNNING = "requests_running"  # requests in the running batch
+SVC_WAITING_FOR_CAPACITY = "requests_waiting_capacity"  # waiting because the KV cache has no room (vLLM by reason)
+SVC_KV_CACHE_USAGE = "kv_cache_usage_ratio"  # 0-1: the KV cache's blocks in use
+SVC_PREEMPTIONS_RPS = "preemptions_rps"  # sequences preempted (and recomputed) per second
+SVC_PROMPT_TOKENS_RPS = "prompt_tokens_rps"
+SVC_GENERATION_TOKENS_RPS = "generation_tokens_rps"
+SVC_PREFIX_CACHE_HIT_RATIO = "prefix_cache_hit_ratio"
 
 # Per scope: the exact keys, and the open families (prefixes) a source may fill -- the recorded scopes as their
 # kinds declare them (host memory, vmstat and PSI resources are the catalog's closed lists), the service by hand.
@@ -203,6 +223,8 @@ _SERVICE = frozenset(
     {latency(stem, stat) for stem in LATENCY_STEMS for stat in LATENCY_STATS}
     | {SVC_REQUESTS_RPS, SVC_THROUGHPUT_RPS, SVC_ERROR_RPS, SVC_TIMEOUT_RPS, SVC_REJECTED_RPS}
     | {SVC_ACTIVE_INFERENCES, SVC_QUEUE_DEPTH}
+    | {SVC_REQUESTS_WAITING, SVC_REQUESTS_RUNNING, SVC_WAITING_FOR_CAPACITY, SVC_KV_CACHE_USAGE, SVC_PREEMPTIONS_RPS,
+       SVC_PROMPT_TOKENS_RPS, SVC_GENERATION_TOKENS_RPS, SVC_PREFIX_CACHE_HIT_RATIO}
 )
 _DECLARED = {"host:": fl.filled(HostSnapshot), "cgroup:": fl.filled(CgroupSnapshot), "process:": fl.filled(ProcessSample),
              "gpu:": fl.filled(GpuSnapshot)}  # fmt: skip
