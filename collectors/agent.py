@@ -14,6 +14,10 @@ Design choices, and why:
   or found not to be a database is set aside and a fresh recorder started (``llmdiag_recorder_resets_total``).
 - What ``--pid``/``--cgroup`` resolve to is written as a ``WatchScope`` record at start and whenever it
   changes, and a target that is missing is warned about once per change -- then looked for every sample.
+- Backends' own /metrics (``--scrape``) are scraped on threads of their own (``collectors.scrape``), so a
+  hung backend never delays a sample; their records are written with the next sample, and only the
+  scrapes' health is served on /metrics. With ``--scrape auto`` the model-file holders of each sample are
+  handed to the discovery thread (``collectors.discover``), which keeps the targets current.
 """
 
 from __future__ import annotations
@@ -29,9 +33,11 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from collectors.discover import AutoTargets
 from collectors.exporter import SnapshotCollector
 from collectors.recorder import FlightRecorder, is_corruption, move_aside, open_for_writing
 from collectors.records import Record, WatchScope
+from collectors.scrape import Scrapers
 from collectors.snapshot import Snapshot, SnapshotTaker
 
 log = logging.getLogger(__name__)
@@ -67,6 +73,8 @@ class Agent:
         recorder: FlightRecorder | None = None,
         trim_interval_s: float = 10.0,
         on_sample: Callable[[Snapshot], None] | None = None,
+        scrapers: Scrapers | None = None,
+        discovery: AutoTargets | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError("interval must be positive")
@@ -78,6 +86,10 @@ class Agent:
         self.collector = SnapshotCollector()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
+        self.scrapers = scrapers
+        self.discovery = discovery
+        if scrapers is not None:
+            self.registry.register(scrapers.health)
         self.stop_event = threading.Event()
         self.samples = 0
         self._last_trim = 0.0
@@ -100,6 +112,10 @@ class Agent:
         """Take one sample, record it, publish it. Never raises for a recorder problem."""
         snapshot = self.taker.take()
         records: list[Record] = snapshot.records()
+        if self.discovery is not None:
+            self.discovery.update(p.pid for p in snapshot.processes if p.model_files)
+        if self.scrapers is not None:
+            records.extend(self.scrapers.drain())
         scope = self._scope_change(snapshot.scope)
         if scope is not None:
             records.append(scope)
@@ -206,6 +222,13 @@ class Agent:
         signal.signal(signal.SIGINT, self.stop)
 
     def close(self) -> None:
+        if self.discovery is not None:
+            self.discovery.stop()
+        if self.scrapers is not None:
+            self.scrapers.close()
+            late = self.scrapers.drain()  # scrapes finished since the last sample: theirs too
+            if late and self.recorder is not None:
+                self._record(list(late))
         if self._server is not None:
             self._server.shutdown()  # type: ignore[attr-defined]
             self._server.server_close()  # type: ignore[attr-defined]

@@ -509,6 +509,36 @@ WATCH_TARGETS_FOUND = _declare(
     )
 )
 
+# --------------------------------------------------------------------------- the agent's scrapes of backends
+
+# ``diag collect --scrape``: the health of each scrape of an inference backend's own /metrics (collectors.scrape).
+# ``target`` is the scraped URL without credentials or query: bounded by what the operator named (or the
+# listening sockets of the model-file holders, with --scrape auto). The backend's own families are never
+# re-exported here.
+_TARGET = ("target",)
+BACKEND_UP = _declare(MetricSpec(
+    "llmdiag_backend_up", "gauge",
+    "1 when the last scrape of the backend's /metrics gave its families, 0 when it failed; dialect = whose families "
+    "(vllm, tgi, llamacpp, llmdiag, unknown).", ("target", "dialect"), "", "collectors.scrape"))  # fmt: skip
+BACKEND_SCRAPE_DURATION = _declare(MetricSpec(
+    "llmdiag_backend_scrape_duration_seconds", "gauge", "Wall time of the last scrape of the backend (fetch and parse).",
+    _TARGET, "seconds", "collectors.scrape"))  # fmt: skip
+BACKEND_SCRAPES = _declare(MetricSpec(
+    "llmdiag_backend_scrapes_total", "counter", "Scrapes of the backend's /metrics attempted.", _TARGET, "",
+    "collectors.scrape"))  # fmt: skip
+BACKEND_SCRAPE_ERRORS = _declare(MetricSpec(
+    "llmdiag_backend_scrape_errors_total", "counter",
+    "Failed scrapes by reason: timeout, connect (refused, unreachable), http (not 200), too_large, parse (not a valid "
+    "exposition), no_families (none of the known backend families). Sampling goes on regardless.",
+    ("target", "reason"), "", "collectors.scrape"))  # fmt: skip
+BACKEND_DROPPED_SERIES = _declare(MetricSpec(
+    "llmdiag_backend_dropped_series_total", "counter",
+    "Series of mapped families not stored: beyond the per-family cap of label sets, or with an over-long label value.",
+    _TARGET, "", "collectors.scrape"))  # fmt: skip
+BACKEND_KEPT_SERIES = _declare(MetricSpec(
+    "llmdiag_backend_kept_series", "gauge", "Series the last scrape stored in the flight recorder (after summing away "
+    "labels no signal reads).", _TARGET, "", "collectors.scrape"))  # fmt: skip
+
 # --------------------------------------------------------------------------- in-process tracker
 
 _REQ = ("route", "model")

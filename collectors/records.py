@@ -401,6 +401,37 @@ class WatchScope(Record):
     missing: list[str] = field(default_factory=list)  # one line per asked-for target not found, with where it was sought
 
 
+# --------------------------------------------------------------------------- inference backends' own metrics
+
+
+@dataclass
+class BackendSample(Record):
+    """One scrape of an inference backend's own ``/metrics`` (``diag collect --scrape``): vLLM, TGI, llama.cpp, ours.
+
+    Only the families ``collectors.backends`` maps to a signal are kept, with only the labels a signal selects on
+    (every other label summed away), under ``collectors.backends.series_key`` names. ``gauges`` hold values,
+    ``counters`` cumulative values, ``deltas`` what each histogram gained since the previous successful scrape
+    of the target -- per bucket (not cumulative: ``le`` names the bucket's upper bound), ``_sum`` and
+    ``_count``; a zero is left out, and a series seen for the first time has none (no baseline yet).
+    ``up`` is False when the scrape failed (``error`` says why: timeout, connect, http_<status>, too_large,
+    parse, no_families); ``dropped_series`` counts series beyond the per-family cap. The loaders turn these
+    into the ``service:`` signals exactly as the Prometheus loader turns the same families
+    (``diag.timeline.backends``).
+    """
+
+    KIND: ClassVar[str] = "backend"
+    TIMELINE: ClassVar[Destination] = SeriesGroup("backends", key="target")
+    target: str = ""  # the URL scraped, without credentials or query string
+    dialect: str = ""  # vllm | tgi | llamacpp | llmdiag | unknown: whose families most of the kept ones are
+    duration_s: float | None = number("scrape_duration_s")
+    dropped_series: int | None = number()
+    gauges: dict[str, float] = family("gauge")
+    counters: dict[str, float] = family("counter")
+    deltas: dict[str, float] = family("delta")
+    up: bool | None = flag()
+    error: str | None = None
+
+
 # --------------------------------------------------------------------------- alerts (triage input)
 
 
@@ -436,6 +467,7 @@ RECORD_TYPES: dict[str, type[Record]] = {
         CudaOomError,
         ServiceConfig,
         WatchScope,
+        BackendSample,
         Alert,
     )
 }

@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
+from urllib.parse import urlsplit, urlunsplit
 
 import typer
 
@@ -22,6 +23,8 @@ from diag.units import format_bytes, format_duration, parse_duration
 
 if TYPE_CHECKING:
     from collectors.agent import ListenAddress
+    from collectors.discover import AutoTargets
+    from collectors.scrape import Scrapers
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
 
@@ -29,6 +32,41 @@ INTERVAL_EXAMPLES = ("500ms", "1s", "5s")
 RETENTION_EXAMPLES = ("30m", "2h", "1d")
 MAX_SIZE_EXAMPLES = ("64MiB", "256MiB", "1GiB")
 LISTEN_EXAMPLES = ("127.0.0.1:9464", "127.0.0.1:0", "off")
+SCRAPE_EXAMPLES = ("http://127.0.0.1:8000/metrics", "auto")
+SCRAPE_TIMEOUT_EXAMPLES = ("2s", "5s", "10s")
+
+
+def scrape_timeout_default(interval_s: float) -> float:
+    """The interval, within 2 to 10 s: a busy engine answers /metrics late, but a scrape never waits past 10 s."""
+    return min(10.0, max(2.0, interval_s))
+
+
+def _scrape_targets(values: list[str]) -> tuple[tuple[str, ...], bool]:
+    """``--scrape`` values: the URLs (a bare host:port gets ``/metrics``), and whether ``auto`` was among them."""
+    urls: list[str] = []
+    auto = False
+    hint = f"; use e.g. {opts.listing(SCRAPE_EXAMPLES)}"
+    for value in values:
+        text = value.strip()
+        if text.lower() == "auto":
+            auto = True
+            continue
+        parts = urlsplit(text)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise opts.OptionError(f"--scrape {value!r}: a backend's /metrics URL (http or https) or auto{hint}")
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number or out of range
+        except ValueError:
+            raise opts.OptionError(f"--scrape {value!r}: the port is not a number from 0 to 65535") from None
+        if parts.username is not None or parts.password is not None:
+            raise opts.OptionError(
+                f"--scrape {parts.scheme}://...@{parts.hostname}: credentials in the URL are not accepted (they would "
+                "reach the flight recorder and the agent's /metrics); expose /metrics without them on loopback"
+            )
+        if parts.path in ("", "/"):
+            parts = parts._replace(path="/metrics")
+        urls.append(urlunsplit(parts))
+    return tuple(dict.fromkeys(urls)), auto
 
 
 def parse_every(value: str | None) -> float | None:
@@ -79,11 +117,15 @@ class _CollectPlan:
     max_size_bytes: int
     retention_text: str
     max_size_text: str
+    scrape_urls: tuple[str, ...] = ()
+    scrape_auto: bool = False
+    scrape_timeout_s: float = 5.0
 
 
 def _collect_plan(
     interval: str | None, listen: str | None, once: bool, recorder: Path | None, retention: str | None,
     max_size: str | None, samples: int | None, kmsg: bool | None, diagnose_every: float | None = None,
+    scrape: list[str] | None = None, scrape_timeout: str | None = None,
 ) -> _CollectPlan:  # fmt: skip
     """Validate every collect option (values first, then combinations); exit 2 naming the accepted forms."""
     from collectors.agent import ListenAddress
@@ -105,18 +147,26 @@ def _collect_plan(
         elif listen is None and not once:
             address = ListenAddress.parse(DEFAULT_LISTEN)
         path = opts.writable_file_path("--recorder", recorder) if recorder is not None else default_recorder_path()
+        scrape_urls, scrape_auto = _scrape_targets(scrape or [])
+        timeout_s = scrape_timeout_default(interval_s)
+        if scrape_timeout is not None:
+            if not scrape:
+                raise opts.OptionError("--scrape-timeout cannot be used without --scrape (there is nothing to scrape)")
+            timeout_s = opts.duration("--scrape-timeout", scrape_timeout, low=0.1, high=60,
+                                      examples=SCRAPE_TIMEOUT_EXAMPLES)  # fmt: skip
         if once:
             opts.refuse(
                 {"--interval": interval is not None, "--listen": listen is not None, "--recorder": recorder is not None,
                  "--retention": retention is not None,
                  "--max-size": max_size is not None, "--samples": samples is not None, "--kmsg": kmsg is True,
-                 "--diagnose-every": diagnose_every is not None},
+                 "--diagnose-every": diagnose_every is not None, "--scrape": bool(scrape),
+                 "--scrape-timeout": scrape_timeout is not None},
                 "with --once (it prints one exposition and records nothing)",
             )  # fmt: skip
     except opts.OptionError as exc:
         fail(str(exc))
     return _CollectPlan(interval_s, once, address, path, retention_s, max_size_bytes, retention or "2h",
-                        max_size or "256MiB")  # fmt: skip
+                        max_size or "256MiB", scrape_urls, scrape_auto, timeout_s)  # fmt: skip
 
 
 def collect(
@@ -153,6 +203,24 @@ def collect(
     gpu: Annotated[bool, typer.Option("--gpu/--no-gpu", help="Query NVML.")] = True,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each sample to stderr.")] = False,
     diagnose_every: DiagnoseEvery = None,
+    scrape: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--scrape",
+            metavar="URL|auto",
+            help="Also scrape an inference backend's own /metrics (vLLM, TGI, llama.cpp server, the llm-diag tracker) "
+            "every interval into the recorder; repeat for several. 'auto': the listening sockets of the processes "
+            "holding a model file, probed on loopback. Only the families the rules read are kept; nothing is "
+            "re-exported.",
+        ),
+    ] = None,
+    scrape_timeout: Annotated[
+        str | None,
+        typer.Option(
+            "--scrape-timeout",
+            help="Give up on a scrape after this long (counted as a timeout). Default: the interval, within 2s to 10s.",
+        ),
+    ] = None,
 ) -> None:
     """Run the host agent: sample every INTERVAL, write the flight recorder, serve /metrics.
 
@@ -168,10 +236,13 @@ def collect(
     Examples:\n
       diag collect                                   # 1 Hz, http://127.0.0.1:9464/metrics\n
       diag collect --once --proc-root /host/proc     # one exposition, e.g. from a container\n
-      diag collect --pid 4242 --retention 6h --max-size 1GiB
+      diag collect --pid 4242 --retention 6h --max-size 1GiB\n
+      diag collect --scrape http://127.0.0.1:8000/metrics   # and vLLM's own queue, KV cache, TTFT ...\n
+      diag collect --scrape auto                     # whatever serves the model files on this host
     """
     every_s: float | None = diagnose_every  # type: ignore[assignment]  # the option's callback made it seconds
-    plan = _collect_plan(interval, listen, once, recorder, retention, max_size, samples, kmsg, every_s)
+    plan = _collect_plan(interval, listen, once, recorder, retention, max_size, samples, kmsg, every_s, scrape,
+                         scrape_timeout)  # fmt: skip
     config = sampler_config(proc_root, sys_root, pid, cgroup, top, model_ext, kmsg=kmsg is not False and not once, gpu=gpu)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     if plan.once:
@@ -212,7 +283,9 @@ def _run_agent(
         if verbose:
             logging.info("sample %d written (%s)", agent.samples, format_bytes(flight.size_bytes()))
 
-    agent = Agent(taker, interval_s=plan.interval_s, recorder=flight, on_sample=progress)
+    scrapers, discovery = _scraping(plan, config)
+    agent = Agent(taker, interval_s=plan.interval_s, recorder=flight, on_sample=progress, scrapers=scrapers,
+                  discovery=discovery)  # fmt: skip
     if moved_aside is not None:
         agent.count_reset("corrupt")
         typer.echo(f"diag collect: {plan.recorder} was not a readable database: moved it to {moved_aside} "
@@ -226,6 +299,11 @@ def _run_agent(
             agent.close()
             fail(f"cannot listen on {plan.address.host}:{plan.address.port}: {exc}")
     where = f"http://{plan.address.host}:{agent.bound_port}/metrics" if plan.address else "no /metrics"
+    if scrapers is not None:
+        named = [*plan.scrape_urls, *(["auto"] if plan.scrape_auto else [])]
+        where += f"; scraping {', '.join(named)} (timeout {plan.scrape_timeout_s:g}s)"
+    if discovery is not None:
+        discovery.start()
     typer.echo(
         f"diag collect: sampling every {plan.interval_s:g}s, recorder {plan.recorder} (keep {plan.retention_text}, "
         f"max {plan.max_size_text}), {where}; pid {os.getpid()}",
@@ -236,6 +314,20 @@ def _run_agent(
     finally:
         agent.close()
     typer.echo(f"diag collect: stopped after {agent.samples} samples", err=True)
+
+
+def _scraping(plan: _CollectPlan, config: SamplerConfig) -> tuple[Scrapers | None, AutoTargets | None]:
+    """The scrape threads of ``--scrape`` (started now for URLs; by the discovery thread for ``auto``)."""
+    if not plan.scrape_urls and not plan.scrape_auto:
+        return None, None
+    from collectors.discover import AutoTargets
+    from collectors.scrape import Limits, Scrapers
+
+    scrapers = Scrapers(plan.interval_s, Limits(timeout_s=plan.scrape_timeout_s))
+    if not plan.scrape_auto:
+        scrapers.set_targets(plan.scrape_urls)
+        return scrapers, None
+    return scrapers, AutoTargets(scrapers, config.proc_root, plan.scrape_urls)
 
 
 def register(app: typer.Typer) -> None:

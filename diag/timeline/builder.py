@@ -27,6 +27,7 @@ import numpy as np
 from diag.timeline import bulk as bulk_mapping
 from diag.timeline import fastdecode, rowwise
 from diag.timeline import signals as vocabulary
+from diag.timeline.backends import service_from_backends
 from diag.timeline.columns import SeriesBuilder, give_back_freed_memory, to_float, to_table
 from diag.timeline.fastdecode import TYPED_KINDS, paused_gc
 from diag.timeline.layout import LAYOUTS, KeptLayout, TrackLayout
@@ -382,6 +383,9 @@ class TimelineBuilder:
             tables["requests"] = _derive_request_columns(requests)
         host = joined(groups["host"].pop(None, None))
         service = joined(groups["service"].pop(None, None))
+        backends = {target: joined(groups["backends"].pop(target)) for target in list(groups["backends"])}
+        for name, series in service_from_backends(backends).items():
+            service.setdefault(name, series)  # what a source handed over as service series already wins
         cgroups = {path: joined(groups["cgroups"].pop(path)) for path in list(groups["cgroups"])}
         gpus = {index: joined(groups["gpus"].pop(index)) for index in list(groups["gpus"])}
         named = {name: table for name, table in tables.items() if name in _TIMELINE_FIELDS}
@@ -397,6 +401,7 @@ class TimelineBuilder:
             gpus=gpus,
             gpu_unavailable_reason=self.unavailable.get("gpus") if not gpus else None,
             service=service,
+            backends=backends,
             tables={name: table for name, table in tables.items() if name not in _TIMELINE_FIELDS},
             counts=dict(self.counts),
             skipped=dict(self.skipped),

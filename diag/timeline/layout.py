@@ -224,7 +224,7 @@ def derive(kind: str, cls: type, track_attrs: frozenset[str]) -> Layout | None:
     return None
 
 
-SCOPES = ("host", "cgroups", "gpus", "service")  # the Timeline's dicts of series groups
+SCOPES = ("host", "cgroups", "gpus", "service", "backends")  # the Timeline's dicts of series groups
 
 
 def _check(layout: Layout, cls: type) -> None:

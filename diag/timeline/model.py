@@ -15,8 +15,9 @@ Naming of series (the *signals* rules ask for, and what ``not_evaluated`` names 
 - per process track (pid + start time): ``rss``, ``pss``, ``uss``, ``swap``, ``major_faults``,
   ``minor_faults``; static facts (comm, cmdline, model files, cgroup) beside them.
 - per GPU index: ``total``, ``used``, ``free``, ``reserved``, ``util_gpu``, ``util_memory``.
-- ``service``: aggregated request-side series (quantiles, rates) for sources that have no per-request
-  rows, such as a Prometheus server.
+- ``service``: aggregated request-side series (quantiles, rates, the engine's scheduler and KV cache) for
+  sources that have no per-request rows: a Prometheus server, or the agent's scrapes of the backend's own
+  ``/metrics`` (``backends``, per scraped URL, from which ``diag.timeline.backends`` computes them).
 - tables (one row per event): requests, batches, routing, loader, torch, and lists of OOM events,
   CUDA OOM errors and service configurations.
 
@@ -131,6 +132,10 @@ class Timeline:
     # queue_wait_p50_s/p95_s, inference_p50_s/p95_s, e2e_p95_s, throughput_rps, active_inferences, queue_depth,
     # rejected_rps, error_rps, prompt_tokens_rps ... (see diag/sources/prometheus.py for the exact set).
     service: dict[str, Series] = field(default_factory=dict)
+    # Inference backends' own families as the agent scraped them (``BackendSample``), per target URL: ``up``,
+    # ``scrape_duration_s``, ``gauge.<series>``, ``counter.<series>``, ``delta.<series>``. The service signals
+    # they give are computed from them into ``service`` (``diag.timeline.backends``); rules read those.
+    backends: dict[str, dict[str, Series]] = field(default_factory=dict)
     requests: Table = field(default_factory=Table)
     batches: Table = field(default_factory=Table)
     routing: Table = field(default_factory=Table)

@@ -20,7 +20,17 @@ so a field declared there is a signal here. Only the Prometheus-only ``service:`
 from __future__ import annotations
 
 from collectors import fields as fl
-from collectors.records import RECORD_TYPES, CgroupSnapshot, GpuDevice, GpuSnapshot, HostSnapshot, ProcessSample, Psi, PsiLine
+from collectors.records import (
+    RECORD_TYPES,
+    BackendSample,
+    CgroupSnapshot,
+    GpuDevice,
+    GpuSnapshot,
+    HostSnapshot,
+    ProcessSample,
+    Psi,
+    PsiLine,
+)
 
 
 def _recorded_tables() -> dict[str, str]:
@@ -49,7 +59,8 @@ def _table_names() -> dict[str, str]:
 
 
 # The Timeline attribute of each scope of sampled series, and the prefix of its signals.
-SCOPES: dict[str, str] = {"host": "host:", "cgroups": "cgroup:", "processes": "process:", "gpus": "gpu:", "service": "service:"}
+SCOPES: dict[str, str] = {"host": "host:", "cgroups": "cgroup:", "processes": "process:", "gpus": "gpu:", "service": "service:",
+                           "backends": "backend:"}  # fmt: skip
 
 # Event tables and lists (one row/record per event).
 TABLES: dict[str, str] = {
@@ -71,7 +82,9 @@ SERIES_SOURCES: dict[str, str] = {
     "host:": "the agent's host sampler (/proc/meminfo, /proc/vmstat, /proc/pressure) or node_exporter",
     "cgroup:": "the agent's cgroup sampler for a watched group (--cgroup, or the group of a watched --pid)",
     "process:": "the agent's process sampler (/proc/<pid>/status, smaps_rollup)",
-    "service:": "aggregated request metrics on the Prometheus path (the tracker's or vLLM/TGI histograms)",
+    "service:": "aggregated request metrics: the tracker's or the inference engine's own families (vLLM, TGI, llama.cpp), "
+    "through Prometheus or the agent's --scrape of the backend's /metrics",
+    "backend:": "the agent's scrapes of an inference backend's own /metrics (diag collect --scrape)",
     "gpu:": "the agent's GPU sampler (NVML)",
 }
 
@@ -223,11 +236,19 @@ _SERVICE = frozenset(
     {latency(stem, stat) for stem in LATENCY_STEMS for stat in LATENCY_STATS}
     | {SVC_REQUESTS_RPS, SVC_THROUGHPUT_RPS, SVC_ERROR_RPS, SVC_TIMEOUT_RPS, SVC_REJECTED_RPS}
     | {SVC_ACTIVE_INFERENCES, SVC_QUEUE_DEPTH}
-    | {SVC_REQUESTS_WAITING, SVC_REQUESTS_RUNNING, SVC_WAITING_FOR_CAPACITY, SVC_KV_CACHE_USAGE, SVC_PREEMPTIONS_RPS,
-       SVC_PROMPT_TOKENS_RPS, SVC_GENERATION_TOKENS_RPS, SVC_PREFIX_CACHE_HIT_RATIO}
+    | {
+        SVC_REQUESTS_WAITING,
+        SVC_REQUESTS_RUNNING,
+        SVC_WAITING_FOR_CAPACITY,
+        SVC_KV_CACHE_USAGE,
+        SVC_PREEMPTIONS_RPS,
+        SVC_PROMPT_TOKENS_RPS,
+        SVC_GENERATION_TOKENS_RPS,
+        SVC_PREFIX_CACHE_HIT_RATIO,
+    }
 )
 _DECLARED = {"host:": fl.filled(HostSnapshot), "cgroup:": fl.filled(CgroupSnapshot), "process:": fl.filled(ProcessSample),
-             "gpu:": fl.filled(GpuSnapshot)}  # fmt: skip
+             "gpu:": fl.filled(GpuSnapshot), "backend:": fl.filled(BackendSample)}  # fmt: skip
 FILLED: dict[str, frozenset[str]] = {**{scope: exact for scope, (exact, _) in _DECLARED.items()}, "service:": _SERVICE}
 FAMILIES: dict[str, tuple[str, ...]] = {
     **{scope: prefixes for scope, (_, prefixes) in _DECLARED.items()},

@@ -1,0 +1,553 @@
+"""Scraping an inference backend's own ``/metrics`` into ``BackendSample`` records (``diag collect --scrape``).
+
+Why the agent scrapes at all: most inference hosts run vLLM, TGI or llama.cpp's server, which already export
+queue time, waiting/running requests, KV-cache usage, preemptions, TTFT and inter-token latency -- but only a
+Prometheus ever read them, so the flight recorder of such a host (and a bundle taken mid-incident) had no
+request side at all. Here each scrape keeps exactly the families ``collectors.backends`` maps to a signal:
+
+- fetched with a total deadline (a server that drips bytes is cut off at it), at most ``max_bytes`` read;
+  ``text/plain`` preferred (names keep their ``:``), OpenMetrics accepted, either parsed by
+  prometheus_client's own parsers -- strict, and what vLLM exports with;
+- only the lines of mapped families are handed to the parser (their names in both spellings, ``vllm:x``
+  and the escaped ``vllm_x``): the parser's cost is per line, and an exposition is mostly families no
+  signal reads (``_created`` lines, token-count histograms, Python process metrics);
+- labels a feed does not select on are summed away, as the Prometheus loader's ``sum()`` does; what is
+  left is capped per family (``max_series``, the overflow counted), as is a label value's length;
+- histograms are stored as what each bucket gained since the previous successful scrape (zeros left out,
+  but each non-zero bucket's lower neighbour kept, so a quantile can interpolate within it);
+- a scrape that fails, hangs or returns garbage is a record with ``up`` false and the reason, counted on
+  the agent's own ``/metrics`` (``llmdiag_backend_scrape_errors_total{target,reason}``) -- never an
+  exception into the agent, never a stop of its sampling. Nothing the backend exports is re-exported.
+
+Every target is scraped on its own thread (``ScrapeLoop``) at the agent's interval, so a hung backend
+delays nothing but its own next scrape; the agent writes the records with its next sample.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import math
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+from prometheus_client.parser import text_string_to_metric_families as text_families
+from prometheus_client.registry import Collector
+
+from collectors import backends as bk
+from collectors import catalog as cat
+from collectors.records import BackendSample
+
+log = logging.getLogger(__name__)
+
+ACCEPT = "text/plain;version=0.0.4;q=0.9,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
+USER_AGENT = "llm-diag-agent"
+MAX_BODY_BYTES = 8 << 20  # a vLLM host with many engines writes ~1 MiB; beyond this it is not a /metrics page
+MAX_SERIES_PER_FAMILY = 32  # kept label sets per family (a feed selects on a bounded label: finished_reason ...)
+MAX_LABEL_VALUE = 128  # characters of a kept label value
+MAX_PENDING = 4096  # records waiting for the agent to write them (it drains every sample): beyond, the oldest go
+ERROR_REASONS: tuple[str, ...] = ("timeout", "connect", "http", "too_large", "parse", "no_families")
+
+
+class ScrapeError(Exception):
+    """A scrape that produced nothing: ``reason`` is one of ``ERROR_REASONS``, ``detail`` says what happened."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Limits:
+    timeout_s: float = 5.0
+    max_bytes: int = MAX_BODY_BYTES
+    max_series: int = MAX_SERIES_PER_FAMILY
+    max_label_value: int = MAX_LABEL_VALUE
+
+
+def display_url(url: str) -> str:
+    """The URL as recorded and exported: no credentials, no query or fragment (either may carry a token)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path or "/", "", ""))
+
+
+# --------------------------------------------------------------------------- fetching
+
+
+@dataclass
+class Fetched:
+    body: bytes
+    content_type: str
+
+
+def fetch(url: str, timeout_s: float, max_bytes: int = MAX_BODY_BYTES) -> Fetched:
+    """GET ``url`` within ``timeout_s`` in total (connect, headers and body), reading at most ``max_bytes``.
+
+    Raises ``ScrapeError``: ``connect`` (refused, unreachable, name not resolved, TLS), ``timeout``, ``http``
+    (a status other than 200), ``too_large``.
+    """
+    parts = urlsplit(url)
+    deadline = time.monotonic() + timeout_s
+    conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    conn = conn_cls(parts.hostname or "", parts.port, timeout=max(0.001, timeout_s))
+    try:
+        try:
+            conn.request("GET", path, headers={"Accept": ACCEPT, "User-Agent": USER_AGENT, "Accept-Encoding": "identity"})
+            _left(deadline, conn)
+            resp = conn.getresponse()
+        except TimeoutError:
+            raise ScrapeError("timeout", f"no answer within {timeout_s:g} s") from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise ScrapeError("connect", _why(exc)) from None
+        if resp.status != 200:
+            raise ScrapeError("http", f"HTTP {resp.status} {resp.reason}".strip())
+        length = resp.getheader("Content-Length")
+        if length is not None and length.isdigit() and int(length) > max_bytes:
+            raise ScrapeError("too_large", f"Content-Length {length} bytes, over the {max_bytes}-byte cap")
+        chunks: list[bytes] = []
+        got = 0
+        while True:
+            _left(deadline, conn)
+            try:
+                chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(65536)
+            except TimeoutError:
+                raise ScrapeError("timeout", f"body not complete within {timeout_s:g} s ({got} bytes read)") from None
+            except (OSError, http.client.HTTPException) as exc:
+                raise ScrapeError("connect", f"body cut off after {got} bytes: {_why(exc)}") from None
+            if not chunk:
+                break
+            got += len(chunk)
+            if got > max_bytes:
+                raise ScrapeError("too_large", f"over the {max_bytes}-byte cap")
+            chunks.append(chunk)
+        return Fetched(b"".join(chunks), resp.getheader("Content-Type") or "")
+    finally:
+        conn.close()
+
+
+def _left(deadline: float, conn: http.client.HTTPConnection) -> None:
+    """Give the socket only what is left of the deadline; past it, time out (a slow drip cannot outlast it)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    if conn.sock is not None:
+        conn.sock.settimeout(left)
+    else:
+        conn.timeout = left
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, socket.gaierror):
+        return f"name not resolved ({exc.strerror or exc})"
+    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _roles() -> dict[str, tuple[bk.Family, str]]:
+    """Sample name (both spellings) -> (family, role): value | bucket | sum | count | quantile."""
+    out: dict[str, tuple[bk.Family, str]] = {}
+
+    def add(name: str, fam: bk.Family, role: str) -> None:
+        for spelling in (name, name.replace(":", "_")):
+            out.setdefault(spelling, (fam, role))
+
+    for fam in bk.SCRAPED.values():
+        if fam.type == "counter":
+            add(fam.base + "_total", fam, "value")
+            add(fam.base, fam, "value")
+        elif fam.type == "gauge":
+            add(fam.name, fam, "value")
+        else:
+            add(fam.name + "_sum", fam, "sum")
+            add(fam.name + "_count", fam, "count")
+            if fam.type == "histogram":
+                add(fam.name + "_bucket", fam, "bucket")
+            else:
+                add(fam.name, fam, "quantile")
+    return out
+
+
+SAMPLE_ROLES: dict[str, tuple[bk.Family, str]] = _roles()
+# Names a ``# HELP``/``# TYPE``/``# UNIT`` line of a mapped family may carry (the classic format names a counter
+# with ``_total``, OpenMetrics without).
+_HEADER_NAMES: frozenset[str] = frozenset(
+    n for fam in bk.SCRAPED.values() for base in (fam.name, fam.base, fam.base + "_total") for n in (base, base.replace(":", "_"))
+)
+NEEDS_BUCKETS: frozenset[str] = frozenset(f.family.name for f in bk.FEEDS if f.how == "histogram")
+
+
+def mapped_lines(text: str) -> tuple[str, int]:
+    """The lines of ``text`` that belong to mapped families (and ``# EOF``), and how many sample lines it had."""
+    kept: list[str] = []
+    samples = 0
+    for line in text.split("\n"):
+        if not line:
+            continue
+        if line[0] == "#":
+            if line.startswith("# EOF"):
+                kept.append(line)
+                continue
+            parts = line.split(None, 3)
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE", "UNIT") and parts[2] in _HEADER_NAMES:
+                kept.append(line)
+            continue
+        samples += 1
+        end = len(line)
+        for stop in ("{", " ", "\t"):
+            i = line.find(stop, 0, end)
+            if i >= 0:
+                end = i
+        if line[:end] in SAMPLE_ROLES:
+            kept.append(line)
+    return "\n".join(kept) + "\n" if kept else "", samples
+
+
+@dataclass
+class Hist:
+    """A histogram's cumulative values at one scrape: bucket upper bound -> count, ``_sum``, ``_count``."""
+
+    buckets: dict[float, float] = field(default_factory=dict)
+    sum: float = 0.0
+    count: float = 0.0
+
+
+HistKey = tuple[str, tuple[tuple[str, str], ...]]  # (family name, kept labels sorted)
+
+
+@dataclass
+class Parsed:
+    """What one exposition held of the mapped families, other labels summed away."""
+
+    gauges: dict[str, float] = field(default_factory=dict)  # series key -> value
+    counters: dict[str, float] = field(default_factory=dict)  # series key -> cumulative value
+    hists: dict[HistKey, Hist] = field(default_factory=dict)
+    families: set[str] = field(default_factory=set)  # declared names of the families seen
+    dropped: int = 0  # series beyond the per-family cap, or with an over-long kept label value
+    samples: int = 0  # sample lines in the whole exposition
+
+
+def parse(body: bytes, content_type: str, limits: Limits = Limits()) -> Parsed:
+    """The mapped families of one exposition. Raises ``ScrapeError`` (``parse``, ``no_families``)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScrapeError("parse", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    openmetrics = content_type.split(";")[0].strip().lower() == "application/openmetrics-text"
+    kept, samples = mapped_lines(text)
+    out = Parsed(samples=samples)
+    if not kept.strip("# EOF\n"):
+        if openmetrics and "# EOF" not in text:
+            raise ScrapeError("parse", "OpenMetrics exposition without # EOF (cut off?)")
+        raise ScrapeError("no_families", f"none of the known backend families among {samples} samples")
+    series_per_family: dict[str, set[tuple[tuple[str, str], ...]]] = {}
+    parser = openmetrics_families if openmetrics else text_families
+    try:
+        for metric in parser(kept):
+            for s in metric.samples:
+                _take(out, s.name, s.labels, s.value, limits, series_per_family)
+    except Exception as exc:  # the parsers raise ValueError mostly, but hostile input reaches others too
+        raise ScrapeError("parse", _short(f"{type(exc).__name__}: {exc}")) from None
+    if not out.families:
+        raise ScrapeError("no_families", f"none of the known backend families among {samples} samples")
+    return out
+
+
+def _short(text: str) -> str:
+    text = text.replace("\n", " ")
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _take(out: Parsed, name: str, labels: dict[str, str], value: float, limits: Limits,
+          series: dict[str, set[tuple[tuple[str, str], ...]]]) -> None:  # fmt: skip
+    found = SAMPLE_ROLES.get(name)
+    if found is None:
+        return
+    fam, role = found
+    if role == "quantile" or not math.isfinite(value):
+        return
+    kept = tuple(sorted((k, v) for k in fam.keep if (v := labels.get(k)) is not None))
+    if any(len(v) > limits.max_label_value for _, v in kept):
+        out.dropped += 1
+        return
+    seen = series.setdefault(fam.name, set())
+    if kept not in seen:
+        if len(seen) >= limits.max_series:
+            out.dropped += 1
+            return
+        seen.add(kept)
+    out.families.add(fam.name)
+    if role == "value":
+        key = bk.series_key(fam.name, dict(kept))
+        target = out.gauges if fam.type == "gauge" else out.counters
+        target[key] = target.get(key, 0.0) + value
+        return
+    hist = out.hists.get((fam.name, kept))
+    if hist is None:
+        hist = out.hists[(fam.name, kept)] = Hist()
+    if role == "sum":
+        hist.sum += value
+    elif role == "count":
+        hist.count += value
+    elif fam.name in NEEDS_BUCKETS:
+        try:
+            le = float(labels.get("le", "nan"))
+        except ValueError:
+            return
+        if not math.isnan(le):
+            hist.buckets[le] = hist.buckets.get(le, 0.0) + value
+
+
+def le_text(le: float) -> str:
+    return "+Inf" if math.isinf(le) and le > 0 else repr(le)
+
+
+def deltas(now: Hist, before: Hist | None, family: str, kept: Sequence[tuple[str, str]]) -> dict[str, float]:
+    """What a histogram gained since ``before``: per bucket (each non-zero one and its lower neighbour), sum, count.
+
+    A count or bucket that went down is a restart of the backend: everything it holds now is new (as PromQL's
+    ``increase()`` counts after a reset). Without ``before`` (the series is new) there is no baseline: nothing.
+    """
+    if before is None:
+        return {}
+    reset = now.count < before.count or any(v < before.buckets.get(le, 0.0) for le, v in now.buckets.items())
+    base = Hist() if reset else before
+    out: dict[str, float] = {}
+    labels = dict(kept)
+    les = sorted(now.buckets)
+    prev_cum = 0.0
+    gains = []
+    for le in les:
+        cum = now.buckets[le] - base.buckets.get(le, 0.0)
+        gains.append(max(0.0, cum - prev_cum))
+        prev_cum = cum
+    for i, (le, gain) in enumerate(zip(les, gains, strict=True)):
+        if gain > 0 or (i + 1 < len(gains) and gains[i + 1] > 0):
+            out[bk.series_key(family + "_bucket", {**labels, "le": le_text(le)})] = gain
+    total = now.sum - base.sum
+    count = now.count - base.count
+    if count > 0:
+        out[bk.series_key(family + "_sum", labels)] = total
+        out[bk.series_key(family + "_count", labels)] = count
+    return out
+
+
+# --------------------------------------------------------------------------- one target
+
+
+class TargetScraper:
+    """One backend: fetch, parse, and the histogram state the deltas need. ``scrape()`` never raises."""
+
+    def __init__(self, url: str, limits: Limits = Limits(), fetcher: Callable[[str, float, int], Fetched] = fetch) -> None:
+        self.url = url
+        self.target = display_url(url)
+        self.limits = limits
+        self.fetcher = fetcher
+        self.previous: dict[HistKey, Hist] = {}
+
+    def scrape(self, ts: float | None = None) -> BackendSample:
+        ts = time.time() if ts is None else ts
+        started = time.perf_counter()
+        try:
+            got = self.fetcher(self.url, self.limits.timeout_s, self.limits.max_bytes)
+            parsed = parse(got.body, got.content_type, self.limits)
+        except ScrapeError as exc:
+            return self.failed(ts, exc, time.perf_counter() - started)
+        return self.record(ts, parsed, time.perf_counter() - started)
+
+    def from_text(self, ts: float, body: bytes, content_type: str = "text/plain; version=0.0.4") -> BackendSample:
+        """A record from an exposition already in hand (tests, the benchmark, replays)."""
+        started = time.perf_counter()
+        try:
+            parsed = parse(body, content_type, self.limits)
+        except ScrapeError as exc:
+            return self.failed(ts, exc, time.perf_counter() - started)
+        return self.record(ts, parsed, time.perf_counter() - started)
+
+    def failed(self, ts: float, exc: ScrapeError, duration_s: float) -> BackendSample:
+        return BackendSample(ts=ts, target=self.target, dialect="unknown", duration_s=duration_s, dropped_series=0,
+                             up=False, error=f"{exc.reason}: {exc.detail}")  # fmt: skip
+
+    def record(self, ts: float, parsed: Parsed, duration_s: float) -> BackendSample:
+        gains: dict[str, float] = {}
+        for key, hist in parsed.hists.items():
+            gains.update(deltas(hist, self.previous.get(key), key[0], key[1]))
+            self.previous[key] = hist
+        return BackendSample(
+            ts=ts, target=self.target, dialect=bk.dialect_of(parsed.families), duration_s=duration_s,
+            dropped_series=parsed.dropped, gauges=parsed.gauges, counters=parsed.counters, deltas=gains, up=True,
+        )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- health, on the agent's /metrics
+
+
+class ScrapeHealth(Collector):
+    """The scrapes' own health, by target: up, duration, scrapes, errors by reason, series dropped by the cap.
+
+    Nothing the backend exports is re-exported: a backend's families reach Prometheus from the backend itself.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._up: dict[str, tuple[int, str]] = {}
+        self._duration: dict[str, float] = {}
+        self._scrapes: dict[str, int] = {}
+        self._errors: dict[tuple[str, str], int] = {}
+        self._dropped: dict[str, int] = {}
+        self._kept: dict[str, int] = {}
+        self._warned: dict[str, str] = {}
+
+    def observe(self, sample: BackendSample) -> None:
+        target = sample.target
+        reason = (sample.error or "").split(":", 1)[0] if not sample.up else ""
+        with self._lock:
+            self._scrapes[target] = self._scrapes.get(target, 0) + 1
+            self._up[target] = (int(bool(sample.up)), sample.dialect)
+            self._duration[target] = float(sample.duration_s or 0.0)
+            self._dropped[target] = self._dropped.get(target, 0) + int(sample.dropped_series or 0)
+            self._kept[target] = len(sample.gauges) + len(sample.counters) + len(sample.deltas)
+            for r in ERROR_REASONS:
+                self._errors.setdefault((target, r), 0)
+            if reason:
+                self._errors[(target, reason)] = self._errors.get((target, reason), 0) + 1
+            changed = self._warned.get(target) != reason
+            self._warned[target] = reason
+        if changed and reason:
+            log.warning("scrape of %s failed (%s); counted, and tried again every sample", target, sample.error)
+        elif changed:
+            log.info("scraping %s: %s families", target, bk.DIALECT_NAMES.get(sample.dialect, sample.dialect))
+
+    def forget(self, target: str) -> None:
+        """A target no longer scraped (an auto-discovered backend that went away): its series leave /metrics."""
+        with self._lock:
+            for table in (self._up, self._duration, self._scrapes, self._dropped, self._kept, self._warned):
+                table.pop(target, None)
+            for key in [k for k in self._errors if k[0] == target]:
+                del self._errors[key]
+
+    def errors(self, target: str) -> dict[str, int]:
+        with self._lock:
+            return {r: n for (t, r), n in self._errors.items() if t == target}
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            up, duration, scrapes = dict(self._up), dict(self._duration), dict(self._scrapes)
+            errors, dropped, kept = dict(self._errors), dict(self._dropped), dict(self._kept)
+        fams = {
+            spec.name: (CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily)(
+                spec.base_name, spec.help, labels=list(spec.labels))
+            for spec in (cat.BACKEND_UP, cat.BACKEND_SCRAPE_DURATION, cat.BACKEND_SCRAPES, cat.BACKEND_SCRAPE_ERRORS,
+                         cat.BACKEND_DROPPED_SERIES, cat.BACKEND_KEPT_SERIES)
+        }  # fmt: skip
+        for target, (value, dialect) in sorted(up.items()):
+            fams[cat.BACKEND_UP.name].add_metric([target, dialect], value)
+            fams[cat.BACKEND_SCRAPE_DURATION.name].add_metric([target], duration.get(target, 0.0))
+            fams[cat.BACKEND_SCRAPES.name].add_metric([target], scrapes.get(target, 0))
+            fams[cat.BACKEND_DROPPED_SERIES.name].add_metric([target], dropped.get(target, 0))
+            fams[cat.BACKEND_KEPT_SERIES.name].add_metric([target], kept.get(target, 0))
+        for (target, reason), n in sorted(errors.items()):
+            fams[cat.BACKEND_SCRAPE_ERRORS.name].add_metric([target, reason], n)
+        yield from (f for f in fams.values() if f.samples)
+
+
+# --------------------------------------------------------------------------- the scrape threads
+
+
+class ScrapeLoop(threading.Thread):
+    """Scrapes one target every ``interval_s`` (skipping ticks it overran) until stopped."""
+
+    def __init__(self, scraper: TargetScraper, interval_s: float, sink: Callable[[BackendSample], None]) -> None:
+        super().__init__(name=f"scrape {scraper.target}", daemon=True)
+        self.scraper = scraper
+        self.interval_s = interval_s
+        self.sink = sink
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        next_tick = time.monotonic()
+        while not self.stopping.is_set():
+            try:
+                self.sink(self.scraper.scrape())
+            except Exception:  # the scraper promises not to raise; a bug here must not end the loop silently
+                log.exception("scraping %s failed unexpectedly", self.scraper.target)
+            next_tick += self.interval_s
+            now = time.monotonic()
+            if next_tick < now:
+                next_tick = now + self.interval_s - ((now - next_tick) % self.interval_s)
+            self.stopping.wait(next_tick - now)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+
+class Scrapers:
+    """Every scraped target, each on its own ``ScrapeLoop``; the agent drains their records with each sample."""
+
+    def __init__(self, interval_s: float, limits: Limits = Limits(), health: ScrapeHealth | None = None) -> None:
+        self.interval_s = interval_s
+        self.limits = limits
+        self.health = health or ScrapeHealth()
+        self._lock = threading.Lock()
+        self._pending: deque[BackendSample] = deque()
+        self._loops: dict[str, ScrapeLoop] = {}
+        self.lost = 0  # records dropped because nobody drained them (the agent stalled)
+
+    def _sink(self, sample: BackendSample) -> None:
+        self.health.observe(sample)
+        with self._lock:
+            if len(self._pending) >= MAX_PENDING:
+                self._pending.popleft()
+                self.lost += 1
+            self._pending.append(sample)
+
+    def set_targets(self, urls: Iterable[str]) -> None:
+        """Scrape exactly these URLs from now on: new ones start, others stop (their state is dropped)."""
+        wanted = list(dict.fromkeys(urls))
+        with self._lock:
+            gone = [u for u in self._loops if u not in wanted]
+            stopped = [self._loops.pop(u) for u in gone]
+            for url in wanted:
+                if url not in self._loops:
+                    loop = ScrapeLoop(TargetScraper(url, self.limits), self.interval_s, self._sink)
+                    self._loops[url] = loop
+                    loop.start()
+        for loop in stopped:
+            loop.stop()
+            self.health.forget(loop.scraper.target)
+
+    @property
+    def targets(self) -> list[str]:
+        with self._lock:
+            return list(self._loops)
+
+    def drain(self) -> list[BackendSample]:
+        with self._lock:
+            out = list(self._pending)
+            self._pending.clear()
+        return out
+
+    def close(self, wait_s: float = 1.0) -> None:
+        with self._lock:
+            loops = list(self._loops.values())
+            self._loops.clear()
+        for loop in loops:
+            loop.stop()
+        deadline = time.monotonic() + wait_s
+        for loop in loops:
+            loop.join(max(0.0, deadline - time.monotonic()))
