@@ -14,7 +14,8 @@ What is declared:
   bucket boundaries where they are fixed in the source, the upstream version it was read from, and
   ``keep``: the labels the scrape keeps (those a feed selects on). Every other label (``model_name``,
   ``engine``, ``route`` ...) is summed away when the scrape is stored, as the Prometheus loader's
-  ``sum(...)`` does, which is what bounds the stored series.
+  ``sum(...)`` does, which is what bounds the stored series -- except for a gauge that is a ratio (KV-cache
+  usage): its series are kept by ``keep`` and combined by ``max``, the most saturated engine.
 - ``Feed``: which ``service:`` signal a family fills, and how: ``gauge`` (the sum of its series),
   ``rate`` (a counter's per-second increase), ``histogram`` (per step: p50, p95 and the mean of the
   latency stem), ``ratio`` (rate of one counter over the rate of another: a hit ratio, or a mean such as
@@ -123,8 +124,11 @@ class Feed:
     how: How
     select: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (label, accepted values): only those series
     per: Family | None = None  # ``ratio``: the denominator's counter
+    combine: Literal["sum", "max"] = "sum"  # ``gauge``: how series (engines, targets) combine; a ratio takes the max
 
     def __post_init__(self) -> None:
+        if self.combine != "sum" and self.how != "gauge":
+            raise ValueError(f"{self.signal} <- {self.family.name}: only a gauge combines otherwise than by sum")
         if (self.how == "ratio") != (self.per is not None):
             raise ValueError(f"{self.signal} <- {self.family.name}: a ratio names its denominator (per=), nothing else does")
         wanted = {"gauge": ("gauge",), "rate": ("counter",), "ratio": ("counter",), "histogram": ("histogram",),
@@ -216,9 +220,9 @@ VLLM_WAITING_BY_REASON = _vllm(
     labels=(*_V, "reason"), keep=("reason",),
     versions="after @005a810b: vllm-project/vllm#38435 (reason capacity|deferred)",
 )  # fmt: skip
-VLLM_KV_USAGE = _vllm("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.")
+VLLM_KV_USAGE = _vllm("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", keep=_V)
 VLLM_GPU_CACHE_USAGE = _vllm("vllm:gpu_cache_usage_perc", "gauge",
-                             "GPU KV-cache usage (deprecated in 0.9 for vllm:kv_cache_usage_perc).")  # fmt: skip
+                             "GPU KV-cache usage (deprecated in 0.9 for vllm:kv_cache_usage_perc).", keep=_V)  # fmt: skip
 VLLM_PREFIX_QUERIES = _vllm("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in queried tokens.")
 VLLM_PREFIX_HITS = _vllm("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in cached tokens.")
 VLLM_GPU_PREFIX_QUERIES = _vllm("vllm:gpu_prefix_cache_queries_total", "counter",
@@ -277,26 +281,24 @@ def _tgi(name: str, type_: FamilyType, help_: str = "", buckets: Iterable[float]
 TGI_REQUEST_COUNT = _tgi("tgi_request_count", "counter", "Total number of requests")
 TGI_REQUEST_SUCCESS = _tgi("tgi_request_success", "counter", "Number of successful requests")
 TGI_REQUEST_FAILURE = _tgi("tgi_request_failure", "counter",
-                           "Failed requests by err (overloaded, validation, template, generation, dropped, incomplete).",
-                           labels=("err",), keep=("err",))  # fmt: skip
+                           "Failed requests by err (overloaded, validation, template, generation, dropped, incomplete); "
+                           "not described upstream (no # HELP).", labels=("err",), keep=("err",))  # fmt: skip
 TGI_QUEUE_SIZE = _tgi(cat.TGI_QUEUE_SIZE.name, "gauge", "Current queue size")
 TGI_BATCH_CURRENT_SIZE = _tgi("tgi_batch_current_size", "gauge", "Current batch size")
 TGI_BATCH_CURRENT_MAX_TOKENS = _tgi("tgi_batch_current_max_tokens", "gauge", "Maximum tokens for the current batch")
 TGI_BATCH_MAX_TOTAL_TOKENS = _tgi("tgi_batch_max_total_tokens", "gauge", "Maximum amount of tokens in total.")
-TGI_REQUEST_DURATION = _tgi("tgi_request_duration", "histogram", "Total time spent processing the request",
-                            TGI_DURATION_BUCKETS)  # fmt: skip
-TGI_VALIDATION_DURATION = _tgi("tgi_request_validation_duration", "histogram", "Time spent validating the request",
+# Help texts: the first ``describe_*`` of each name in server.rs (metrics-rs keeps the first); token-length buckets are
+# 100 steps of the configured maximum (max_input_tokens, max_total_tokens), so not fixed here.
+TGI_REQUEST_DURATION = _tgi("tgi_request_duration", "histogram", "Request duration", TGI_DURATION_BUCKETS)
+TGI_VALIDATION_DURATION = _tgi("tgi_request_validation_duration", "histogram", "Request validation duration",
                                TGI_DURATION_BUCKETS)  # fmt: skip
-TGI_QUEUE_DURATION = _tgi(cat.TGI_QUEUE_TIME.name, "histogram", "Time spent in the queue per request", TGI_DURATION_BUCKETS)
+TGI_QUEUE_DURATION = _tgi(cat.TGI_QUEUE_TIME.name, "histogram", "Request queue duration", TGI_DURATION_BUCKETS)
 TGI_INFERENCE_DURATION = _tgi(cat.TGI_INFERENCE_TIME.name, "histogram", "Request inference duration", TGI_DURATION_BUCKETS)
 TGI_TIME_PER_TOKEN = _tgi("tgi_request_mean_time_per_token_duration", "histogram", "Mean time per token per request",
                           TGI_DURATION_BUCKETS)  # fmt: skip
-TGI_INPUT_LENGTH = _tgi("tgi_request_input_length", "histogram",
-                        "Input token length per request (100 buckets of max_input_tokens / 100).")  # fmt: skip
-TGI_GENERATED_TOKENS = _tgi("tgi_request_generated_tokens", "histogram",
-                            "Generated tokens per request (100 buckets of max_total_tokens / 100).")  # fmt: skip
-TGI_MAX_NEW_TOKENS = _tgi("tgi_request_max_new_tokens", "histogram",
-                          "Maximum new tokens per request (100 buckets of max_total_tokens / 100).")  # fmt: skip
+TGI_INPUT_LENGTH = _tgi("tgi_request_input_length", "histogram", "Input token length per request")
+TGI_GENERATED_TOKENS = _tgi("tgi_request_generated_tokens", "histogram", "Generated tokens per request")
+TGI_MAX_NEW_TOKENS = _tgi("tgi_request_max_new_tokens", "histogram", "Maximum new tokens per request")
 TGI_BATCH_NEXT_SIZE = _tgi("tgi_batch_next_size", "histogram", "Batch size of the next batch", TGI_BATCH_SIZE_BUCKETS)
 TGI_SKIPPED_TOKENS = _tgi("tgi_request_skipped_tokens", "summary", "Speculated tokens per request")
 TGI_BATCH_INFERENCE_COUNT = _tgi("tgi_batch_inference_count", "counter", "Inference calls per method (prefill or decode)",
@@ -409,9 +411,9 @@ FEEDS: tuple[Feed, ...] = (
     Feed("requests_running", LLAMACPP_PROCESSING, "gauge"),
     Feed("requests_waiting_capacity", VLLM_WAITING_BY_REASON, "gauge", _sel("reason", "capacity")),
     # the KV cache
-    Feed("kv_cache_usage_ratio", VLLM_KV_USAGE, "gauge"),
-    Feed("kv_cache_usage_ratio", VLLM_GPU_CACHE_USAGE, "gauge"),
-    Feed("kv_cache_usage_ratio", LLAMACPP_KV_USAGE, "gauge"),
+    Feed("kv_cache_usage_ratio", VLLM_KV_USAGE, "gauge", combine="max"),
+    Feed("kv_cache_usage_ratio", VLLM_GPU_CACHE_USAGE, "gauge", combine="max"),
+    Feed("kv_cache_usage_ratio", LLAMACPP_KV_USAGE, "gauge", combine="max"),
     Feed("preemptions_rps", VLLM_PREEMPTIONS, "rate"),
     Feed("prefix_cache_hit_ratio", VLLM_PREFIX_HITS, "ratio", per=VLLM_PREFIX_QUERIES),
     Feed("prefix_cache_hit_ratio", VLLM_GPU_PREFIX_HITS, "ratio", per=VLLM_GPU_PREFIX_QUERIES),

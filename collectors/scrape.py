@@ -47,11 +47,15 @@ from collectors.records import BackendSample
 
 log = logging.getLogger(__name__)
 
-ACCEPT = "text/plain;version=0.0.4;q=0.9,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
+# The classic text format only: prometheus_client (vLLM's exporter) answers OpenMetrics whenever the header names it,
+# whatever its q-value, and then escapes ``:`` in sample names. A server that speaks only OpenMetrics still answers
+# it (parsed by its Content-Type).
+ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
 USER_AGENT = "llm-diag-agent"
 MAX_BODY_BYTES = 8 << 20  # a vLLM host with many engines writes ~1 MiB; beyond this it is not a /metrics page
 MAX_SERIES_PER_FAMILY = 32  # kept label sets per family (a feed selects on a bounded label: finished_reason ...)
 MAX_LABEL_VALUE = 128  # characters of a kept label value
+MAX_LINES_PER_FAMILY = 20_000  # sample lines of one family handed to the parser (it holds a family's samples at once)
 MAX_PENDING = 4096  # records waiting for the agent to write them (it drains every sample): beyond, the oldest go
 ERROR_REASONS: tuple[str, ...] = ("timeout", "connect", "http", "too_large", "parse", "no_families")
 
@@ -184,18 +188,29 @@ def _roles() -> dict[str, tuple[bk.Family, str]]:
 
 
 SAMPLE_ROLES: dict[str, tuple[bk.Family, str]] = _roles()
-# Names a ``# HELP``/``# TYPE``/``# UNIT`` line of a mapped family may carry (the classic format names a counter
-# with ``_total``, OpenMetrics without).
-_HEADER_NAMES: frozenset[str] = frozenset(
-    n for fam in bk.SCRAPED.values() for base in (fam.name, fam.base, fam.base + "_total") for n in (base, base.replace(":", "_"))
+
+
+def _spellings(declared: Iterable[str]) -> dict[str, str]:
+    """Each name and its escaped spelling -> the name as declared (``vllm_x_total`` -> ``vllm:x_total``)."""
+    return {spelling: name for name in declared for spelling in (name, name.replace(":", "_"))}
+
+
+# Sample names, and the names a ``# HELP``/``# TYPE``/``# UNIT`` line of a mapped family may carry (the classic format
+# names a counter with ``_total``, OpenMetrics without), each with its declared spelling.
+_CANONICAL: dict[str, str] = _spellings(n for n in SAMPLE_ROLES if ":" in n or ":" not in SAMPLE_ROLES[n][0].name)
+_HEADER_NAMES: dict[str, str] = _spellings(
+    base for fam in bk.SCRAPED.values() for base in (fam.name, fam.base, fam.base + "_total")
 )
 NEEDS_BUCKETS: frozenset[str] = frozenset(f.family.name for f in bk.FEEDS if f.how == "histogram")
 
 
-def mapped_lines(text: str) -> tuple[str, int]:
-    """The lines of ``text`` that belong to mapped families (and ``# EOF``), and how many sample lines it had."""
+def mapped_lines(text: str, max_per_family: int = MAX_LINES_PER_FAMILY) -> tuple[str, int, int]:
+    """The lines of ``text`` that belong to mapped families (and ``# EOF``), how many sample lines it had, and how
+    many lines of mapped families were left out beyond ``max_per_family`` (a hostile exposition's)."""
     kept: list[str] = []
     samples = 0
+    over = 0
+    per_family: dict[str, int] = {}
     for line in text.split("\n"):
         if not line:
             continue
@@ -205,7 +220,8 @@ def mapped_lines(text: str) -> tuple[str, int]:
                 continue
             parts = line.split(None, 3)
             if len(parts) >= 3 and parts[1] in ("HELP", "TYPE", "UNIT") and parts[2] in _HEADER_NAMES:
-                kept.append(line)
+                rest = f" {parts[3]}" if len(parts) > 3 else ""
+                kept.append(f"# {parts[1]} {_HEADER_NAMES[parts[2]]}{rest}")
             continue
         samples += 1
         end = len(line)
@@ -213,9 +229,20 @@ def mapped_lines(text: str) -> tuple[str, int]:
             i = line.find(stop, 0, end)
             if i >= 0:
                 end = i
-        if line[:end] in SAMPLE_ROLES:
-            kept.append(line)
-    return "\n".join(kept) + "\n" if kept else "", samples
+        found = SAMPLE_ROLES.get(line[:end])
+        if found is not None:
+            name = found[0].name
+            n = per_family.get(name, 0)
+            if n >= max_per_family:
+                over += 1
+                continue
+            per_family[name] = n + 1
+            sample = line[:end]
+            canonical = _CANONICAL.get(sample, sample)
+            # An escaped name gets its declared spelling, so the parser sees one name per family whichever the exporter
+            # wrote (prometheus_client escapes the samples of OpenMetrics but not their # HELP and # TYPE lines).
+            kept.append(line if canonical == sample else canonical + line[end:])
+    return ("\n".join(kept) + "\n" if kept else ""), samples, over
 
 
 @dataclass
@@ -249,8 +276,8 @@ def parse(body: bytes, content_type: str, limits: Limits = Limits()) -> Parsed:
     except UnicodeDecodeError as exc:
         raise ScrapeError("parse", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     openmetrics = content_type.split(";")[0].strip().lower() == "application/openmetrics-text"
-    kept, samples = mapped_lines(text)
-    out = Parsed(samples=samples)
+    kept, samples, over = mapped_lines(text)
+    out = Parsed(samples=samples, dropped=over)
     if not kept.strip("# EOF\n"):
         if openmetrics and "# EOF" not in text:
             raise ScrapeError("parse", "OpenMetrics exposition without # EOF (cut off?)")

@@ -39,31 +39,28 @@ What is filled, and from what (ours first; the external family only where ours i
   steps) only when such a counter was observed: that is what makes ``ooms`` an evaluated signal,
   where "no event" then means "no kill".
 - ``service`` (request side, summed over every target the selector matches -- the service, not one
-  process), with W = the rate window (4 x step, at least 4 scrape intervals):
+  process), with W = the rate window (4 x step, at least 4 scrape intervals), from the feeds of
+  ``collectors.backends.FEEDS`` -- ours, vLLM's, TGI's and llama.cpp's families, the first with data
+  filling each signal, the same table the agent's recorded scrapes are read by
+  (``diag.timeline.backends``), so both paths name and mean a signal alike:
 
-  ===================== ================================================================ =====
-  name                  source (vLLM fallback)                                            unit
-  ===================== ================================================================ =====
-  queue_wait_p50_s      histogram_quantile(0.5, sum by (le) (rate(<bucket>[W]))) of       s
-                        cat.REQUEST_QUEUE_WAIT (cat.VLLM_QUEUE_TIME)
-  queue_wait_p95_s      the same, 0.95                                                    s
-  inference_p50_s/p95_s cat.REQUEST_INFERENCE (cat.VLLM_INFERENCE_TIME, cat.TGI_INFERENCE_TIME) s
-  <key>_mean_s          sum(rate(<sum>[W])) / sum(rate(<count>[W])) beside each quantile   s
-  prefill_/decode_*     cat.VLLM_PREFILL_TIME / cat.VLLM_DECODE_TIME                      s
-  e2e_p50_s/p95_s       cat.REQUEST_E2E (cat.VLLM_E2E)                                    s
-  requests_rps          sum(rate(cat.REQUESTS[W])), every outcome                         1/s
-  throughput_rps        outcome="ok" (rate of cat.VLLM_SUCCESS)                           1/s
-  error_rps             outcome="error"                                                   1/s
-  timeout_rps           outcomes queue_timeout + inference_timeout                        1/s
-  rejected_rps          outcome="rejected"                                                1/s
-  active_inferences     sum(cat.ACTIVE_INFERENCES) (cat.VLLM_RUNNING)                     count
-  queue_depth           sum(cat.QUEUE_DEPTH) (cat.VLLM_WAITING)                           count
-  model_processes:<m>   cat.MODEL_PROCESSES{model=m}, this host                           count
-  ===================== ================================================================ =====
+  ========= =================================================================== ==================
+  how       query                                                               fills
+  ========= =================================================================== ==================
+  histogram histogram_quantile(0.5 | 0.95, sum by (le) (rate(<bucket>[W]))),     <stem>_p50_s,
+            sum(rate(<sum>[W])) / sum(rate(<count>[W]))                         _p95_s, _mean_s
+  rate      sum(rate(<counter>{select}[W]))                                     requests_rps,
+                                                                                throughput_rps ...
+  gauge     sum(<gauge>{select}), max() for a ratio (KV-cache usage)            queue_depth, kv ...
+  ratio     sum(rate(<a>[W])) / sum(rate(<b>[W]))                               prefix-cache hits,
+                                                                                itl_mean_s
+  sum_rate  sum(rate(<histogram>_sum[W]))                                       tokens per second
+  ========= =================================================================== ==================
 
-  Quantiles are NaN (so absent) in windows without requests. An outcome series exists once the
-  exporter created it (our tracker creates every outcome at 0 with the first request).
-  vLLM names are queried both as declared and with ``:`` escaped to ``_`` (see ``_variants``).
+  plus ``model_processes:<m>`` from cat.MODEL_PROCESSES{model=m}, this host. Quantiles are NaN (so
+  absent) in windows without requests. An outcome series exists once the exporter created it (our
+  tracker creates every outcome at 0 with the first request). vLLM names are queried both as declared
+  and with ``:`` escaped to ``_`` (see ``_variants``).
 
 Host-level series (host, cgroups, processes, GPUs, OOMs) describe *one* machine. Targets are grouped
 by host (the ``instance`` label without its port, so the agent and a cAdvisor on the same machine
@@ -88,6 +85,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from collectors import backends as bk
 from collectors import catalog as cat
 from collectors.records import OomEvent
 from diag.timeline import Series, Timeline, TimelineBuilder
@@ -107,18 +105,14 @@ _NAME_OK = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*$")
 _CADVISOR_KEYS = {"usage": sig.CG_USAGE, "working_set": sig.CG_WORKING_SET, "swap": sig.CG_SWAP, "limit": sig.CG_LIMIT}
 _GPU_MEMORY_KEYS = {"total": sig.GPU_TOTAL, "used": sig.GPU_USED, "free": sig.GPU_FREE, "reserved": sig.GPU_RESERVED}
 _GPU_UTIL_KEYS = {"gpu": sig.GPU_UTIL_GPU, "memory": sig.GPU_UTIL_MEMORY}  # by the ``resource`` label
-# Latency histograms of the request side: ours first, then vLLM's, then TGI's.
-_LATENCY_FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    (sig.LATENCY_QUEUE_WAIT, (cat.REQUEST_QUEUE_WAIT.name, cat.VLLM_QUEUE_TIME.name, cat.TGI_QUEUE_TIME.name)),
-    (sig.LATENCY_INFERENCE, (cat.REQUEST_INFERENCE.name, cat.VLLM_INFERENCE_TIME.name, cat.TGI_INFERENCE_TIME.name)),
-    (sig.LATENCY_E2E, (cat.REQUEST_E2E.name, cat.VLLM_E2E.name)),
-    (sig.LATENCY_PREFILL, (cat.VLLM_PREFILL_TIME.name,)),
-    (sig.LATENCY_DECODE, (cat.VLLM_DECODE_TIME.name,)),
-)
 _QUANTILES = ((0.5, "p50"), (0.95, "p95"))  # (quantile, the stat of diag.timeline.signals.latency)
-# Request outcomes (the tracker's ``outcome`` label) -> the service rate filled from that outcome alone.
-_OUTCOME_RATES = {"ok": sig.SVC_THROUGHPUT_RPS, "error": sig.SVC_ERROR_RPS, "rejected": sig.SVC_REJECTED_RPS}
-_TIMEOUT_OUTCOMES = ("queue_timeout", "inference_timeout")  # summed into SVC_TIMEOUT_RPS
+# Request outcomes (the tracker's ``outcome`` label) -> the service rate filled from that outcome alone (read from
+# the feeds: what collectors.backends selects on our request counter).
+_OUTCOME_RATES = {
+    feed.select[0][1][0]: feed.signal
+    for feed in bk.FEEDS
+    if feed.family is bk.OURS_REQUESTS and feed.select and len(feed.select[0][1]) == 1
+}
 
 
 def default_step(since_s: float, scrape_s: float = 1.0) -> float:
@@ -324,7 +318,7 @@ def load_prometheus(
 def _scrape_interval(prom: _Prometheus, end: float, window_s: float) -> float:
     """Median spacing of raw samples of a few always-present series (``up``, host memory, request counter)."""
     names = [cat.PROMETHEUS_UP.name, cat.HOST_MEMORY["total"].name, cat.NODE_MEMORY["total"].name, cat.REQUESTS.name,
-             cat.VLLM_RUNNING.name]  # fmt: skip
+             cat.VLLM_RUNNING.name, bk.TGI_QUEUE_SIZE.name, bk.LLAMACPP_PROCESSING.name]  # fmt: skip
     results = prom.raw(f"{prom.sel_names(names)}[{_fmt_duration(window_s)}]", end)
     spacings = [float(np.median(np.diff(r.ts))) for r in results if len(r.ts) >= 3]
     return min(spacings) if spacings else DEFAULT_SCRAPE_S
@@ -509,48 +503,52 @@ class _Queries:
     # ---- request side (summed over every target the selector matches)
 
     def service(self, out: _Loaded) -> None:
+        """Each signal of ``collectors.backends.FEEDS`` from its first feed whose query has data."""
         svc = out.service
-        for stem, families in _LATENCY_FAMILIES:
-            for family in families:
-                got = {}
-                for q, stat in _QUANTILES:
-                    expr = f"histogram_quantile({q}, sum by (le) (rate({self.prom.sel(family + '_bucket')}[{self.w}])))"
-                    series = _single(self.range(expr))
-                    if series is not None:
-                        got[sig.latency(stem, stat)] = series
+        for signal in bk.signals():
+            for feed in bk.feeds_of(signal):
+                got = self.feed(feed)
                 if got:
-                    # The mean per step (rate of the sum over rate of the count) is exact where buckets are coarse.
-                    sel_sum, sel_count = self.prom.sel(family + "_sum"), self.prom.sel(family + "_count")
-                    mean = _single(self.range(f"sum(rate({sel_sum}[{self.w}])) / sum(rate({sel_count}[{self.w}]))"))
-                    if mean is not None:
-                        got[sig.latency(stem, "mean")] = mean
-                    svc.update(got)
+                    for key, series in got.items():
+                        svc.setdefault(key, series)
                     break
-        by_outcome = {res.labels.get("outcome", ""): res for res in
-                      self.range(f"sum by (outcome) (rate({self.prom.sel(cat.REQUESTS.name)}[{self.w}]))")}  # fmt: skip
-        if by_outcome:
-            total = _single(self.range(f"sum(rate({self.prom.sel(cat.REQUESTS.name)}[{self.w}]))"))
-            if total is not None:
-                svc[sig.SVC_REQUESTS_RPS] = total
-            for outcome, key in _OUTCOME_RATES.items():
-                if outcome in by_outcome:
-                    svc[key] = _series(by_outcome[outcome])
-            timeouts = [by_outcome[o] for o in _TIMEOUT_OUTCOMES if o in by_outcome]
-            if timeouts:
-                svc[sig.SVC_TIMEOUT_RPS] = _sum_aligned(timeouts)
-        else:
-            ok = _single(self.range(f"sum(rate({self.prom.sel(cat.VLLM_SUCCESS.name)}[{self.w}]))"))
-            if ok is not None:
-                svc[sig.SVC_THROUGHPUT_RPS] = ok
-        for key, families in (
-            (sig.SVC_ACTIVE_INFERENCES, (cat.ACTIVE_INFERENCES.name, cat.VLLM_RUNNING.name)),
-            (sig.SVC_QUEUE_DEPTH, (cat.QUEUE_DEPTH.name, cat.VLLM_WAITING.name, cat.TGI_QUEUE_SIZE.name)),
-        ):
-            for family in families:
-                series = _single(self.range(f"sum({self.prom.sel(family)})"))
-                if series is not None:
-                    svc[key] = series
-                    break
+
+    def _selector(self, name: str, feed: bk.Feed) -> str:
+        extra = ",".join(f'{label}=~"{"|".join(re.escape(v) for v in values)}"' for label, values in feed.select)
+        return self.prom.sel(name, extra)
+
+    def _rate(self, name: str, feed: bk.Feed) -> str:
+        return f"sum(rate({self._selector(name, feed)}[{self.w}]))"
+
+    def feed(self, feed: bk.Feed) -> dict[str, Series]:
+        """The series one feed gives, by service key (empty: its family has no data here)."""
+        name = feed.family.name
+        if feed.how == "gauge":
+            series = _single(self.range(f"{feed.combine}({self._selector(name, feed)})"))
+            return {feed.signal: series} if series is not None else {}
+        if feed.how == "rate":
+            series = _single(self.range(self._rate(name, feed)))
+            return {feed.signal: series} if series is not None else {}
+        if feed.how == "ratio":
+            assert feed.per is not None
+            series = _single(self.range(f"{self._rate(name, feed)} / {self._rate(feed.per.name, feed)}"))
+            return {feed.signal: series} if series is not None else {}
+        if feed.how == "sum_rate":
+            series = _single(self.range(self._rate(name + "_sum", feed)))
+            return {feed.signal: series} if series is not None else {}
+        got: dict[str, Series] = {}
+        for q, stat in _QUANTILES:
+            expr = f"histogram_quantile({q}, sum by (le) (rate({self._selector(name + '_bucket', feed)}[{self.w}])))"
+            series = _single(self.range(expr))
+            if series is None:
+                break  # no requests in the whole window (or no such family): the next feed is tried
+            got[sig.latency(feed.signal, stat)] = series
+        if got:
+            # The mean per step (rate of the sum over rate of the count) is exact where buckets are coarse.
+            mean = _single(self.range(f"{self._rate(name + '_sum', feed)} / {self._rate(name + '_count', feed)}"))
+            if mean is not None:
+                got[sig.latency(feed.signal, "mean")] = mean
+        return got
 
 
 def _variants(name: str) -> tuple[str, ...]:
@@ -578,15 +576,6 @@ def _series(res: _Result, scale: float = 1.0) -> Series:
 
 def _single(results: Sequence[_Result]) -> Series | None:
     return _series(results[0]) if results else None
-
-
-def _sum_aligned(results: Sequence[_Result]) -> Series:
-    """Sum series evaluated on the same step grid (a step missing in one counts as 0 there)."""
-    ts = np.unique(np.concatenate([r.ts for r in results]))
-    total = np.zeros(ts.size)
-    for r in results:
-        total[np.searchsorted(ts, r.ts)] += r.values
-    return Series(ts, total)
 
 
 def _merge(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> Series:

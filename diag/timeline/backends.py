@@ -16,7 +16,8 @@ through Prometheus or through the agent:
 - ``histogram``: per bucket, the deltas of the samples in the window except the first (exactly
   ``increase()``'s samples), summed over series and targets; then ``histogram_quantile``'s interpolation for
   p50 and p95 and ``increase(_sum) / increase(_count)`` for the mean;
-- ``gauge``: the sum of the series present at that scrape; ``ratio`` and ``sum_rate`` as their rates.
+- ``gauge``: the sum (or, for a ratio such as KV-cache usage, the max) of the series present at that scrape;
+  ``ratio`` and ``sum_rate`` as their rates.
 
 Several targets are summed after each is brought onto the union of their evaluation times (a target's value
 at ``t`` is its latest at or before ``t``, if no older than its window). A value that PromQL would give as
@@ -189,6 +190,14 @@ def _span(t: _Target) -> np.ndarray:
     return np.where(span > 0, span, np.nan)
 
 
+def _nanmax(arrays: list[np.ndarray]) -> np.ndarray:
+    """The largest where any is a number, NaN where none is (PromQL's ``max``)."""
+    stacked = np.vstack(arrays)
+    present = ~np.isnan(stacked)
+    out = np.where(present, stacked, -np.inf).max(axis=0)
+    return np.where(present.any(axis=0), out, np.nan)
+
+
 def _nansum(arrays: list[np.ndarray]) -> np.ndarray:
     """Sum where any is a number, NaN where none is (PromQL's ``sum`` over the series that have a value)."""
     stacked = np.vstack(arrays)
@@ -244,7 +253,9 @@ def _gauge(feed: bk.Feed, t: _Target) -> np.ndarray | None:
         hit = (idx < s.ts.size) & (s.ts[np.minimum(idx, s.ts.size - 1)] == t.grid)
         at[hit] = s.values[idx[hit]]
         parts.append(at)
-    return _nansum(parts) if parts else None
+    if not parts:
+        return None
+    return _nanmax(parts) if feed.combine == "max" else _nansum(parts)
 
 
 def _counter(feed: bk.Feed, family: bk.Family, t: _Target) -> np.ndarray | None:
@@ -284,14 +295,17 @@ def _on(grid: np.ndarray, t: _Target, values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _combined(targets: list[_Target], per_target: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray] | None:
+def _combined(
+    targets: list[_Target], per_target: list[np.ndarray | None], combine: str = "sum"
+) -> tuple[np.ndarray, np.ndarray] | None:
     used = [(t, v) for t, v in zip(targets, per_target, strict=True) if v is not None]
     if not used:
         return None
     if len(used) == 1:
         return used[0][0].grid, used[0][1]
     grid = np.unique(np.concatenate([t.grid for t, _ in used]))
-    return grid, _nansum([_on(grid, t, v) for t, v in used])
+    aligned = [_on(grid, t, v) for t, v in used]
+    return grid, _nanmax(aligned) if combine == "max" else _nansum(aligned)
 
 
 def _series(grid: np.ndarray, values: np.ndarray) -> Series | None:
@@ -303,7 +317,7 @@ def _fill(feed: bk.Feed, targets: list[_Target]) -> dict[str, Series]:
     """The series one feed gives (empty when its family has no data in any target)."""
     out: dict[str, Series] = {}
     if feed.how == "gauge":
-        got = _combined(targets, [_gauge(feed, t) for t in targets])
+        got = _combined(targets, [_gauge(feed, t) for t in targets], feed.combine)
         if got is not None and (s := _series(*got)) is not None:
             out[feed.signal] = s
     elif feed.how == "rate":

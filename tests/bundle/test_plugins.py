@@ -54,8 +54,8 @@ def test_the_bundle_collects_volatile_state_first_and_names_every_step_once(tmp_
     volatile = [c.name for c in collectors(PLUGINS, state, Phase.VOLATILE)]
     after = [c.name for c in collectors(PLUGINS, state, Phase.AFTER_SNAPSHOT)]
     assert volatile == ["proc.pressure", "proc.meminfo", "proc.vmstat", "proc.loadavg", "snapshot"]
-    assert after == ["cgroup.files", "process.files", "gpu", "nvidia-smi", "kmsg", "journal", "history", "include.1",
-                     "include.2"]  # fmt: skip
+    assert after == ["cgroup.files", "process.files", "gpu", "nvidia-smi", "kmsg", "journal", "history", "backends",
+                     "include.1", "include.2"]  # fmt: skip
     assert len({p.name for p in PLUGINS}) == len(PLUGINS)
     # every step's deadline comes from its plugin's declaration (or the option it names)
     by = {c.name: c for c in collectors(PLUGINS, state, Phase.AFTER_SNAPSHOT)}

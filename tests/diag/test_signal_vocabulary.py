@@ -224,12 +224,12 @@ def test_the_prometheus_loader_spells_no_signal_itself() -> None:
 def test_a_spelt_signal_in_the_loader_is_caught() -> None:
     source = LOADER.read_text()
     for constant, literal in (
-        ("svc[sig.SVC_REQUESTS_RPS]", 'svc["requests_rps"]'),
+        ("got[sig.latency(feed.signal, stat)]", 'got["queue_wait_p50_s"]'),
         ("sig.psi(r, kind, sig.PSI_AVG10)", 'f"psi.{r}.{kind}.avg10"'),
     ):
         assert constant in source
         source = source.replace(constant, literal)
-    assert {value for _, value in _spelt_signals(ast.parse(source))} == {"requests_rps", "psi."}
+    assert {value for _, value in _spelt_signals(ast.parse(source))} == {"queue_wait_p50_s", "psi."}
 
 
 # --------------------------------------------------------------------------- what the rules read

@@ -18,7 +18,7 @@ import os
 
 from diag.bundle.options import BundleOptions
 from diag.bundle.plugin import COMMON, Command, Copy, Gather, Phase, Plugin, Redaction, Source, Step, enabled_by, proc
-from diag.bundle.plugins import cgroups, gpu, history, journal, kernel, processes, snapshot
+from diag.bundle.plugins import backends, cgroups, gpu, history, journal, kernel, processes, snapshot
 
 VOLATILE, AFTER_SNAPSHOT = Phase.VOLATILE, Phase.AFTER_SNAPSHOT
 
@@ -83,6 +83,11 @@ PLUGINS: tuple[Plugin, ...] = (
     Plugin(
         "history", "the flight recorder's window", AFTER_SNAPSHOT, timeout="history_timeout_s", redaction=COMMON,
         steps=(Gather("history", "flight recorder history (--since), as timeline/*.jsonl", history.read_history),),
+    ),
+    Plugin(
+        "backends", "the scraped inference backends' own /metrics", AFTER_SNAPSHOT, timeout=10.0, redaction=COMMON,
+        steps=(Gather("backends", "one raw /metrics exposition of each backend the agent scraped (diag collect --scrape)",
+                      backends.expositions),),
     ),
     Plugin("include", "files named with --include", AFTER_SNAPSHOT, timeout=5.0, redaction=COMMON, steps=_includes),
 )
