@@ -110,7 +110,7 @@ def fetch(url: str, timeout_s: float, max_bytes: int = MAX_BODY_BYTES) -> Fetche
     try:
         try:
             conn.request("GET", path, headers={"Accept": ACCEPT, "User-Agent": USER_AGENT, "Accept-Encoding": "identity"})
-            _left(deadline, conn)
+            _left(deadline, conn, timeout_s)
             resp = conn.getresponse()
         except TimeoutError:
             raise ScrapeError("timeout", f"no answer within {timeout_s:g} s") from None
@@ -124,7 +124,7 @@ def fetch(url: str, timeout_s: float, max_bytes: int = MAX_BODY_BYTES) -> Fetche
         chunks: list[bytes] = []
         got = 0
         while True:
-            _left(deadline, conn)
+            _left(deadline, conn, timeout_s, got)
             try:
                 chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(65536)
             except TimeoutError:
@@ -142,11 +142,11 @@ def fetch(url: str, timeout_s: float, max_bytes: int = MAX_BODY_BYTES) -> Fetche
         conn.close()
 
 
-def _left(deadline: float, conn: http.client.HTTPConnection) -> None:
+def _left(deadline: float, conn: http.client.HTTPConnection, timeout_s: float, got: int = 0) -> None:
     """Give the socket only what is left of the deadline; past it, time out (a slow drip cannot outlast it)."""
     left = deadline - time.monotonic()
     if left <= 0:
-        raise TimeoutError
+        raise ScrapeError("timeout", f"not complete within {timeout_s:g} s ({got} bytes read)")
     if conn.sock is not None:
         conn.sock.settimeout(left)
     else:

@@ -10,7 +10,7 @@ through Prometheus or through the agent:
 
 - the evaluation times are a target's successful scrapes, the window ``W`` four scrape intervals (the
   Prometheus loader's rate window at one step per scrape);
-- ``rate``: the increase of a counter over the samples in ``(t - W, t]`` (a decrease is a reset: the new
+- ``rate``: the increase of a counter over the samples in ``[t - W, t]`` (a decrease is a reset: the new
   value counts as increase, as ``rate()`` does) divided by the time between the first and last of them --
   ``rate()``'s extrapolation scales both by the same factor, so the per-second rate is the same;
 - ``histogram``: per bucket, the deltas of the samples in the window except the first (exactly
@@ -134,8 +134,10 @@ def _selected(feed: bk.Feed, labels: Mapping[str, str]) -> bool:
 
 
 def _first_in_window(grid: np.ndarray, ts: np.ndarray, window: float) -> np.ndarray:
-    """For each evaluation time, the index in ``ts`` of its first sample inside ``(t - W, t]``."""
-    return np.searchsorted(ts, grid - window, side="right")
+    """For each evaluation time, the index in ``ts`` of its first sample inside ``[t - W, t]`` (Prometheus 2's range:
+    closed at both ends, so four scrape intervals hold five scrapes; 3.x leaves the start out, which real scrape
+    jitter blurs anyway)."""
+    return np.searchsorted(ts, grid - window * (1 - 1e-9), side="left")
 
 
 def _last_at(grid: np.ndarray, ts: np.ndarray) -> np.ndarray:
