@@ -475,6 +475,20 @@ SCRAPED_BY_PARSED_NAME: dict[str, Family] = {
 }
 
 
+# The name prefixes each dialect's families share: a /metrics page with any of them is that backend's, even before
+# it has exported a family a signal reads (TGI and our tracker create theirs with the first request).
+DIALECT_PREFIXES: dict[str, Dialect] = {"llmdiag_": "llmdiag", "vllm:": "vllm", "vllm_": "vllm", "tgi_": "tgi",
+                                        "llamacpp:": "llamacpp"}  # fmt: skip
+
+
+def dialect_by_prefix(name: str) -> str | None:
+    """The dialect a sample or family name belongs to by its prefix, if any."""
+    for prefix, dialect in DIALECT_PREFIXES.items():
+        if name.startswith(prefix):
+            return dialect
+    return None
+
+
 def dialect_of(names: Iterable[str]) -> str:
     """The dialect whose scraped families are most of ``names`` (family names as declared), or ``unknown``."""
     counts: dict[str, int] = {}

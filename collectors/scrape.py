@@ -204,13 +204,23 @@ _HEADER_NAMES: dict[str, str] = _spellings(
 NEEDS_BUCKETS: frozenset[str] = frozenset(f.family.name for f in bk.FEEDS if f.how == "histogram")
 
 
-def mapped_lines(text: str, max_per_family: int = MAX_LINES_PER_FAMILY) -> tuple[str, int, int]:
-    """The lines of ``text`` that belong to mapped families (and ``# EOF``), how many sample lines it had, and how
-    many lines of mapped families were left out beyond ``max_per_family`` (a hostile exposition's)."""
+@dataclass
+class Lines:
+    """What ``mapped_lines`` found: the mapped families' lines (as one text), and counts about the rest."""
+
+    text: str
+    samples: int  # sample lines in the whole exposition
+    over: int  # lines of mapped families left out beyond the per-family cap
+    dialects: dict[str, int]  # sample lines by the dialect their name's prefix belongs to
+
+
+def mapped_lines(text: str, max_per_family: int = MAX_LINES_PER_FAMILY) -> Lines:
+    """The lines of ``text`` that belong to mapped families (and ``# EOF``), with counts of what else it held."""
     kept: list[str] = []
     samples = 0
     over = 0
     per_family: dict[str, int] = {}
+    dialects: dict[str, int] = {}
     for line in text.split("\n"):
         if not line:
             continue
@@ -230,6 +240,9 @@ def mapped_lines(text: str, max_per_family: int = MAX_LINES_PER_FAMILY) -> tuple
             if i >= 0:
                 end = i
         found = SAMPLE_ROLES.get(line[:end])
+        dialect = found[0].dialect if found is not None else bk.dialect_by_prefix(line[:end])
+        if dialect is not None:
+            dialects[dialect] = dialects.get(dialect, 0) + 1
         if found is not None:
             name = found[0].name
             n = per_family.get(name, 0)
@@ -242,7 +255,7 @@ def mapped_lines(text: str, max_per_family: int = MAX_LINES_PER_FAMILY) -> tuple
             # An escaped name gets its declared spelling, so the parser sees one name per family whichever the exporter
             # wrote (prometheus_client escapes the samples of OpenMetrics but not their # HELP and # TYPE lines).
             kept.append(line if canonical == sample else canonical + line[end:])
-    return ("\n".join(kept) + "\n" if kept else ""), samples, over
+    return Lines(("\n".join(kept) + "\n" if kept else ""), samples, over, dialects)
 
 
 @dataclass
@@ -267,6 +280,16 @@ class Parsed:
     families: set[str] = field(default_factory=set)  # declared names of the families seen
     dropped: int = 0  # series beyond the per-family cap, or with an over-long kept label value
     samples: int = 0  # sample lines in the whole exposition
+    dialects: dict[str, int] = field(default_factory=dict)  # sample lines by the dialect of their name's prefix
+
+    @property
+    def dialect(self) -> str:
+        """Whose families these are: by the mapped ones, else by the names' prefixes (an idle server's)."""
+        if self.families:
+            return bk.dialect_of(self.families)
+        if self.dialects:
+            return max(self.dialects, key=lambda d: (self.dialects[d], -bk.DIALECTS.index(d)))  # type: ignore[arg-type]
+        return "unknown"
 
 
 def parse(body: bytes, content_type: str, limits: Limits = Limits()) -> Parsed:
@@ -276,11 +299,14 @@ def parse(body: bytes, content_type: str, limits: Limits = Limits()) -> Parsed:
     except UnicodeDecodeError as exc:
         raise ScrapeError("parse", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     openmetrics = content_type.split(";")[0].strip().lower() == "application/openmetrics-text"
-    kept, samples, over = mapped_lines(text)
-    out = Parsed(samples=samples, dropped=over)
+    lines = mapped_lines(text)
+    kept, samples = lines.text, lines.samples
+    out = Parsed(samples=samples, dropped=lines.over, dialects=lines.dialects)
     if not kept.strip("# EOF\n"):
         if openmetrics and "# EOF" not in text:
             raise ScrapeError("parse", "OpenMetrics exposition without # EOF (cut off?)")
+        if lines.dialects:  # a backend's page before its first request: nothing to keep yet, nothing wrong
+            return out
         raise ScrapeError("no_families", f"none of the known backend families among {samples} samples")
     series_per_family: dict[str, set[tuple[tuple[str, str], ...]]] = {}
     parser = openmetrics_families if openmetrics else text_families
@@ -290,7 +316,7 @@ def parse(body: bytes, content_type: str, limits: Limits = Limits()) -> Parsed:
                 _take(out, s.name, s.labels, s.value, limits, series_per_family)
     except Exception as exc:  # the parsers raise ValueError mostly, but hostile input reaches others too
         raise ScrapeError("parse", _short(f"{type(exc).__name__}: {exc}")) from None
-    if not out.families:
+    if not out.families and not lines.dialects:
         raise ScrapeError("no_families", f"none of the known backend families among {samples} samples")
     return out
 
@@ -416,7 +442,7 @@ class TargetScraper:
             gains.update(deltas(hist, self.previous.get(key), key[0], key[1]))
             self.previous[key] = hist
         return BackendSample(
-            ts=ts, target=self.target, dialect=bk.dialect_of(parsed.families), duration_s=duration_s,
+            ts=ts, target=self.target, dialect=parsed.dialect, duration_s=duration_s,
             dropped_series=parsed.dropped, gauges=parsed.gauges, counters=parsed.counters, deltas=gains, up=True,
         )  # fmt: skip
 

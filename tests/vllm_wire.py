@@ -24,6 +24,7 @@ REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
                 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 
 
 class VllmMetrics:
@@ -49,6 +50,13 @@ class VllmMetrics:
         }  # fmt: skip
         self.http = Counter("http_requests", "Total number of requests by method, status and handler.",
                             ("handler", "method", "status"), registry=r)  # fmt: skip
+        # Also at @005a810b: inter-token time and the token and prefix-cache counters.
+        self.tpot = Histogram("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.",
+                              LABELS, buckets=TPOT_BUCKETS, registry=r)  # fmt: skip
+        self.tokens = {
+            name: Counter(name, name, LABELS, registry=r)
+            for name in ("vllm:prompt_tokens", "vllm:generation_tokens", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
+        }
         self.labels = labels
         self.running.labels(*labels).set(1)
         self.waiting.labels(*labels).set(0)
@@ -69,6 +77,10 @@ class VllmMetrics:
                                   ("vllm:request_decode_time_seconds", 0.4)):  # fmt: skip
                 self.latency[name].labels(*self.labels).observe(seconds)
             self.http.labels("/v1/completions", "POST", "2xx").inc()
+            self.tpot.labels(*self.labels).observe(0.04)
+            for name, n in (("vllm:prompt_tokens", 120), ("vllm:generation_tokens", 10), ("vllm:prefix_cache_queries", 120),
+                            ("vllm:prefix_cache_hits", 30)):  # fmt: skip
+                self.tokens[name].labels(*self.labels).inc(n)
 
     def exposition(self) -> bytes:
         self.one_request()

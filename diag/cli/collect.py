@@ -42,7 +42,8 @@ def scrape_timeout_default(interval_s: float) -> float:
 
 
 def _scrape_targets(values: list[str]) -> tuple[tuple[str, ...], bool]:
-    """``--scrape`` values: the URLs (a bare host:port gets ``/metrics``), and whether ``auto`` was among them."""
+    """``--scrape`` values: the URLs (``host:port`` alone is ``http://host:port/metrics``), and whether ``auto`` was
+    among them."""
     urls: list[str] = []
     auto = False
     hint = f"; use e.g. {opts.listing(SCRAPE_EXAMPLES)}"
@@ -51,7 +52,7 @@ def _scrape_targets(values: list[str]) -> tuple[tuple[str, ...], bool]:
         if text.lower() == "auto":
             auto = True
             continue
-        parts = urlsplit(text)
+        parts = urlsplit(text if "://" in text else f"http://{text}")  # host:port alone: plain http
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise opts.OptionError(f"--scrape {value!r}: a backend's /metrics URL (http or https) or auto{hint}")
         try:
