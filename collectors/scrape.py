@@ -206,17 +206,34 @@ NEEDS_BUCKETS: frozenset[str] = frozenset(f.family.name for f in bk.FEEDS if f.h
 
 @dataclass
 class Lines:
-    """What ``mapped_lines`` found: the mapped families' lines (as one text), and counts about the rest."""
+    """What ``mapped_lines`` found: the mapped families' lines, and counts about the rest of the exposition."""
 
-    text: str
+    lines: list[str | tuple[str, str, str]]  # in order: # HELP/TYPE/UNIT/EOF lines, and sample lines as (the line,
+    # its series part, what follows it); names in their declared spelling
     samples: int  # sample lines in the whole exposition
     over: int  # lines of mapped families left out beyond the per-family cap
     dialects: dict[str, int]  # sample lines by the dialect their name's prefix belongs to
 
+    @property
+    def kept(self) -> list[tuple[str, str, str]]:
+        return [item for item in self.lines if isinstance(item, tuple)]
+
+    def text(self, only: list[tuple[str, str, str]] | None = None) -> str:
+        """The lines as an exposition, in their order (OpenMetrics wants each family's samples after its # TYPE);
+        ``only``: just these sample lines, with every header line."""
+        wanted = None if only is None else {id(item) for item in only}
+        body = [item if isinstance(item, str) else item[0] for item in self.lines
+                if isinstance(item, str) or wanted is None or id(item) in wanted]  # fmt: skip
+        return "\n".join(body) + "\n" if body else ""
+
 
 def mapped_lines(text: str, max_per_family: int = MAX_LINES_PER_FAMILY) -> Lines:
-    """The lines of ``text`` that belong to mapped families (and ``# EOF``), with counts of what else it held."""
-    kept: list[str] = []
+    """The lines of ``text`` that belong to mapped families (and ``# EOF``), with counts of what else it held.
+
+    An escaped name gets its declared spelling, so the parser sees one name per family whichever the exporter wrote
+    (prometheus_client escapes the samples of OpenMetrics but not their # HELP and # TYPE lines).
+    """
+    kept: list[str | tuple[str, str, str]] = []
     samples = 0
     over = 0
     per_family: dict[str, int] = {}
@@ -239,23 +256,23 @@ def mapped_lines(text: str, max_per_family: int = MAX_LINES_PER_FAMILY) -> Lines
             i = line.find(stop, 0, end)
             if i >= 0:
                 end = i
-        found = SAMPLE_ROLES.get(line[:end])
-        dialect = found[0].dialect if found is not None else bk.dialect_by_prefix(line[:end])
+        sample = line[:end]
+        found = SAMPLE_ROLES.get(sample)
+        dialect = found[0].dialect if found is not None else bk.dialect_by_prefix(sample)
         if dialect is not None:
             dialects[dialect] = dialects.get(dialect, 0) + 1
-        if found is not None:
-            name = found[0].name
-            n = per_family.get(name, 0)
-            if n >= max_per_family:
-                over += 1
-                continue
-            per_family[name] = n + 1
-            sample = line[:end]
-            canonical = _CANONICAL.get(sample, sample)
-            # An escaped name gets its declared spelling, so the parser sees one name per family whichever the exporter
-            # wrote (prometheus_client escapes the samples of OpenMetrics but not their # HELP and # TYPE lines).
-            kept.append(line if canonical == sample else canonical + line[end:])
-    return Lines(("\n".join(kept) + "\n" if kept else ""), samples, over, dialects)
+        if found is None:
+            continue
+        name = found[0].name
+        n = per_family.get(name, 0)
+        if n >= max_per_family:
+            over += 1
+            continue
+        per_family[name] = n + 1
+        canonical = _CANONICAL.get(sample, sample)
+        close = line.rfind("}") + 1 if line.startswith("{", end) else end
+        kept.append((line if canonical == sample else canonical + line[end:], canonical + line[end:close], line[close:]))
+    return Lines(kept, samples, over, dialects)
 
 
 @dataclass
@@ -292,78 +309,222 @@ class Parsed:
         return "unknown"
 
 
+@dataclass(frozen=True)
+class Slot:
+    """Where a sample's value goes once its labels are summed away: a gauge's or counter's series key, or one part
+    (a bucket, ``_sum``, ``_count``) of a histogram."""
+
+    family: str
+    kind: str  # gauge | counter | bucket | sum | count
+    key: str | HistKey
+    le: float = math.nan
+
+
+UNMAPPED, DROPPED = -1, -2  # what a line's series part may be remembered as instead of a slot
+
+
+class Reader:
+    """Reads one target's expositions into ``Parsed``, remembering what each series line means.
+
+    Why remember: nearly all of a scrape's cost is prometheus_client parsing labels, and a server's series are the
+    same from one scrape to the next -- only values change. A line whose series part (name and labels) was
+    parsed before has just its value read, refused as prometheus_client would refuse it (a value with ``_``, a
+    text that is not a number: the line goes back through the parser, which says why); every new series goes
+    through prometheus_client's parser. OpenMetrics is parsed whole every time (names canonicalised first: see
+    ``mapped_lines``). The per-family cap admits the first ``max_series`` label sets a target ever shows.
+    """
+
+    def __init__(self, limits: Limits = Limits()) -> None:
+        self.limits = limits
+        self.lines: dict[str, int] = {}  # series part -> slot index, or UNMAPPED / DROPPED
+        self.slots: list[Slot] = []
+        self.slot_of: dict[Slot, int] = {}
+        self.admitted: dict[str, set[tuple[tuple[str, str], ...]]] = {}
+
+    def read(self, body: bytes, content_type: str) -> Parsed:
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ScrapeError("parse", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        if content_type.split(";")[0].strip().lower() == "application/openmetrics-text":
+            return self._openmetrics(text)
+        acc: list[float] = [0.0] * len(self.slots)
+        seen = bytearray(len(self.slots))
+        unknown: list[tuple[str, str]] = []
+        samples = dropped = 0
+        if len(self.lines) > 100_000:
+            self.lines.clear()  # series come and go over days: what is remembered stays about one exposition's worth
+        get = self.lines.get
+        for line in text.split("\n"):
+            if not line or line[0] == "#":
+                continue
+            samples += 1
+            close = line.rfind("}") + 1
+            if close <= 0:
+                close = line.find(" ")
+                if close < 0:
+                    close = line.find("\t")
+            series = line[:close] if close > 0 else line
+            idx = get(series)
+            if idx is None:
+                unknown.append((line, series))
+                continue
+            if idx < 0:
+                dropped += idx == DROPPED
+                continue
+            rest = line[close:]
+            try:
+                if "_" in rest:
+                    raise ValueError
+                value = float(rest)
+            except ValueError:  # a timestamp after the value, or no number at all: the parser decides
+                unknown.append((line, series))
+                continue
+            if value - value == 0.0:  # not NaN or infinite (neither counts)
+                acc[idx] += value
+                seen[idx] = 1
+        if unknown:
+            dropped += self._parse_new(unknown, acc, seen)
+        out = self._parsed(acc, seen, samples, dropped)
+        if not out.families:
+            return self._unmapped(out, text)
+        return out
+
+    def _parse_new(self, unknown: list[tuple[str, str]], acc: list[float], seen: bytearray) -> int:
+        """New series lines through prometheus_client's text parser; their slots remembered. Returns lines dropped."""
+        to_parse: list[tuple[str, str]] = []
+        per_family: dict[str, int] = {}
+        dropped = 0
+        for line, series in unknown:
+            name = series.split("{", 1)[0].rstrip()
+            found = SAMPLE_ROLES.get(name)
+            if found is None:
+                self.lines[series] = UNMAPPED
+                continue
+            n = per_family.get(found[0].name, 0)
+            if n >= MAX_LINES_PER_FAMILY:
+                dropped += 1
+                continue
+            per_family[found[0].name] = n + 1
+            to_parse.append((line, series))
+        if not to_parse:
+            return dropped
+        try:
+            parsed = [s for metric in text_families("\n".join(line for line, _ in to_parse) + "\n") for s in metric.samples]
+        except Exception as exc:  # the parsers raise ValueError mostly, but hostile input reaches others too
+            raise ScrapeError("parse", _short(f"{type(exc).__name__}: {exc}")) from None
+        remember = len(parsed) == len(to_parse)  # one sample per line, in order: each line's meaning can be kept
+        for i, s in enumerate(parsed):
+            idx = self._slot(s.name, s.labels)
+            if remember:
+                self.lines[to_parse[i][1]] = idx
+            if idx == DROPPED:
+                dropped += 1
+            elif idx >= 0 and math.isfinite(s.value):
+                if idx >= len(acc):
+                    acc.extend([0.0] * (idx + 1 - len(acc)))
+                    seen.extend(bytes(idx + 1 - len(seen)))
+                acc[idx] += s.value
+                seen[idx] = 1
+        return dropped
+
+    def _slot(self, name: str, labels: dict[str, str]) -> int:
+        found = SAMPLE_ROLES.get(name)
+        if found is None:
+            return UNMAPPED
+        fam, role = found
+        if role == "quantile" or (role == "bucket" and fam.name not in NEEDS_BUCKETS):
+            return UNMAPPED
+        le = math.nan
+        if role == "bucket":
+            try:
+                le = float(labels.get("le", "nan"))
+            except ValueError:
+                return UNMAPPED
+            if math.isnan(le):
+                return UNMAPPED
+        kept = tuple(sorted((k, v) for k in fam.keep if (v := labels.get(k)) is not None))
+        if any(len(v) > self.limits.max_label_value for _, v in kept):
+            return DROPPED
+        admitted = self.admitted.setdefault(fam.name, set())
+        if kept not in admitted:
+            if len(admitted) >= self.limits.max_series:
+                return DROPPED
+            admitted.add(kept)
+        if role == "value":
+            slot = Slot(fam.name, fam.type, bk.series_key(fam.name, dict(kept)))
+        else:
+            slot = Slot(fam.name, role, (fam.name, kept), le)
+        idx = self.slot_of.get(slot)
+        if idx is None:
+            idx = self.slot_of[slot] = len(self.slots)
+            self.slots.append(slot)
+        return idx
+
+    def _parsed(self, acc: list[float], seen: bytearray, samples: int, dropped: int) -> Parsed:
+        out = Parsed(samples=samples, dropped=dropped)
+        for idx in (i for i, flag in enumerate(seen) if flag):
+            slot, value = self.slots[idx], acc[idx]
+            out.families.add(slot.family)
+            if slot.kind == "gauge":
+                out.gauges[slot.key] = value  # type: ignore[index]
+            elif slot.kind == "counter":
+                out.counters[slot.key] = value  # type: ignore[index]
+            else:
+                hist = out.hists.get(slot.key)  # type: ignore[arg-type]
+                if hist is None:
+                    hist = out.hists[slot.key] = Hist()  # type: ignore[index]
+                if slot.kind == "bucket":
+                    hist.buckets[slot.le] = value
+                elif slot.kind == "sum":
+                    hist.sum = value
+                else:
+                    hist.count = value
+        return out
+
+    def _unmapped(self, out: Parsed, text: str) -> Parsed:
+        """No mapped family in the exposition: a backend's page before its first request, or not a backend's."""
+        lines = mapped_lines(text)
+        out.dialects = lines.dialects
+        if not lines.dialects:
+            raise ScrapeError("no_families", f"none of the known backend families among {out.samples} samples")
+        return out
+
+    def _openmetrics(self, text: str) -> Parsed:
+        lines = mapped_lines(text)
+        if not lines.kept:
+            if "# EOF" not in text:
+                raise ScrapeError("parse", "OpenMetrics exposition without # EOF (cut off?)")
+            return self._unmapped(Parsed(samples=lines.samples), text)
+        try:
+            parsed = [s for metric in openmetrics_families(lines.text()) for s in metric.samples]
+        except Exception as exc:  # the parsers raise ValueError mostly, but hostile input reaches others too
+            raise ScrapeError("parse", _short(f"{type(exc).__name__}: {exc}")) from None
+        acc: list[float] = [0.0] * len(self.slots)
+        seen = bytearray(len(self.slots))
+        dropped = lines.over
+        for s in parsed:
+            idx = self._slot(s.name, s.labels)
+            if idx == DROPPED:
+                dropped += 1
+            elif idx >= 0 and math.isfinite(s.value):
+                if idx >= len(acc):
+                    acc.extend([0.0] * (idx + 1 - len(acc)))
+                    seen.extend(bytes(idx + 1 - len(seen)))
+                acc[idx] += s.value
+                seen[idx] = 1
+        out = self._parsed(acc, seen, lines.samples, dropped)
+        return out if out.families else self._unmapped(out, text)
+
+
 def parse(body: bytes, content_type: str, limits: Limits = Limits()) -> Parsed:
-    """The mapped families of one exposition. Raises ``ScrapeError`` (``parse``, ``no_families``)."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ScrapeError("parse", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    openmetrics = content_type.split(";")[0].strip().lower() == "application/openmetrics-text"
-    lines = mapped_lines(text)
-    kept, samples = lines.text, lines.samples
-    out = Parsed(samples=samples, dropped=lines.over, dialects=lines.dialects)
-    if not kept.strip("# EOF\n"):
-        if openmetrics and "# EOF" not in text:
-            raise ScrapeError("parse", "OpenMetrics exposition without # EOF (cut off?)")
-        if lines.dialects:  # a backend's page before its first request: nothing to keep yet, nothing wrong
-            return out
-        raise ScrapeError("no_families", f"none of the known backend families among {samples} samples")
-    series_per_family: dict[str, set[tuple[tuple[str, str], ...]]] = {}
-    parser = openmetrics_families if openmetrics else text_families
-    try:
-        for metric in parser(kept):
-            for s in metric.samples:
-                _take(out, s.name, s.labels, s.value, limits, series_per_family)
-    except Exception as exc:  # the parsers raise ValueError mostly, but hostile input reaches others too
-        raise ScrapeError("parse", _short(f"{type(exc).__name__}: {exc}")) from None
-    if not out.families and not lines.dialects:
-        raise ScrapeError("no_families", f"none of the known backend families among {samples} samples")
-    return out
+    """The mapped families of one exposition, read afresh. Raises ``ScrapeError`` (``parse``, ``no_families``)."""
+    return Reader(limits).read(body, content_type)
 
 
 def _short(text: str) -> str:
     text = text.replace("\n", " ")
     return text if len(text) <= 200 else text[:197] + "..."
-
-
-def _take(out: Parsed, name: str, labels: dict[str, str], value: float, limits: Limits,
-          series: dict[str, set[tuple[tuple[str, str], ...]]]) -> None:  # fmt: skip
-    found = SAMPLE_ROLES.get(name)
-    if found is None:
-        return
-    fam, role = found
-    if role == "quantile" or not math.isfinite(value):
-        return
-    kept = tuple(sorted((k, v) for k in fam.keep if (v := labels.get(k)) is not None))
-    if any(len(v) > limits.max_label_value for _, v in kept):
-        out.dropped += 1
-        return
-    seen = series.setdefault(fam.name, set())
-    if kept not in seen:
-        if len(seen) >= limits.max_series:
-            out.dropped += 1
-            return
-        seen.add(kept)
-    out.families.add(fam.name)
-    if role == "value":
-        key = bk.series_key(fam.name, dict(kept))
-        target = out.gauges if fam.type == "gauge" else out.counters
-        target[key] = target.get(key, 0.0) + value
-        return
-    hist = out.hists.get((fam.name, kept))
-    if hist is None:
-        hist = out.hists[(fam.name, kept)] = Hist()
-    if role == "sum":
-        hist.sum += value
-    elif role == "count":
-        hist.count += value
-    elif fam.name in NEEDS_BUCKETS:
-        try:
-            le = float(labels.get("le", "nan"))
-        except ValueError:
-            return
-        if not math.isnan(le):
-            hist.buckets[le] = hist.buckets.get(le, 0.0) + value
 
 
 def le_text(le: float) -> str:
@@ -412,13 +573,14 @@ class TargetScraper:
         self.limits = limits
         self.fetcher = fetcher
         self.previous: dict[HistKey, Hist] = {}
+        self.reader = Reader(limits)
 
     def scrape(self, ts: float | None = None) -> BackendSample:
         ts = time.time() if ts is None else ts
         started = time.perf_counter()
         try:
             got = self.fetcher(self.url, self.limits.timeout_s, self.limits.max_bytes)
-            parsed = parse(got.body, got.content_type, self.limits)
+            parsed = self.reader.read(got.body, got.content_type)
         except ScrapeError as exc:
             return self.failed(ts, exc, time.perf_counter() - started)
         return self.record(ts, parsed, time.perf_counter() - started)
@@ -427,7 +589,7 @@ class TargetScraper:
         """A record from an exposition already in hand (tests, the benchmark, replays)."""
         started = time.perf_counter()
         try:
-            parsed = parse(body, content_type, self.limits)
+            parsed = self.reader.read(body, content_type)
         except ScrapeError as exc:
             return self.failed(ts, exc, time.perf_counter() - started)
         return self.record(ts, parsed, time.perf_counter() - started)

@@ -29,6 +29,7 @@ from collectors import backends as bk
 from collectors.scrape import (
     MAX_BODY_BYTES,
     Limits,
+    Reader,
     ScrapeError,
     ScrapeHealth,
     TargetScraper,
@@ -113,6 +114,29 @@ def test_deltas_keep_each_non_zero_bucket_and_its_lower_neighbour_and_count_a_re
     restarted = Hist({0.1: 0, 0.5: 1, 1.0: 1, math.inf: 1}, 0.3, 1)
     assert deltas(restarted, now, "x", ())['x_bucket{le="0.5"}'] == 1.0  # fewer than before: all of it is new
     assert deltas(now, None, "x", ()) == {}  # first seen: no baseline
+
+
+def test_the_series_cache_reads_values_again_and_parses_whatever_is_new() -> None:
+    first = _capture("vllm-005a810b.prom")
+    second = first.replace(
+        b'finished_reason="stop",model_name="Qwen/Qwen2.5-7B-Instruct"} 40.0',
+        b'finished_reason="stop",model_name="Qwen/Qwen2.5-7B-Instruct"} 45.0',
+    )
+    second = second.replace(b"# TYPE vllm:request_success_total counter\n", b"# TYPE vllm:request_success_total counter\n"
+                            b'vllm:request_success_total{engine="0",finished_reason="error",model_name="m"} 3.0\n')  # fmt: skip
+    assert second.count(b"45.0") == 2 and b'"error"' in second
+    reader = Reader()
+    reader.read(first, "text/plain")
+    assert sum(idx >= 0 for idx in reader.lines.values()) > 300  # every mapped line of the first scrape (two engines)
+    again = reader.read(second, "text/plain")
+    fresh = parse(second, "text/plain")
+    assert (again.gauges, again.counters, again.hists) == (fresh.gauges, fresh.counters, fresh.hists)
+    assert again.counters['vllm:request_success_total{finished_reason="stop"}'] == 90.0  # two engines
+    assert again.counters['vllm:request_success_total{finished_reason="error"}'] == 3.0
+    bad = second.replace(b"} 45.0", b"} 4_5.0", 1)  # a value prometheus_client refuses, on a line the cache knows
+    with pytest.raises(ScrapeError) as err:
+        reader.read(bad, "text/plain")
+    assert err.value.reason == "parse"
 
 
 # --------------------------------------------------------------------------- hostile and broken input
