@@ -218,7 +218,7 @@ VLLM_WAITING_BY_REASON = _vllm(
     "vllm:num_requests_waiting_by_reason", "gauge",
     "Requests waiting, by why: capacity (no room in the KV cache / batch) or deferred (a transient constraint).",
     labels=(*_V, "reason"), keep=("reason",),
-    versions="after @005a810b: vllm-project/vllm#38435 (reason capacity|deferred)",
+    versions="after @005a810b: vllm-project/vllm pull request 38435 (reason: capacity, deferred)",
 )  # fmt: skip
 VLLM_KV_USAGE = _vllm("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", keep=_V)
 VLLM_GPU_CACHE_USAGE = _vllm("vllm:gpu_cache_usage_perc", "gauge",
