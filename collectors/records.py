@@ -412,7 +412,8 @@ class BackendSample(Record):
     (every other label summed away), under ``collectors.backends.series_key`` names. ``gauges`` hold values,
     ``counters`` cumulative values, ``deltas`` what each histogram gained since the previous successful scrape
     of the target -- per bucket (not cumulative: ``le`` names the bucket's upper bound), ``_sum`` and
-    ``_count``; a zero is left out, and a series seen for the first time has none (no baseline yet).
+    ``_count``; a zero is left out unless the bucket above it gained (a quantile interpolates from a bucket's
+    lower bound), and a series seen for the first time has none (no baseline yet).
     ``up`` is False when the scrape failed (``error`` says why: timeout, connect, http_<status>, too_large,
     parse, no_families); ``dropped_series`` counts series beyond the per-family cap. The loaders turn these
     into the ``service:`` signals exactly as the Prometheus loader turns the same families

@@ -6,11 +6,13 @@ Prometheus ever read them, so the flight recorder of such a host (and a bundle t
 request side at all. Here each scrape keeps exactly the families ``collectors.backends`` maps to a signal:
 
 - fetched with a total deadline (a server that drips bytes is cut off at it), at most ``max_bytes`` read;
-  ``text/plain`` preferred (names keep their ``:``), OpenMetrics accepted, either parsed by
-  prometheus_client's own parsers -- strict, and what vLLM exports with;
-- only the lines of mapped families are handed to the parser (their names in both spellings, ``vllm:x``
-  and the escaped ``vllm_x``): the parser's cost is per line, and an exposition is mostly families no
-  signal reads (``_created`` lines, token-count histograms, Python process metrics);
+  the classic text format asked for (names keep their ``:``), OpenMetrics accepted; every series parsed by
+  prometheus_client's own parsers -- strict, and what vLLM exports with -- the first time a target shows
+  it, only its value read again afterwards (``Reader``: label parsing is nearly all of a scrape's cost, and a
+  server's series rarely change between scrapes);
+- only the lines of mapped families are parsed (their names in both spellings, ``vllm:x`` and the escaped
+  ``vllm_x``): an exposition is mostly families no signal reads (``_created`` lines, token-count
+  histograms, Python process metrics);
 - labels a feed does not select on are summed away, as the Prometheus loader's ``sum()`` does; what is
   left is capped per family (``max_series``, the overflow counted), as is a label value's length;
 - histograms are stored as what each bucket gained since the previous successful scrape (zeros left out,
