@@ -21,8 +21,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from collectors.exposition import Limits, ScrapeError, parse
 from collectors.procfs import read_text, under
-from collectors.scrape import Fetched, Limits, ScrapeError, Scrapers, fetch, parse
+from collectors.scrape import Fetched, Scrapers, fetch
 
 log = logging.getLogger(__name__)
 

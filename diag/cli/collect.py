@@ -322,7 +322,8 @@ def _scraping(plan: _CollectPlan, config: SamplerConfig) -> tuple[Scrapers | Non
     if not plan.scrape_urls and not plan.scrape_auto:
         return None, None
     from collectors.discover import AutoTargets
-    from collectors.scrape import Limits, Scrapers
+    from collectors.exposition import Limits
+    from collectors.scrape import Scrapers
 
     scrapers = Scrapers(plan.interval_s, Limits(timeout_s=plan.scrape_timeout_s))
     if not plan.scrape_auto:

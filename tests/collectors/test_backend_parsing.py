@@ -26,17 +26,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collectors import backends as bk
-from collectors.scrape import (
-    MAX_BODY_BYTES,
-    Limits,
-    Reader,
-    ScrapeError,
-    ScrapeHealth,
-    TargetScraper,
-    deltas,
-    fetch,
-    parse,
-)
+from collectors.exposition import MAX_BODY_BYTES, Hist, Limits, Reader, ScrapeError, deltas, parse
+from collectors.scrape import ScrapeHealth, TargetScraper, fetch
 from tests.backend_captures import CAPTURES, CONTENT_TYPES, VLLM_FINISHED, VLLM_QUEUE_TIMES, tgi_capture, vllm_capture
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "external" / "backends"
@@ -105,8 +96,6 @@ def test_llamacpp_unlabelled_families_in_cpp_number_format() -> None:
 
 
 def test_deltas_keep_each_non_zero_bucket_and_its_lower_neighbour_and_count_a_restart_as_new() -> None:
-    from collectors.scrape import Hist
-
     before = Hist({0.1: 1, 0.5: 3, 1.0: 3, math.inf: 3}, 1.0, 3)
     now = Hist({0.1: 1, 0.5: 3, 1.0: 5, math.inf: 6}, 4.5, 6)
     got = deltas(now, before, "x", ())

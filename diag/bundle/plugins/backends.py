@@ -15,9 +15,10 @@ import sqlite3
 import time
 from pathlib import Path
 
+from collectors.exposition import ScrapeError
 from collectors.recorder import default_recorder_path
 from collectors.recorder_queries import RecorderReader
-from collectors.scrape import ScrapeError, fetch
+from collectors.scrape import fetch
 from diag.bundle.plugin import Context, OutFile, Output, State
 
 RECENT_S = 600.0  # targets scraped within this long before the bundle
