@@ -34,6 +34,7 @@ MAX_SIZE_EXAMPLES = ("64MiB", "256MiB", "1GiB")
 LISTEN_EXAMPLES = ("127.0.0.1:9464", "127.0.0.1:0", "off")
 SCRAPE_EXAMPLES = ("http://127.0.0.1:8000/metrics", "auto")
 SCRAPE_TIMEOUT_EXAMPLES = ("2s", "5s", "10s")
+MIN_SCRAPE_INTERVAL_S = 1.0
 
 
 def scrape_timeout_default(interval_s: float) -> float:
@@ -210,9 +211,9 @@ def collect(
             "--scrape",
             metavar="URL|auto",
             help="Also scrape an inference backend's own /metrics (vLLM, TGI, llama.cpp server, the llm-diag tracker) "
-            "every interval into the recorder; repeat for several. 'auto': the listening sockets of the processes "
-            "holding a model file, probed on loopback. Only the families the rules read are kept; nothing is "
-            "re-exported.",
+            "every interval (at most once a second) into the recorder; repeat for several. 'auto': the listening "
+            "sockets of the processes holding a model file, probed on loopback. Only the families the rules read are "
+            "kept; nothing is re-exported.",
         ),
     ] = None,
     scrape_timeout: Annotated[
@@ -325,7 +326,9 @@ def _scraping(plan: _CollectPlan, config: SamplerConfig) -> tuple[Scrapers | Non
     from collectors.exposition import Limits
     from collectors.scrape import Scrapers
 
-    scrapers = Scrapers(plan.interval_s, Limits(timeout_s=plan.scrape_timeout_s))
+    # At most once a second: rendering /metrics costs the backend too (tens of ms for a large vLLM), whatever the
+    # agent's own interval.
+    scrapers = Scrapers(max(plan.interval_s, MIN_SCRAPE_INTERVAL_S), Limits(timeout_s=plan.scrape_timeout_s))
     if not plan.scrape_auto:
         scrapers.set_targets(plan.scrape_urls)
         return scrapers, None
