@@ -219,25 +219,56 @@ def test_every_request_is_counted_exactly_once(tmp_path: Path) -> None:
 
 
 def test_one_slot_serialises_inference_and_the_wait_grows_in_the_queue(tmp_path: Path) -> None:
+    """Five requests queue behind a held slot, then run one at a time.
+
+    The holder keeps the slot until all five are seen queued, so every queued request arrived
+    before the slot came free: its wait is then exactly the inference that ran ahead of it (plus
+    what was left of the holder), whatever the host's speed. Assuming the five arrive together
+    instead (each waiting the sum of all earlier inference) failed on a loaded host where the
+    first request began running before the last had even connected."""
     registry = CollectorRegistry()
     tracker = _tracker(tmp_path, registry, admission=AdmissionConfig(max_concurrency=1))
-    with serve(make_app(tracker)) as base:
-        responses = asyncio.run(_gather(base, ["/work?ms=40"] * 6))
+    app = make_app(tracker)
+    with serve(app) as base:
+
+        async def scenario() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+                holder = asyncio.create_task(client.get("/hold"))
+                await _until(lambda: tracker.health()["active_inference"] == 1)
+                queued = [asyncio.create_task(client.get("/work?ms=40")) for _ in range(5)]
+                await _until(lambda: tracker.health()["queue_depth"] == 5)
+                await client.get("/release")
+                return [await holder, *[await q for q in queued]]
+
+        responses = asyncio.run(scenario())
     tracker.close()
-    assert all(r.status_code == 200 for r in responses)
+    assert [r.status_code for r in responses] == [200] * 6
     rows = sorted(read_requests(tmp_path / "rec.db"), key=lambda r: r.start or 0)
-    assert len(rows) == 6
-    # one slot: inference intervals never overlap
+    assert [r.route for r in rows] == ["/hold"] + ["/work"] * 5
+    # one slot: inference intervals never overlap, and each starts when the one before it ends
     for before, after in itertools.pairwise(rows):
         assert before.finish <= after.start + 1e-6
-    waits = [r.queue_wait_s or 0.0 for r in rows]
-    inference = [r.inference_s or 0.0 for r in rows]
-    # backlog, not slowness: each request waited for all the inference that ran before it ...
-    for k, wait in enumerate(waits):
-        assert wait >= sum(inference[:k]) - 0.01 - 0.02 * k
-    # ... so waiting dominates the last request while its own inference is no longer than anyone's
-    assert waits[-1] > 3 * max(inference)
+    work = rows[1:]
+    released = rows[0].finish
+    assert all(r.arrival < released for r in work)  # all five were queued before the slot came free
+    for k, row in enumerate(work):
+        # the wait is the time from arrival to the slot: the holder's remainder plus everything ahead
+        assert row.queue_wait_s == pytest.approx(row.start - row.arrival, abs=1e-3)
+        ahead = sum(r.inference_s or 0.0 for r in work[:k])
+        assert row.queue_wait_s >= (released - row.arrival) + ahead - 1e-3
+        assert (row.inference_s or 0.0) >= 0.04 - 1e-3  # its own work is only its 40 ms
+    # backlog, not slowness: the last request waited for four others' 40 ms each, at least
+    assert work[-1].queue_wait_s >= 4 * 0.04 - 1e-3
     assert sample_value(registry, catalog.ADMISSION_MAX_CONCURRENCY.name, {"model": "m"}) == 1
+
+
+async def _until(condition: Any, deadline_s: float = 20.0) -> None:
+    """Poll ``condition`` until it holds (a failure names the deadline rather than hanging)."""
+    stop = time.monotonic() + deadline_s
+    while not condition():
+        if time.monotonic() > stop:
+            raise AssertionError(f"condition not met within {deadline_s} s")
+        await asyncio.sleep(0.005)
 
 
 # --------------------------------------------------------------------------- refusals
