@@ -37,3 +37,14 @@ OVERWHELM_FACTOR = 3.0
 # A model holder whose private memory (USS) is >= 60 % of its resident memory holds the big part of it
 # privately: a copy of its own. Processes sharing one read-only mmap of the weights stay well under it.
 PRIVATE_DOMINANT = 0.6
+
+# The KV cache of an engine with paged attention (vLLM's v1 scheduler; llama.cpp's slots): usage is the
+# fraction of its blocks in use (``vllm:kv_cache_usage_perc`` is a fraction 0-1 despite its name). The
+# scheduler preempts (and later recomputes) a running sequence only when it cannot get a block, so usage
+# sits at its ceiling when it does; >= 95 % allows for block granularity and a scrape that lands between
+# a preemption and the freed blocks being reused. Below 80 % the cache has room: requests that wait then
+# wait for a slot (queue backlog), not for KV capacity.
+KV_CEILING = 0.95
+KV_ROOM = 0.80
+# Preemptions that matter: sustained, not a single one (>= 3 a minute).
+PREEMPTIONS_UP = 0.05
