@@ -118,7 +118,7 @@ def rule(rule_id: str, cls: str, *, needs: tuple[str, ...] = (), needs_any: tupl
         raise ValueError(f"rule {rule_id}: unknown class {cls!r}")
     unknown = [s for s in (*needs, *needs_any) if not signals.known(s)]
     if unknown:
-        raise ValueError(f"rule {rule_id}: signals not in diag.signals: {unknown}")
+        raise ValueError(f"rule {rule_id}: signals the vocabulary (diag/timeline/signals.py) does not know: {unknown}")
 
     def register(fn: RuleFn) -> RuleFn:
         if rule_id in RULES:
