@@ -299,14 +299,7 @@ class Reader:
             idx = self._slot(s.name, s.labels)
             if remember:
                 self.lines[to_parse[i][1]] = idx
-            if idx == DROPPED:
-                dropped += 1
-            elif idx >= 0 and math.isfinite(s.value):
-                if idx >= len(acc):
-                    acc.extend([0.0] * (idx + 1 - len(acc)))
-                    seen.extend(bytes(idx + 1 - len(seen)))
-                acc[idx] += s.value
-                seen[idx] = 1
+            dropped += _accumulate(acc, seen, idx, s.value)
         return dropped
 
     def _slot(self, name: str, labels: dict[str, str]) -> int:
@@ -385,15 +378,7 @@ class Reader:
         seen = bytearray(len(self.slots))
         dropped = lines.over
         for s in parsed:
-            idx = self._slot(s.name, s.labels)
-            if idx == DROPPED:
-                dropped += 1
-            elif idx >= 0 and math.isfinite(s.value):
-                if idx >= len(acc):
-                    acc.extend([0.0] * (idx + 1 - len(acc)))
-                    seen.extend(bytes(idx + 1 - len(seen)))
-                acc[idx] += s.value
-                seen[idx] = 1
+            dropped += _accumulate(acc, seen, self._slot(s.name, s.labels), s.value)
         out = self._parsed(acc, seen, lines.samples, dropped)
         return out if out.families else self._unmapped(out, text)
 
@@ -440,3 +425,17 @@ def deltas(now: Hist, before: Hist | None, family: str, kept: Sequence[tuple[str
         out[bk.series_key(family + "_sum", labels)] = total
         out[bk.series_key(family + "_count", labels)] = count
     return out
+
+
+def _accumulate(acc: list[float], seen: bytearray, idx: int, value: float) -> int:
+    """Add one parsed sample to its slot (series that share a slot, such as two ports' copies, sum);
+    returns 1 when the sample was dropped by the cardinality cap, so the caller can count it."""
+    if idx == DROPPED:
+        return 1
+    if idx >= 0 and math.isfinite(value):
+        if idx >= len(acc):
+            acc.extend([0.0] * (idx + 1 - len(acc)))
+            seen.extend(bytes(idx + 1 - len(seen)))
+        acc[idx] += value
+        seen[idx] = 1
+    return 0
