@@ -331,10 +331,21 @@ def _tracks(layout: TrackLayout) -> Bulk:
                     if value is not None:
                         int(value)
         staged = []
+        # Rows grouped by track once (a stable sort keeps each track's rows in batch order), each track's columns
+        # then slices: a window written in time order holds every process's rows interleaved.
+        order = bounds = None
+        if codes is not None:
+            order = np.argsort(codes, kind="stable")
+            bounds = np.searchsorted(codes[order], np.arange(len(distinct) + 1)).tolist()
+            ts = ts[order]
+            series = [(name, col[order]) for name, col in series]
         for number, (key, pid, start_time) in enumerate(distinct):
-            idx = None if codes is None else np.flatnonzero(codes == number)
-            t = ts if idx is None else ts[idx]
-            cols = [(name, col if idx is None else col[idx]) for name, col in series]
+            idx = None
+            t, cols = ts, series
+            if order is not None and bounds is not None:
+                lo, hi = bounds[number], bounds[number + 1]
+                idx = order[lo:hi]
+                t, cols = ts[lo:hi], [(name, col[lo:hi]) for name, col in series]
             facts = [(name, _last(objs, idx, get, truthy=True)) for name, get in getters]
             kept = [(name, int(v)) for name, get in present_getters if (v := _last(objs, idx, get, truthy=False)) is not None]
             files = [(name, unions[name].get(number, set())) for name in sets]
