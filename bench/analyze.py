@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 # The tree whose code is measured: this one, or (a --compare-rev child) another revision's, measured by this script.
@@ -313,24 +314,29 @@ def _timed_phases(path: str) -> dict[str, float]:
         sql_s += time.perf_counter() - t
         return out
 
-    decode = fastdecode.decode
+    def timed(decode: Any) -> Any:
+        def timed_decode(kind: str, text: str | bytes) -> object:
+            nonlocal decode_s
+            t = time.perf_counter()
+            out = decode(kind, text)
+            decode_s += time.perf_counter() - t
+            return out
 
-    def timed_decode(kind: str, text: str | bytes) -> object:
-        nonlocal decode_s
-        t = time.perf_counter()
-        out = decode(kind, text)
-        decode_s += time.perf_counter() - t
-        return out
+        return timed_decode
 
+    decoders = [name for name in ("decode", "decode_strict") if hasattr(fastdecode, name)]  # a tree may lack one
+    saved = {name: getattr(fastdecode, name) for name in decoders}
     source.RecorderReader.joined = timed_joined  # type: ignore[method-assign]
-    fastdecode.decode = timed_decode  # type: ignore[assignment]
+    for name, decode in saved.items():
+        setattr(fastdecode, name, timed(decode))
     try:
         t = time.perf_counter()
         source.load_recorder(path, workers=1)
         total = time.perf_counter() - t
     finally:
         source.RecorderReader.joined = joined  # type: ignore[method-assign]
-        fastdecode.decode = decode  # type: ignore[assignment]
+        for name, decode in saved.items():
+            setattr(fastdecode, name, decode)
     return {"json_total_s": total, "json_sql_s": sql_s, "json_decode_s": decode_s}
 
 
