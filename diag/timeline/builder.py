@@ -70,9 +70,11 @@ def _first_row(text: str | bytes) -> Any:
     """The first row of a JSON array of bodies, as ``json`` reads it (ValueError when it is not one)."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "surrogatepass")
-    start = 1 + len(text[1:]) - len(text[1:].lstrip())
-    if not text.startswith("[") or start >= len(text):
+    if not text.startswith("["):
         raise ValueError("not a JSON array")
+    start = 1
+    while start < len(text) and text[start] in " \t\r\n":  # JSON's whitespace; no copy of the batch
+        start += 1
     try:
         return _FIRST.raw_decode(text, start)[0]
     except RecursionError:
