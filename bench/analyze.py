@@ -24,8 +24,11 @@ kind, and one process, after another as the generator writes them.
 git into a temporary folder, measured by this script's own child), alternating runs, so a before/after is
 measured the same way, side by side, in one session on a machine whose load changes.
 
+``--floor`` splits one reader's JSON load of the largest size into SQLite, msgspec and the rest, and times reading the
+same numbers back from typed blocks in a scratch file: what a recorder storing its numbers typed would cost to load.
+
     .venv/bin/python bench/analyze.py [--scales 1,4,16] [--keep DIR] [--profile] [--workers N] [--repeat N]
-                                      [--order kind|time] [--compare-rev main]
+                                      [--order kind|time] [--compare-rev main] [--floor]
 
 Prints figures; asserts nothing.
 """
@@ -342,7 +345,7 @@ def _timed_phases(path: str) -> dict[str, float]:
 
 def _typed_columns_floor(path: str, block: int = 3600) -> dict[str, float]:
     """What loading the same day would cost were its numbers stored typed: every array of the Timeline written into
-    a scratch SQLite file as float64 (text columns as one-byte codes into their few distinct values) in blocks of
+    a scratch SQLite file as float64 (text columns as codes into their few distinct values) in blocks of
     ``block`` rows, then read back into whole columns. A prototype's floor, not a product: no window, no checks."""
     from diag.sources import load_recorder
 
@@ -366,7 +369,8 @@ def _typed_columns_floor(path: str, block: int = 3600) -> dict[str, float]:
             if col.dtype == object:
                 distinct = list(dict.fromkeys(col.tolist()))
                 lookup = {v: i for i, v in enumerate(distinct)}
-                kind, values = json.dumps(distinct), np.fromiter(map(lookup.__getitem__, col), np.uint8, col.size)
+                codes = np.uint8 if len(distinct) < 256 else np.uint32
+                kind, values = json.dumps(distinct), np.fromiter(map(lookup.__getitem__, col), codes, col.size)
             rows = [(name, k, kind, values[lo : lo + block].tobytes()) for k, lo in enumerate(range(0, values.size, block))]
             db.executemany("INSERT INTO blocks VALUES (?, ?, ?, ?)", rows)
             stored += values.nbytes
@@ -385,7 +389,7 @@ def _typed_columns_floor(path: str, block: int = 3600) -> dict[str, float]:
                 out[name] = np.frombuffer(joined, np.float64).copy()
             else:
                 distinct = np.array(json.loads(kind), dtype=object)
-                out[name] = distinct[np.frombuffer(joined, np.uint8)]
+                out[name] = distinct[np.frombuffer(joined, np.uint8 if distinct.size < 256 else np.uint32)]
         read_s = time.perf_counter() - t
         db.close()
     return {"typed_read_s": read_s, "typed_mib": stored / 2**20, "typed_columns": len(out)}
