@@ -24,8 +24,11 @@ kind, and one process, after another as the generator writes them.
 git into a temporary folder, measured by this script's own child), alternating runs, so a before/after is
 measured the same way, side by side, in one session on a machine whose load changes.
 
+``--floor`` splits one reader's JSON load of the largest size into SQLite, msgspec and the rest, and times reading the
+same numbers back from typed blocks in a scratch file: what a recorder storing its numbers typed would cost to load.
+
     .venv/bin/python bench/analyze.py [--scales 1,4,16] [--keep DIR] [--profile] [--workers N] [--repeat N]
-                                      [--order kind|time] [--compare-rev main]
+                                      [--order kind|time] [--compare-rev main] [--floor]
 
 Prints figures; asserts nothing.
 """
@@ -42,6 +45,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 # The tree whose code is measured: this one, or (a --compare-rev child) another revision's, measured by this script.
@@ -297,6 +301,108 @@ def child(path: str, profile: bool, workers: int | None) -> None:
     }))  # fmt: skip
 
 
+def _timed_phases(path: str) -> dict[str, float]:
+    """One reader's JSON load split into its phases (this tree's loader, its windows): SQLite handing over the
+    joined windows, msgspec decoding them, and everything else (columns, checks, freeing, building)."""
+    from diag.sources import recorder as source
+    from diag.timeline import fastdecode
+
+    sql_s = decode_s = 0.0
+    joined = source.RecorderReader.joined
+
+    def timed_joined(self: object, *args: object) -> object:
+        nonlocal sql_s
+        t = time.perf_counter()
+        out = joined(self, *args)  # type: ignore[arg-type]
+        sql_s += time.perf_counter() - t
+        return out
+
+    def timed(decode: Any) -> Any:
+        def timed_decode(kind: str, text: str | bytes) -> object:
+            nonlocal decode_s
+            t = time.perf_counter()
+            out = decode(kind, text)
+            decode_s += time.perf_counter() - t
+            return out
+
+        return timed_decode
+
+    decoders = [name for name in ("decode", "decode_strict") if hasattr(fastdecode, name)]  # a tree may lack one
+    saved = {name: getattr(fastdecode, name) for name in decoders}
+    source.RecorderReader.joined = timed_joined  # type: ignore[method-assign]
+    for name, decode in saved.items():
+        setattr(fastdecode, name, timed(decode))
+    try:
+        t = time.perf_counter()
+        source.load_recorder(path, workers=1)
+        total = time.perf_counter() - t
+    finally:
+        source.RecorderReader.joined = joined  # type: ignore[method-assign]
+        for name, decode in saved.items():
+            setattr(fastdecode, name, decode)
+    return {"json_total_s": total, "json_sql_s": sql_s, "json_decode_s": decode_s}
+
+
+def _typed_columns_floor(path: str, block: int = 3600) -> dict[str, float]:
+    """What loading the same day would cost were its numbers stored typed: every array of the Timeline written into
+    a scratch SQLite file as float64 (text columns as codes into their few distinct values) in blocks of
+    ``block`` rows, then read back into whole columns. A prototype's floor, not a product: no window, no checks."""
+    from diag.sources import load_recorder
+
+    tl = load_recorder(path, workers=1)
+    arrays: dict[str, np.ndarray] = {}
+    for group, series in [("host", tl.host), *((f"cgroup {k}", v) for k, v in tl.cgroups.items()),
+                          *((f"process {k}", t.series) for k, t in tl.processes.items())]:  # fmt: skip
+        for name, s in series.items():
+            arrays.setdefault(f"{group}|ts|{id(s.ts)}", s.ts)
+            arrays[f"{group}|{name}"] = s.values
+    for name, col in tl.requests.columns.items():
+        arrays[f"requests|{name}"] = col
+    del tl
+    with tempfile.TemporaryDirectory(prefix="llmdiag-floor-") as tmp:
+        db_path = Path(tmp) / "typed.db"
+        db = sqlite3.connect(db_path)
+        db.execute("CREATE TABLE blocks(name TEXT, k INTEGER, kind TEXT, data BLOB, PRIMARY KEY(name, k))")
+        stored = 0
+        for name, col in arrays.items():
+            kind, values = "f8", col
+            if col.dtype == object:
+                distinct = list(dict.fromkeys(col.tolist()))
+                lookup = {v: i for i, v in enumerate(distinct)}
+                codes = np.uint8 if len(distinct) < 256 else np.uint32
+                kind, values = json.dumps(distinct), np.fromiter(map(lookup.__getitem__, col), codes, col.size)
+            rows = [(name, k, kind, values[lo : lo + block].tobytes()) for k, lo in enumerate(range(0, values.size, block))]
+            db.executemany("INSERT INTO blocks VALUES (?, ?, ?, ?)", rows)
+            stored += values.nbytes
+        db.commit()
+        db.close()
+        del arrays
+        t = time.perf_counter()
+        db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+        pieces: dict[str, tuple[str, list[bytes]]] = {}
+        for name, kind, data in db.execute("SELECT name, kind, data FROM blocks ORDER BY name, k"):
+            pieces.setdefault(name, (kind, []))[1].append(data)
+        out = {}
+        for name, (kind, blobs) in pieces.items():
+            joined = b"".join(blobs)
+            if kind == "f8":
+                out[name] = np.frombuffer(joined, np.float64).copy()
+            else:
+                distinct = np.array(json.loads(kind), dtype=object)
+                out[name] = distinct[np.frombuffer(joined, np.uint8 if distinct.size < 256 else np.uint32)]
+        read_s = time.perf_counter() - t
+        db.close()
+    return {"typed_read_s": read_s, "typed_mib": stored / 2**20, "typed_columns": len(out)}
+
+
+def floor(path: str) -> None:
+    """The ``--floor`` child: where one reader's JSON load goes, and the typed-columns prototype beside it."""
+    from diag.rules.engine import load_rules
+
+    load_rules()
+    print(json.dumps({**_timed_phases(path), **_typed_columns_floor(path), "load_avg": os.getloadavg()[0]}))
+
+
 # --------------------------------------------------------------------------- driver
 
 TARGET_WALL_S = 2.5
@@ -325,6 +431,21 @@ def _run(tree: Path, path: Path, workers: int | None, profile: bool) -> dict | N
     if profile:
         print(out.stderr)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _report_floor(path: Path) -> None:
+    """The ``--floor`` figures of ``path`` (this tree's code, one fresh process)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--floor-child", str(path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
+    if out.returncode != 0:
+        print(f"floor: child failed (rc {out.returncode})\n{out.stderr[-3000:]}")
+        return
+    f = json.loads(out.stdout.strip().splitlines()[-1])
+    rest = f["json_total_s"] - f["json_sql_s"] - f["json_decode_s"]
+    print(f"     floor, one reader (load avg {f['load_avg']:.1f}): JSON load {f['json_total_s']:.2f} s = SQLite "
+          f"{f['json_sql_s']:.2f} + msgspec {f['json_decode_s']:.2f} + columns, checks, build {rest:.2f}; "
+          f"the same numbers stored typed ({f['typed_columns']} columns, {f['typed_mib']:.0f} MiB) read back in "
+          f"{f['typed_read_s']:.2f} s")  # fmt: skip
 
 
 def _report(scale: int, label: str, runs: list[dict]) -> dict:
@@ -368,8 +489,15 @@ def main() -> None:
                     "writes them")  # fmt: skip
     ap.add_argument("--compare-rev", metavar="REV",
                     help="also run the same files through the code at this git revision, alternating runs")  # fmt: skip
+    ap.add_argument("--floor", action="store_true",
+                    help="also split one reader's JSON load of the largest size into SQLite, decoding and the rest, "
+                    "and time reading the same numbers stored typed (a prototype's floor)")  # fmt: skip
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--floor-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.floor_child:
+        floor(args.floor_child)
+        return
     if args.child:
         child(args.child, args.profile, args.workers)
         return
@@ -414,6 +542,8 @@ def main() -> None:
                     res = _report(scale, label, got)
                     if scale == 16:
                         largest[label] = res
+            if args.floor and scale == max(scales):
+                _report_floor(path)
         for label, res in largest.items():
             total = res["load_s"] + res["analyze_s"]
             print(

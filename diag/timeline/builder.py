@@ -29,7 +29,7 @@ from diag.timeline import fastdecode, rowwise
 from diag.timeline import signals as vocabulary
 from diag.timeline.backends import service_from_backends
 from diag.timeline.columns import SeriesBuilder, give_back_freed_memory, to_float, to_table
-from diag.timeline.fastdecode import TYPED_KINDS, paused_gc
+from diag.timeline.fastdecode import STRICT_KINDS, TYPED_KINDS, paused_gc
 from diag.timeline.layout import LAYOUTS, KeptLayout, TrackLayout
 from diag.timeline.model import ProcessTrack, Series, Table, Timeline
 
@@ -63,6 +63,24 @@ def _joined(bodies: Sequence[str] | Sequence[bytes]) -> str | bytes:
     return "[" + ",".join(bodies) + "]"  # type: ignore[arg-type]
 
 
+_FIRST = json.JSONDecoder()
+
+
+def _first_row(text: str | bytes) -> Any:
+    """The first row of a JSON array of bodies, as ``json`` reads it (ValueError when it is not one)."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "surrogatepass")
+    if not text.startswith("["):
+        raise ValueError("not a JSON array")
+    start = 1
+    while start < len(text) and text[start] in " \t\r\n":  # JSON's whitespace; no copy of the batch
+        start += 1
+    try:
+        return _FIRST.raw_decode(text, start)[0]
+    except RecursionError:
+        raise ValueError("nested too deep") from None
+
+
 class TimelineBuilder:
     """Feed record dicts (as stored: ``{"kind": ..., "schema": ..., ...}``) in any order; ``build()`` sorts by time.
 
@@ -88,7 +106,7 @@ class TimelineBuilder:
         self.kept: dict[str, list[Any]] = defaultdict(list)  # Timeline attribute -> records kept whole
         self.counts: dict[str, int] = defaultdict(int)
         self.skipped: dict[str, int] = defaultdict(int)
-        self.decode_paths: dict[str, int] = defaultdict(int)  # rows per add_bodies path: typed, json, per_row
+        self.decode_paths: dict[str, int] = defaultdict(int)  # rows per add_bodies path: strict, typed, json, per_row
         self._built = False
 
     # ---- records, one at a time
@@ -165,23 +183,42 @@ class TimelineBuilder:
         with paused_gc():
             return self._add_typed(kind, bulk, text, n, ordered=ordered)
 
-    def _add_typed(self, kind: str, bulk: Any, text: str | bytes, n: int, *, ordered: bool = False) -> bool:
-        """The whole batch as Structs, or False (nothing changed) when any row does not fit."""
+    def _add_typed(self, kind: str, bulk: Any, text: str | bytes, n: int, *, ordered: bool = False, strict: bool = True) -> bool:
+        """The whole batch as Structs, or False (nothing changed) when any row does not fit.
+
+        Strict decoding first where the kind has closed parts (``fastdecode.decode_strict``: a host row's meminfo,
+        vmstat and PSI as records, not dicts: half the decoding); a batch it does not fit (a key that comes and
+        goes, one it does not declare) is decoded again the ordinary typed way. ``strict=False``: that way only.
+        """
         if n == 0:
             return True
+        if strict and kind in STRICT_KINDS:
+            objs = fastdecode.decode_strict(kind, text)
+            if objs is not None and len(objs) == n:
+                try:
+                    rows = bulk_mapping.Rows.strict(_first_row(text), fastdecode.UNSET)
+                except ValueError:
+                    rows = None
+                if rows is not None and self._commit_typed(kind, bulk, objs, rows, ordered, "strict"):
+                    return True
+            del objs
         objs = fastdecode.decode(kind, text)  # every row's kind is checked there (a Literal)
         if objs is None or len(objs) != n:
             return False
+        return self._commit_typed(kind, bulk, objs, bulk_mapping.STRUCTS, ordered, "typed")
+
+    def _commit_typed(self, kind: str, bulk: Any, objs: list[Any], rows: Any, ordered: bool, path: str) -> bool:
+        n = len(objs)
         ts = np.fromiter(map(_ATTR_TS, objs), np.float64, n)  # typed: finite floats (JSON has no NaN)
         if ordered and n > 1 and not bool(np.all(ts[1:] >= ts[:-1])):
             return False
         try:
-            commit = bulk(self, ts, objs, bulk_mapping.STRUCTS)
+            commit = bulk(self, ts, objs, rows)
         except Exception:  # e.g. a Struct lacking a field a handler reads: the json path decides
             return False
         commit()
         self._accepted(kind, ts)
-        self.decode_paths["typed"] += n
+        self.decode_paths[path] += n
         return True
 
     def _add_decoded(self, kind: str, bulk: Any, text: str | bytes, bodies: Sequence[str] | Sequence[bytes]) -> None:

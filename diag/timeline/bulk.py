@@ -27,6 +27,7 @@ from diag.timeline.layout import (
     Scalars,
     TableLayout,
     TrackLayout,
+    strict_parts,
 )
 from diag.timeline.model import ProcessTrack
 
@@ -78,9 +79,21 @@ class Rows:
     floats or None already.
     """
 
-    def __init__(self, typed: bool) -> None:
+    def __init__(self, typed: bool, first: Any = None, unset: Any = None) -> None:
         self.typed = typed
         self.get: Any = attrgetter if typed else itemgetter
+        # Strict typed decoding (``fastdecode.decode_strict``): the batch's first row as the json module reads it
+        # (a dict), for the order of its keys, which the records of closed parts do not keep (None: not strict);
+        # ``unset``: the value of a key a row does not have (``msgspec.UNSET``).
+        self.first = first
+        self.unset = unset
+
+    @classmethod
+    def strict(cls, first: Any, unset: Any) -> Rows:
+        """Rows of a strict batch whose first row, parsed as JSON, is ``first``."""
+        if not isinstance(first, dict):
+            raise ValueError("the first row of a strict batch is a JSON object")
+        return cls(typed=True, first=first, unset=unset)
 
     def values(self, objs: list[Any], key: str) -> list[Any]:
         """One field of every row (None where a dict lacks it)."""
@@ -153,6 +166,69 @@ def _nested_part(head: str, values: list[Any], part: NestedPart, rows: Rows) -> 
     return out
 
 
+def _key_order(first: Any, field: str, declared: Sequence[str]) -> tuple[str, ...]:
+    """The keys of ``first[field]`` in the JSON's order: what the json path's columns follow."""
+    value = first.get(field)
+    if not isinstance(value, dict) or not set(value) <= set(declared):
+        raise ValueError(f"{field}: the first row's keys are not the record's")
+    return tuple(value)
+
+
+def _absent_everywhere(records: list[Any], keys: Sequence[str], unset: Any) -> None:
+    """Raise unless every row lacks each of ``keys`` (the json path would add a column for a key any row has)."""
+    for key in keys:
+        if any(v is not unset for v in map(attrgetter(key), records)):
+            raise ValueError(f"{key}: some rows have it and the first row does not")
+
+
+def _closed_family(records: list[Any], part: FamilyPart, rows: Rows) -> list[tuple[str, np.ndarray]]:
+    """``_flat_columns`` of a closed family read as records: the same columns when every row has the first row's
+    keys (a row lacking one fails ``np.fromiter`` on the UNSET marker; the caller then takes the dict path)."""
+    assert part.keys is not None
+    keys = _key_order(rows.first, part.field, part.keys)
+    _absent_everywhere(records, [k for k in part.keys if k not in set(keys)], rows.unset)
+    if not records or not keys:
+        return []
+    cols = _block(records, keys, attrgetter, typed=True)
+    assert cols is not None
+    return [(f"{part.name}.{k}", c) for k, c in zip(keys, cols, strict=True)]
+
+
+def _record_columns(prefix: str, values: list[Any], inner: Inner) -> list[tuple[str, np.ndarray]]:
+    """``_nested_columns`` over nested records (or None) read as records: same names, same values."""
+    out = []
+    if inner.numbers:
+        present = sum(v is not None for v in values)
+        if present:
+            fields = [s.field for s in inner.numbers]
+            if present == len(values):
+                cols = _block(values, fields, attrgetter, typed=True)
+                assert cols is not None
+            else:
+                cols = [column([None if v is None else getattr(v, k) for v in values]) for k in fields]
+            out += [(f"{prefix}.{s.name}", _scaled(s, c)) for s, c in zip(inner.numbers, cols, strict=True)]
+    for part in inner.nested:
+        subs = [None if v is None else getattr(v, part.field) for v in values]
+        out += _record_columns(f"{prefix}.{part.name}", subs, part.inner)
+    return out
+
+
+def _closed_nested(values: list[Any], part: NestedPart, rows: Rows) -> list[tuple[str, np.ndarray]]:
+    """``_nested_part`` of a closed nesting read as records."""
+    if not part.by_key:
+        return _record_columns(part.name, values, part.inner)
+    assert part.keys is not None
+    keys = _key_order(rows.first, part.field, part.keys)
+    _absent_everywhere(values, [k for k in part.keys if k not in set(keys)], rows.unset)
+    out = []
+    for key in keys:
+        subs = list(map(attrgetter(key), values))
+        if any(v is rows.unset for v in subs):
+            raise ValueError(f"{part.field}.{key}: some rows lack it")
+        out += _record_columns(f"{part.name}.{key}", subs, part.inner)
+    return out
+
+
 def group_codes(keys: list[Any]) -> tuple[list[Any], np.ndarray | None]:
     """Distinct keys in first-seen order and each row's group number (None when there is one group)."""
     distinct = list(dict.fromkeys(keys))
@@ -164,12 +240,18 @@ def group_codes(keys: list[Any]) -> tuple[list[Any], np.ndarray | None]:
 
 def _group(layout: GroupLayout) -> Bulk:
     scope, key, parts = layout.scope, layout.key, layout.parts
+    strict = strict_parts(layout)
 
     def columns(objs: list[Any], rows: Rows) -> list[tuple[str, np.ndarray]]:
         cols: list[tuple[str, np.ndarray]] = []
         for part in parts:
             if isinstance(part, Scalars):
                 cols += _numbers("", part.scalars, objs, rows)
+            elif rows.first is not None and part.field in strict:
+                if isinstance(part, FamilyPart):
+                    cols += _closed_family(rows.values(objs, part.field), part, rows)
+                elif isinstance(part, NestedPart):
+                    cols += _closed_nested(rows.values(objs, part.field), part, rows)
             elif isinstance(part, FamilyPart):
                 cols += _flat_columns(f"{part.name}.", [d or {} for d in rows.values(objs, part.field)], rows)
             elif isinstance(part, FlagPart):
@@ -249,10 +331,21 @@ def _tracks(layout: TrackLayout) -> Bulk:
                     if value is not None:
                         int(value)
         staged = []
+        # Rows grouped by track once (a stable sort keeps each track's rows in batch order), each track's columns
+        # then slices: a window written in time order holds every process's rows interleaved.
+        order = bounds = None
+        if codes is not None:
+            order = np.argsort(codes, kind="stable")
+            bounds = np.searchsorted(codes[order], np.arange(len(distinct) + 1)).tolist()
+            ts = ts[order]
+            series = [(name, col[order]) for name, col in series]
         for number, (key, pid, start_time) in enumerate(distinct):
-            idx = None if codes is None else np.flatnonzero(codes == number)
-            t = ts if idx is None else ts[idx]
-            cols = [(name, col if idx is None else col[idx]) for name, col in series]
+            idx = None
+            t, cols = ts, series
+            if order is not None and bounds is not None:
+                lo, hi = bounds[number], bounds[number + 1]
+                idx = order[lo:hi]
+                t, cols = ts[lo:hi], [(name, col[lo:hi]) for name, col in series]
             facts = [(name, _last(objs, idx, get, truthy=True)) for name, get in getters]
             kept = [(name, int(v)) for name, get in present_getters if (v := _last(objs, idx, get, truthy=False)) is not None]
             files = [(name, unions[name].get(number, set())) for name in sets]

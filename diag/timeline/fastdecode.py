@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from typing import Any, Literal
 
 from collectors.records import RECORD_TYPES
-from diag.timeline.layout import LAYOUTS, Layout, typed_fields
+from diag.timeline.layout import LAYOUTS, FamilyPart, GroupLayout, Inner, Layout, NestedPart, strict_parts, typed_fields
 
 try:
     import msgspec
@@ -42,6 +42,7 @@ except ImportError:  # pragma: no cover - a pinned dependency; the json path sti
     msgspec = None  # type: ignore[assignment]
 
 AVAILABLE = msgspec is not None
+UNSET: Any = None if msgspec is None else msgspec.UNSET  # a key a row of a strict batch does not have
 
 
 @contextlib.contextmanager
@@ -56,21 +57,66 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
-def struct(layout: Layout, cls: type) -> Any:
-    """The Struct typed decoding reads a kind into (None: the kind is not read column-wise, or msgspec is absent)."""
+def _inner_struct(name: str, inner: Inner) -> Any:
+    """A nested record as strict decoding reads it: every declared number present (a number or null), its nested
+    records absent, null or records themselves; other keys skipped, as the json path skips them."""
+    spec: list[tuple[str, Any] | tuple[str, Any, Any]] = [
+        (s.field, (bool if s.is_bool else float) | None)
+        for s in inner.numbers  # type: ignore[operator]
+    ]
+    spec += [(p.field, _inner_struct(f"{name}_{p.field}", p.inner) | None, None) for p in inner.nested]
+    return msgspec.defstruct(name, spec, gc=False, module=__name__)
+
+
+def _closed_type(name: str, part: FamilyPart | NestedPart) -> tuple[Any, Any]:
+    """The type and default of a closed part's field in the strict Struct (see ``layout.closed``)."""
+    unset = msgspec.UNSET
+    if isinstance(part, FamilyPart):
+        assert part.keys is not None
+        spec = [(k, float | None | msgspec.UnsetType, unset) for k in part.keys]
+        return msgspec.defstruct(name, spec, gc=False, forbid_unknown_fields=True, module=__name__), dataclasses.MISSING
+    inner = _inner_struct(f"{name}_inner", part.inner)
+    if not part.by_key:
+        return inner | None, None
+    assert part.keys is not None
+    spec = [(k, inner | msgspec.UnsetType, unset) for k in part.keys]
+    return msgspec.defstruct(name, spec, gc=False, forbid_unknown_fields=True, module=__name__), dataclasses.MISSING
+
+
+def strict_fields(layout: Layout, cls: type) -> list[tuple[str, Any, Any]] | None:
+    """``typed_fields`` with every closed part read as a record (None: the kind has no closed part)."""
     fields = typed_fields(layout, cls)
+    if fields is None or not isinstance(layout, GroupLayout) or msgspec is None:
+        return None
+    names = strict_parts(layout)
+    parts = {p.field: p for p in layout.parts if isinstance(p, (FamilyPart, NestedPart)) and p.field in names}
+    if not parts:
+        return None
+    head = "".join(part.title() for part in layout.kind.split("_"))
+    out = []
+    for name, tp, default in fields:
+        part = parts.get(name)
+        out.append((name, tp, default) if part is None else (name, *_closed_type(f"{head}_{name}", part)))
+    return out
+
+
+def struct(layout: Layout, cls: type, *, strict: bool = False) -> Any:
+    """The Struct typed decoding reads a kind into (None: the kind is not read column-wise, or msgspec is absent).
+
+    ``strict``: the one with closed parts read as records (None: the kind has none)."""
+    fields = strict_fields(layout, cls) if strict else typed_fields(layout, cls)
     if fields is None or msgspec is None:
         return None
     required = [(name, tp) for name, tp, default in fields if default is dataclasses.MISSING]
     optional = [(name, tp, default) for name, tp, default in fields if default is not dataclasses.MISSING]
     spec = [("kind", Literal[layout.kind]), ("ts", float), *required, *optional]  # type: ignore[valid-type]
-    name = "".join(part.title() for part in layout.kind.split("_")) + "Row"
+    name = "".join(part.title() for part in layout.kind.split("_")) + ("StrictRow" if strict else "Row")
     return msgspec.defstruct(name, spec, gc=False, module=__name__)
 
 
-def decoder(layout: Layout, cls: type) -> Any:
+def decoder(layout: Layout, cls: type, *, strict: bool = False) -> Any:
     """A decoder of JSON arrays of the kind's bodies into its Structs (None: no typed decoding for it)."""
-    row = struct(layout, cls)
+    row = struct(layout, cls, strict=strict)
     return None if row is None else msgspec.json.Decoder(list[row])
 
 
@@ -78,6 +124,12 @@ _DECODERS: dict[str, Any] = {
     kind: found for kind, layout in LAYOUTS.items() if (found := decoder(layout, RECORD_TYPES[kind])) is not None
 }
 TYPED_KINDS: frozenset[str] = frozenset(_DECODERS)
+_STRICT: dict[str, Any] = {
+    kind: found
+    for kind, layout in LAYOUTS.items()
+    if kind in _DECODERS and (found := decoder(layout, RECORD_TYPES[kind], strict=True)) is not None
+}
+STRICT_KINDS: frozenset[str] = frozenset(_STRICT)
 
 
 def decode(kind: str, text: str | bytes) -> list[Any] | None:
@@ -88,5 +140,18 @@ def decode(kind: str, text: str | bytes) -> list[Any] | None:
     try:
         rows = decoder.decode(text)
     except msgspec.DecodeError:  # ValidationError is a DecodeError
+        return None
+    return rows
+
+
+def decode_strict(kind: str, text: str | bytes) -> list[Any] | None:
+    """``decode`` with the kind's closed parts read as records (``bulk.STRICT`` reads them); None when the kind has
+    none or any row does not fit -- then ``decode`` decides, as before."""
+    found = _STRICT.get(kind)
+    if found is None:
+        return None
+    try:
+        rows = found.decode(text)
+    except msgspec.DecodeError:
         return None
     return rows

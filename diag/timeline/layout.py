@@ -46,6 +46,7 @@ class Scalars(NamedTuple):
 class FamilyPart(NamedTuple):
     field: str
     name: str  # series ``<name>.<key>``
+    keys: tuple[str, ...] | None = None  # a closed family's keys (None: open)
 
 
 class FlagPart(NamedTuple):
@@ -65,6 +66,7 @@ class NestedPart(NamedTuple):
     name: str  # series ``<name>.<inner names>`` (by key: ``<name>.<key>.<inner names>``)
     inner: Inner
     by_key: bool = False
+    keys: tuple[str, ...] | None = None  # by key: the keys declared (None: open)
 
 
 class EachPart(NamedTuple):
@@ -146,11 +148,14 @@ def _numbers(cls: type) -> tuple[Scalar, ...]:
 def _inner(cls: type) -> Inner:
     nested_types = fl.nested_types(cls)
     parts = tuple(
-        NestedPart(name, r.name, _inner(nested_types[name]), isinstance(r, fl.NestedByKey))
-        for name, r in fl.roles(cls)
-        if isinstance(r, (fl.Nested, fl.NestedByKey))
+        _nested_part(name, r, nested_types[name]) for name, r in fl.roles(cls) if isinstance(r, (fl.Nested, fl.NestedByKey))
     )
     return Inner(_numbers(cls), parts)
+
+
+def _nested_part(name: str, role: fl.Nested | fl.NestedByKey, cls: type) -> NestedPart:
+    by_key = isinstance(role, fl.NestedByKey)
+    return NestedPart(name, role.name, _inner(cls), by_key, role.keys if isinstance(role, fl.NestedByKey) else None)
 
 
 def _group(kind: str, cls: type, dest: fl.SeriesGroup) -> GroupLayout:
@@ -166,11 +171,11 @@ def _group(kind: str, cls: type, dest: fl.SeriesGroup) -> GroupLayout:
             else:
                 parts.append(Scalars((scalar,)))
         elif isinstance(r, fl.Family):
-            parts.append(FamilyPart(name, r.name))
+            parts.append(FamilyPart(name, r.name, r.keys))
         elif isinstance(r, fl.Flag):
             parts.append(FlagPart(name, r.name or name))
         elif isinstance(r, (fl.Nested, fl.NestedByKey)):
-            parts.append(NestedPart(name, r.name, _inner(nested_types[name]), isinstance(r, fl.NestedByKey)))
+            parts.append(_nested_part(name, r, nested_types[name]))
         elif isinstance(r, fl.Each):
             parts.append(EachPart(name, r.key, _numbers(nested_types[name])))
         elif isinstance(r, fl.RowsOf):
@@ -325,3 +330,42 @@ def typed_fields(layout: Layout, cls: type) -> list[tuple[str, Any, Any]] | None
     else:
         return None
     return out
+
+
+# --------------------------------------------------------------------------- what strict typed decoding reads as records
+
+
+def _plain_inner(inner: Inner) -> bool:
+    return all(not p.by_key and _plain_inner(p.inner) for p in inner.nested)
+
+
+def closed(part: Part) -> bool:
+    """Whether strict typed decoding (``fastdecode.decode_strict``) reads ``part`` as a record rather than a dict.
+
+    Why: a closed family (meminfo, vmstat) or a PSI file is a dict per row to the json path -- 60 keys a host
+    row, each a new dict entry -- while its keys are declared; read as a record with a field per declared key it
+    costs half. Open families (any key is a signal) stay dicts, and so does nesting by key inside a nested record.
+    """
+    if isinstance(part, FamilyPart):
+        return part.keys is not None
+    if isinstance(part, NestedPart):
+        return _plain_inner(part.inner) and (not part.by_key or part.keys is not None)
+    return False
+
+
+def _needs_order(part: Part) -> bool:
+    """A family's or a by-key nesting's series follow the keys' order in the JSON, which a record does not keep."""
+    return isinstance(part, FamilyPart) or (isinstance(part, NestedPart) and part.by_key)
+
+
+def strict_parts(layout: Layout) -> frozenset[str]:
+    """The fields strict typed decoding reads as records: the closed parts -- of a kind in one group only, for those
+    whose series follow the JSON's key order (the loader learns it from a batch's first row, which is the first row
+    of its group only when there is one group)."""
+    if not isinstance(layout, GroupLayout) or not layout.bulk:
+        return frozenset()
+    return frozenset(
+        p.field
+        for p in layout.parts
+        if isinstance(p, (FamilyPart, NestedPart)) and closed(p) and (layout.key is None or not _needs_order(p))
+    )

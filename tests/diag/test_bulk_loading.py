@@ -31,7 +31,7 @@ from collectors.records import (
     RequestTiming,
     ServiceConfig,
 )
-from diag.timeline import Timeline, TimelineBuilder, fastdecode
+from diag.timeline import Timeline, TimelineBuilder, builder, fastdecode
 
 T0 = 1_790_000_000.0
 
@@ -204,7 +204,9 @@ def test_clean_rows_take_the_typed_path_and_equal_per_row() -> None:
         for kind, bodies in by_kind.items():
             b.add_bodies(kind, [body.encode() for body in bodies] if as_bytes else bodies)
         hot = sum(len(v) for k, v in by_kind.items() if k in fastdecode.TYPED_KINDS)
-        assert fastdecode.AVAILABLE and b.decode_paths["typed"] == hot  # not silently falling back
+        # not silently falling back: typed, or strict for the cgroup rows (the host rows' meminfo keys come and go)
+        assert fastdecode.AVAILABLE and b.decode_paths["typed"] + b.decode_paths["strict"] == hot
+        assert b.decode_paths["strict"] == len(by_kind["cgroup"])
         _assert_same(_per_row_of(by_kind), b.build())
 
 
@@ -234,7 +236,7 @@ def test_a_row_typed_decoding_rejects_costs_only_its_batch() -> None:
         b = TimelineBuilder(source="x")
         for batch in (first, second, third):
             b.add_bodies(kind, batch)
-        assert b.decode_paths["typed"] == len(first) + len(third), kind
+        assert b.decode_paths["typed"] + b.decode_paths["strict"] == len(first) + len(third), kind
         assert b.decode_paths["json"] + b.decode_paths["per_row"] == len(second), kind
         _assert_same(_per_row_of({kind: first + second + third}), b.build())
 
@@ -342,3 +344,75 @@ def test_late_writers_are_read_in_time_order(tmp_path: Path, monkeypatch: pytest
     assert tl.counts == {"host": 300, "process": 6, "request": 20}
     assert tl.processes["9@None"].comm == "c5" and tl.requests["route"][0] == "/r0"
     _assert_same(_per_row(tmp_path / "r.db"), tl)
+
+
+def _host(i: int, **changes: Any) -> dict[str, Any]:
+    line = {"avg10": 0.5 + i, "avg60": 0.25, "avg300": 0.125, "total_us": 1000 * i}
+    row: dict[str, Any] = {
+        "kind": "host", "schema": 1, "ts": T0 + i,
+        "psi": {"memory": {"some": dict(line), "full": dict(line)}, "cpu": {"some": dict(line)}},
+        "memory": {"free": 10 * i, "total": 100, "available": None},  # not the declared order: the JSON's is kept
+        "vmstat": {"pgmajfault": i}, "missing": {},
+    }  # fmt: skip
+    for path, value in changes.items():
+        *heads, last = path.split(".")
+        target = row
+        for head in heads:
+            target = target[head]
+        if value is _DROP:
+            target.pop(last, None)
+        else:
+            target[last] = value
+    return row
+
+
+_DROP = object()
+# Batches strict decoding must either read exactly as the json path does, or hand back (key order, keys that come and
+# go, keys not declared, absent or empty nested records): row 2 of each batch is changed as given.
+_ODD_HOSTS: dict[str, tuple[dict[str, Any], str]] = {
+    "clean": ({}, "strict"),
+    "a key in a new order": ({"memory": {"total": 100, "available": 3, "free": 20}}, "strict"),
+    "a key only some rows have": ({"memory.dirty": 5}, "typed"),
+    "a key some rows lack": ({"memory.free": _DROP}, "typed"),
+    "a key not declared": ({"vmstat.not_a_counter": 1}, "typed"),
+    "a PSI file only some rows have": ({"psi.io": {"some": {"avg10": 1, "avg60": 1, "avg300": 1, "total_us": 1}}},
+                                       "typed"),
+    "a PSI file some rows lack": ({"psi.cpu": _DROP}, "typed"),
+    "a PSI file that is null": ({"psi.cpu": None}, "typed"),
+    "a line some rows lack": ({"psi.memory.full": _DROP}, "strict"),
+    "an empty line": ({"psi.memory.full": {}}, "typed"),
+    "a line lacking a number": ({"psi.memory.some.avg60": _DROP}, "typed"),
+    "a line with a key not declared": ({"psi.memory.some.avg1": 3}, "strict"),
+    "a null family": ({"memory": None}, "typed"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(_ODD_HOSTS))
+def test_strict_decoding_reads_what_the_json_path_reads_or_hands_the_batch_back(case: str) -> None:
+    """Host rows with meminfo, vmstat and PSI read as records (strict decoding) give the Timeline the per-row path
+    gives, and the typed path's series order, and a batch they do not fit goes the typed way."""
+    changes, path = _ODD_HOSTS[case]
+    bodies = [json.dumps(_host(i, **(changes if i == 2 else {}))) for i in range(6)]
+    b = TimelineBuilder(source="x")
+    b.add_bodies("host", bodies)
+    assert dict(b.decode_paths) == {path: len(bodies)}, case
+    typed = TimelineBuilder(source="x")
+    assert typed._add_typed("host", builder._BULK["host"], "[" + ",".join(bodies) + "]", len(bodies), strict=False)
+    per_row, fast, before = _per_row_of({"host": bodies}), b.build(), typed.build()
+    _assert_same(per_row, fast)
+    assert list(fast.host) == list(before.host), case
+
+
+def test_strict_batches_follow_their_own_first_rows_key_order() -> None:
+    """Each batch's new series come in the order of its first row's keys, across batches and both decodings."""
+    first = [json.dumps(_host(i, **{"memory": {"total": 100, "free": i}})) for i in range(3)]
+    second = [json.dumps(_host(i, **{"memory": {"dirty": i, "free": i, "total": 100}})) for i in range(3, 6)]
+    b, typed = TimelineBuilder(source="x"), TimelineBuilder(source="x")
+    for batch in (first, second):
+        b.add_bodies("host", batch)
+        assert typed._add_typed("host", builder._BULK["host"], "[" + ",".join(batch) + "]", len(batch), strict=False)
+    assert b.decode_paths["strict"] == 6
+    per_row, fast = _per_row_of({"host": first + second}), b.build()
+    _assert_same(per_row, fast)
+    assert list(fast.host) == list(typed.build().host)
+    assert [n for n in fast.host if n.startswith("memory.")] == ["memory.total", "memory.free", "memory.dirty"]
