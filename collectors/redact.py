@@ -270,13 +270,16 @@ _LAST_WORD_DESCRIBES_AT = (
 # Every secret name holds a root (``_SECRET_ROOTS``): a run without one is turned down by a quick scan (one
 # character class per position) before its words are read.
 _ROOT_FIRST = "".join(sorted({c for r in _SECRET_ROOTS for c in (r[0], r[0].upper())}))
+# The runs of words are atomic groups around a greedy repeat, not possessive repeats (``(?:...)*+``): the two
+# mean the same, but CPython before 3.11.5 matches a possessive repeat of a group holding alternatives wrongly
+# (it found no secret name at all in ``--api-key=...`` on Debian 12's Python 3.11.2, so nothing was redacted).
 _SECRET_RUN = (
     r"[0-9.\-]*+"
     rf"(?=[A-Za-z0-9_.\-]*?(?=[{_ROOT_FIRST}])(?:{'|'.join(map(_any_case, _SECRET_ROOTS))}))"
     rf"(?!(?:{'|'.join(map(_any_case, sorted(_NOT_SECRET_NAMES)))}){_NOT_NAME_CHAR_AFTER})"
-    rf"(?:(?!{_SECRET_WORD_AT})(?:{_WORD}))*+"
+    rf"(?>(?:(?!{_SECRET_WORD_AT})(?:{_WORD}))*)"
     rf"(?={_SECRET_WORD_AT})(?:{_WORD})"
-    rf"(?:(?!{_LAST_WORD_DESCRIBES_AT})(?:{_WORD}))*+"
+    rf"(?>(?:(?!{_LAST_WORD_DESCRIBES_AT})(?:{_WORD}))*)"
     rf"{_NOT_NAME_CHAR_AFTER}"
 )
 _SECRET_RUN_RE = re.compile(_SECRET_RUN)

@@ -700,3 +700,18 @@ def test_marking_every_name_or_all_but_one(text: str, path: str) -> None:
     assert (out, counts) == REFERENCE.redact_text(text)
     assert "keep" in out or "keep" not in text
     assert not any(f"v{i}&" in out or f"v{i} " in out for i in range(300))
+
+
+def test_no_pattern_repeats_a_group_possessively() -> None:
+    """CPython before 3.11.5 (Debian 12 ships 3.11.2) matches a possessive repeat of a group wrongly: with
+    ``(?:...|...)*+`` the secret-name run found nothing and ``--api-key=VALUE`` went out unredacted. The
+    same meaning is written as an atomic group around a greedy repeat; this keeps it so on any Python."""
+    import re
+
+    import collectors.redact as redact
+
+    patterns = [v for v in vars(redact).values() if isinstance(v, re.Pattern)]
+    patterns += [p for v in vars(redact).values() if isinstance(v, dict) for p in v.values() if isinstance(p, re.Pattern)]
+    assert len(patterns) >= 5
+    for pattern in patterns:
+        assert not re.search(r"\)(?:[*+?]|\{\d*,?\d*\})\+", pattern.pattern), pattern.pattern[:120]
