@@ -15,7 +15,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "scenarios"
 
 
 def test_a_misspelt_signal_fails_at_registration() -> None:
-    with pytest.raises(ValueError, match=r"not in diag\.signals"):
+    with pytest.raises(ValueError, match=r"signals the vocabulary \(diag/timeline/signals\.py\) does not know"):
         rule("test.typo", "thrashing", needs=("cgroup:psi.memory.ful.avg10",))(lambda tl, ac=None: None)
     assert "test.typo" not in RULES
 
