@@ -1,4 +1,4 @@
-"""The six dashboards, one question each. Every panel says what it shows and what to do about it.
+"""The seven dashboards, one question each. Every panel says what it shows and what to do about it.
 
 Each query lists our series first and the upstream equivalent second (``ours or theirs``): a host
 running vLLM, TGI, node_exporter, cAdvisor or DCGM instead of -- or beside -- the llm-diag agent gets
@@ -8,6 +8,8 @@ a filled panel either way. Upstream names come only from the catalog's pinned up
 from __future__ import annotations
 
 from alerts import slo_names as slo
+from collectors import backends
+from dashboards.engine import engine_rows
 from dashboards.promql import MODEL, RATE, m, mean, q, quantile, rate, ratio, sel
 from dashboards.spec import Dashboard, Row, Variable, heatmap, stat, ts
 
@@ -19,6 +21,7 @@ UIDS = {
     "memory": "llmdiag-memory",
     "gpu": "llmdiag-gpu",
     "moe": "llmdiag-batching-moe",
+    "engine": "llmdiag-engine",
 }
 MiB = 1048576
 
@@ -33,7 +36,7 @@ INSTANCE = Variable("instance", "Instance", f'label_values({m("up")}{{job=~"$job
 MODEL_VARIABLE = Variable(
     "model", "Model",
     f"query_result(count by (model) ({sel('llmdiag_requests_total')}) or count by (model) "
-    f"(label_replace({sel('vllm:num_requests_running')}, \"model\", \"$1\", \"model_name\", \"(.+)\")))",
+    f"(label_replace({sel(backends.VLLM_RUNNING.name)}, \"model\", \"$1\", \"model_name\", \"(.+)\")))",
     regex='/model="([^"]+)"/',
 )  # fmt: skip
 STANDARD_VARIABLES = (JOB, INSTANCE, MODEL_VARIABLE)
@@ -465,8 +468,24 @@ def moe() -> Dashboard:
                      (batch, experts), STANDARD_VARIABLES)  # fmt: skip
 
 
+# --------------------------------------------------------------------------- Inference engine
+
+# The host panels drawn beside the engine's own: memory running out is told from a full KV cache on one screen.
+HOST_BESIDE_ENGINE = ("MemAvailable", "Host PSI (share of time stalled)", "Working set / limit", "memory.events rates",
+                      "OOM kills")  # fmt: skip
+
+
+def engine() -> Dashboard:
+    """vLLM's overview panels (TGI's and llama.cpp's where they export the family), with our host panels beside."""
+    by_title = {p.title: p for p in memory().panels}
+    beside = Row("Host and cgroup memory beside the engine", tuple(by_title[t] for t in HOST_BESIDE_ENGINE))
+    return Dashboard(UIDS["engine"], "llm-diag / Inference engine",
+                     "Is the engine itself saturated (KV cache, preemptions, queue), or the host under it?",
+                     (*engine_rows(), beside), STANDARD_VARIABLES)  # fmt: skip
+
+
 def all_dashboards() -> list[Dashboard]:
-    return [overview(), slos(), latency(), memory(), gpu(), moe()]
+    return [overview(), slos(), latency(), memory(), gpu(), moe(), engine()]
 
 
 def dashboard(key: str) -> Dashboard:
