@@ -2,7 +2,9 @@
 
 Files (the paths are a contract with the dashboards):
   slo-<name>.rules.yaml  one SLO's recording rules and burn-rate / absent alerts
-  causes.rules.yaml    cause alerts and the live-diagnosis alert
+  causes.rules.yaml    cause alerts and the live-diagnosis alert (a spec for an engine leaves out those reading
+                       our tracker's families: that host exports the engine's instead)
+  engine-<engine>.rules.yaml  the engine's own cause alerts, for a spec that names one (``engine: vllm``)
   alertmanager.yaml    routes and inhibition (a complete config ``amtool check-config`` accepts)
   tests/*.test.yaml    promtool unit tests of all the above (Prometheus 2.42's subset)
 """
@@ -18,8 +20,12 @@ import yaml
 
 from alerts.alertmanager import alertmanager_config
 from alerts.cause_rules import cause_rule_groups
+from alerts.causes import CAUSES, Cause
+from alerts.engine_causes import RULE_FILE, engine_rule_groups, replaced_by_engine
 from alerts.slo_rules import slo_rule_file, slo_rule_groups
 from alerts.spec import Spec
+from collectors import catalog as cat
+from dashboards.promql import metric_names, series_known
 
 DEFAULT_OUT = Path(__file__).with_name("generated")
 
@@ -58,11 +64,25 @@ def render(spec: Spec, incident_classes: Iterable[str], source: str = "alerts/sl
         groups, slo_warnings = slo_rule_groups(spec, slo)
         files[slo_rule_file(slo)] = header + dump_yaml({"groups": groups})
         warnings += slo_warnings
-    files["causes.rules.yaml"] = header + dump_yaml({"groups": cause_rule_groups(spec, incident_classes)})
+    classes = tuple(incident_classes)
+    dropped = {c.alert for c in CAUSES if replaced_by_engine(spec, cause_sources(c))}
+    groups = [{**g, "rules": [r for r in g["rules"] if r.get("alert") not in dropped]}
+              for g in cause_rule_groups(spec, classes)]  # fmt: skip
+    files["causes.rules.yaml"] = header + dump_yaml({"groups": groups})
+    engine_groups = engine_rule_groups(spec, classes)
+    if engine_groups:
+        files[RULE_FILE.format(engine=spec.engine)] = header + dump_yaml({"groups": engine_groups})
     files["alertmanager.yaml"] = header + dump_yaml(alertmanager_config(spec))
-    for name, doc in test_files(spec).items():
+    for name, doc in test_files(spec, classes).items():
         files[f"tests/{name}"] = header + dump_yaml(doc)
     return Generated(files, warnings)
+
+
+def cause_sources(cause: Cause) -> set[str]:
+    """The collector modules whose families a cause alert's expression reads (``collectors.tracking``: our tracker)."""
+    known = series_known()
+    fams = {known.get(n, n) for n in metric_names(cause.expr)}
+    return {cat.CATALOG[f].source for f in fams if f in cat.CATALOG}
 
 
 def write(generated: Generated, out: Path) -> list[Path]:
