@@ -15,11 +15,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from alerts.causes import Cause
 from alerts.links import PanelRef, panel_url
 from alerts.spec import Spec, format_number
 from collectors import backends as b
+from collectors import catalog as cat
 from dashboards.definitions import UIDS
 from dashboards.engine import KV_SATURATION_PANEL, PREEMPTIONS_PANEL, QUEUE_PANEL
+from dashboards.promql import metric_names, series_known
 from diag.rules import levels
 
 GROUP = "llmdiag-engine-{engine}"
@@ -132,7 +135,14 @@ def engine_rule_groups(spec: Spec, incident_classes: Iterable[str]) -> list[dict
     return [{"name": GROUP.format(engine=spec.engine), "rules": rules}]
 
 
-def replaced_by_engine(spec: Spec, cause_metric_sources: Iterable[str]) -> bool:
-    """Whether a fixed cause alert (reading families of these collector modules) is replaced on this spec's engine:
-    on an engine host our tracker's families are absent, so a cause that reads them can never fire there."""
-    return spec.engine != "llmdiag" and SOURCE in set(cause_metric_sources)
+def cause_sources(cause: Cause) -> set[str]:
+    """The collector modules whose families a cause alert's expression reads (``collectors.tracking``: our tracker)."""
+    known = series_known()
+    fams = {known.get(n, n) for n in metric_names(cause.expr)}
+    return {cat.CATALOG[f].source for f in fams if f in cat.CATALOG}
+
+
+def replaced_by_engine(spec: Spec, cause: Cause) -> bool:
+    """Whether a fixed cause alert is left out for this spec's engine: on an engine host our tracker's families are
+    absent, so a cause that reads them can never fire there."""
+    return spec.engine != "llmdiag" and SOURCE in cause_sources(cause)

@@ -20,12 +20,10 @@ import yaml
 
 from alerts.alertmanager import alertmanager_config
 from alerts.cause_rules import cause_rule_groups
-from alerts.causes import CAUSES, Cause
+from alerts.causes import CAUSES
 from alerts.engine_causes import RULE_FILE, engine_rule_groups, replaced_by_engine
 from alerts.slo_rules import slo_rule_file, slo_rule_groups
 from alerts.spec import Spec
-from collectors import catalog as cat
-from dashboards.promql import metric_names, series_known
 
 DEFAULT_OUT = Path(__file__).with_name("generated")
 
@@ -65,7 +63,7 @@ def render(spec: Spec, incident_classes: Iterable[str], source: str = "alerts/sl
         files[slo_rule_file(slo)] = header + dump_yaml({"groups": groups})
         warnings += slo_warnings
     classes = tuple(incident_classes)
-    dropped = {c.alert for c in CAUSES if replaced_by_engine(spec, cause_sources(c))}
+    dropped = {c.alert for c in CAUSES if replaced_by_engine(spec, c)}
     groups = [{**g, "rules": [r for r in g["rules"] if r.get("alert") not in dropped]}
               for g in cause_rule_groups(spec, classes)]  # fmt: skip
     files["causes.rules.yaml"] = header + dump_yaml({"groups": groups})
@@ -76,13 +74,6 @@ def render(spec: Spec, incident_classes: Iterable[str], source: str = "alerts/sl
     for name, doc in test_files(spec, classes).items():
         files[f"tests/{name}"] = header + dump_yaml(doc)
     return Generated(files, warnings)
-
-
-def cause_sources(cause: Cause) -> set[str]:
-    """The collector modules whose families a cause alert's expression reads (``collectors.tracking``: our tracker)."""
-    known = series_known()
-    fams = {known.get(n, n) for n in metric_names(cause.expr)}
-    return {cat.CATALOG[f].source for f in fams if f in cat.CATALOG}
 
 
 def write(generated: Generated, out: Path) -> list[Path]:

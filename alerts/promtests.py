@@ -337,8 +337,6 @@ def cause_test(spec: Spec, cause: Cause) -> dict[str, Any]:
 
 def test_files(spec: Spec, incident_classes: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
     """File name -> promtool test document."""
-    from alerts.generate import cause_sources
-
     files: dict[str, dict[str, Any]] = {}
     for slo in spec.slos:
         tests = slo_tests(spec, slo)
@@ -348,7 +346,7 @@ def test_files(spec: Spec, incident_classes: Sequence[str] = ()) -> dict[str, di
     files["causes.test.yaml"] = {
         "rule_files": ["../causes.rules.yaml"], "evaluation_interval": "1m",
         "group_eval_order": ["llmdiag-causes", "llmdiag-diagnosis"],
-        "tests": [cause_test(spec, c) for c in (*CAUSES, INCIDENT) if not replaced_by_engine(spec, cause_sources(c))],
+        "tests": [cause_test(spec, c) for c in (*CAUSES, INCIDENT) if not replaced_by_engine(spec, c)],
     }  # fmt: skip
     causes = engine_causes(spec, incident_classes)
     if causes:
