@@ -2,7 +2,9 @@
 
 Files (the paths are a contract with the dashboards):
   slo-<name>.rules.yaml  one SLO's recording rules and burn-rate / absent alerts
-  causes.rules.yaml    cause alerts and the live-diagnosis alert
+  causes.rules.yaml    cause alerts and the live-diagnosis alert (a spec for an engine leaves out those reading
+                       our tracker's families: that host exports the engine's instead)
+  engine-<engine>.rules.yaml  the engine's own cause alerts, for a spec that names one (``engine: vllm``)
   alertmanager.yaml    routes and inhibition (a complete config ``amtool check-config`` accepts)
   tests/*.test.yaml    promtool unit tests of all the above (Prometheus 2.42's subset)
 """
@@ -18,6 +20,8 @@ import yaml
 
 from alerts.alertmanager import alertmanager_config
 from alerts.cause_rules import cause_rule_groups
+from alerts.causes import CAUSES
+from alerts.engine_causes import RULE_FILE, engine_rule_groups, replaced_by_engine
 from alerts.slo_rules import slo_rule_file, slo_rule_groups
 from alerts.spec import Spec
 
@@ -58,9 +62,16 @@ def render(spec: Spec, incident_classes: Iterable[str], source: str = "alerts/sl
         groups, slo_warnings = slo_rule_groups(spec, slo)
         files[slo_rule_file(slo)] = header + dump_yaml({"groups": groups})
         warnings += slo_warnings
-    files["causes.rules.yaml"] = header + dump_yaml({"groups": cause_rule_groups(spec, incident_classes)})
+    classes = tuple(incident_classes)
+    dropped = {c.alert for c in CAUSES if replaced_by_engine(spec, c)}
+    groups = [{**g, "rules": [r for r in g["rules"] if r.get("alert") not in dropped]}
+              for g in cause_rule_groups(spec, classes)]  # fmt: skip
+    files["causes.rules.yaml"] = header + dump_yaml({"groups": groups})
+    engine_groups = engine_rule_groups(spec, classes)
+    if engine_groups:
+        files[RULE_FILE.format(engine=spec.engine)] = header + dump_yaml({"groups": engine_groups})
     files["alertmanager.yaml"] = header + dump_yaml(alertmanager_config(spec))
-    for name, doc in test_files(spec).items():
+    for name, doc in test_files(spec, classes).items():
         files[f"tests/{name}"] = header + dump_yaml(doc)
     return Generated(files, warnings)
 

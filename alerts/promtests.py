@@ -21,6 +21,7 @@ cannot flip an expectation. Counters start at 1e6 so extrapolation scales errors
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ from urllib.parse import quote_plus
 
 from alerts.cause_rules import cause_annotations, cause_labels
 from alerts.causes import CAUSES, INCIDENT, Cause
+from alerts.engine_causes import RULE_FILE, EngineCause, engine_annotations, engine_causes, engine_labels, replaced_by_engine
 from alerts.slo_names import (
     ABSENT_ALERT,
     BURN_ALERT,
@@ -38,8 +40,8 @@ from alerts.slo_names import (
     TIER_SHORT_RATIO,
     TIER_THRESHOLD,
 )
-from alerts.slo_rules import burn_alert, group_names, slo_rule_file, tier_can_fire, total_metric
-from alerts.spec import SLO, Availability, Spec, Tier, duration_s, format_number
+from alerts.slo_rules import burn_alert, group_names, le_text, slo_rule_file, tier_can_fire, total_metric
+from alerts.spec import SLO, Availability, RawRatio, Spec, Tier, duration_s, format_number
 
 RATE = 1000  # requests per minute in the SLO scenarios
 START = 1_000_000  # counters' first value
@@ -119,8 +121,9 @@ def _series(spec: Spec, slo: SLO, sc: _Scenario) -> list[dict[str, str]]:
             {"series": f'{m}{{{label}="{slo.sli.good[0]}", {sel}}}', "values": values_string(good)},
             {"series": f'{m}{{{label}="{bad}", {sel}}}', "values": values_string(sc.errors)},
         ]
-    m, le = slo.sli.metric, format_number(slo.sli.threshold)
-    le = le if "." in le else f"{le}.0"  # as prometheus_client renders an integer bound
+    assert not isinstance(slo.sli, RawRatio)
+    m, threshold = slo.sli.metric, slo.sli.threshold
+    le = f"{int(threshold)}.0" if threshold == int(threshold) else le_text(threshold)  # as exporters render bounds
     return [
         {"series": f"{m}_count{{{sel}}}", "values": values_string(sc.requests)},
         {"series": f'{m}_bucket{{le="{le}", {sel}}}', "values": values_string(good)},
@@ -181,6 +184,8 @@ def _render(template: str, labels: dict[str, str], value: str = "") -> str:
 
 
 def slo_tests(spec: Spec, slo: SLO) -> list[dict[str, Any]]:
+    if isinstance(slo.sli, RawRatio):
+        return raw_ratio_tests(spec, slo)
     tiers = [t for t in slo.tiers if tier_can_fire(slo, t, spec.period)]
     if not tiers or any(duration_s(w) % 60 for t in tiers for w in (t.long, t.short)):
         return []  # the scenarios step by whole minutes
@@ -330,7 +335,7 @@ def cause_test(spec: Spec, cause: Cause) -> dict[str, Any]:
     }
 
 
-def test_files(spec: Spec) -> dict[str, dict[str, Any]]:
+def test_files(spec: Spec, incident_classes: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
     """File name -> promtool test document."""
     files: dict[str, dict[str, Any]] = {}
     for slo in spec.slos:
@@ -341,6 +346,169 @@ def test_files(spec: Spec) -> dict[str, dict[str, Any]]:
     files["causes.test.yaml"] = {
         "rule_files": ["../causes.rules.yaml"], "evaluation_interval": "1m",
         "group_eval_order": ["llmdiag-causes", "llmdiag-diagnosis"],
-        "tests": [cause_test(spec, c) for c in (*CAUSES, INCIDENT)],
+        "tests": [cause_test(spec, c) for c in (*CAUSES, INCIDENT) if not replaced_by_engine(spec, c)],
     }  # fmt: skip
+    causes = engine_causes(spec, incident_classes)
+    if causes:
+        files[f"engine-{spec.engine}.test.yaml"] = {
+            "rule_files": [f"../{RULE_FILE.format(engine=spec.engine)}"], "evaluation_interval": "1m",
+            "tests": [engine_test(spec, c) for c in causes],
+        }  # fmt: skip
     return files
+
+
+# --------------------------------------------------------------------------- an engine's own cause alerts
+
+ENGINE_SERIES = 'model_name="m1", engine="0", job="vllm", instance="host-a:8000"'
+ENGINE_OUT = {"job": "vllm", "instance": "host-a:8000"}
+
+
+def _engine_example(cause: EngineCause) -> tuple[list[tuple[str, str]], dict[str, str], dict[str, str]]:
+    """(input series, the alert's labels from its expression, values of its annotation templates) of one cause:
+    quiet for 10 minutes, then the condition held from minute 10 on."""
+    from alerts import engine_causes as ec
+    from collectors import backends as b
+
+    if cause.alert == ec.KV_ALERT:  # at the ceiling while preempting 0.1/s, both from minute 10
+        series = [(f"{b.VLLM_KV_USAGE.name}{{{ENGINE_SERIES}}}", "0.5x10 0.97x30"),
+                  (f"{b.VLLM_PREEMPTIONS.name}{{{ENGINE_SERIES}}}", "0x10 6+6x30")]  # fmt: skip
+        return series, {**ENGINE_OUT, "model_name": "m1"}, {"{{ $value | humanizePercentage }}": "97%"}
+    if cause.alert == ec.QUEUE_ALERT:
+        q, i = b.VLLM_QUEUE_TIME.name, b.VLLM_INFERENCE_TIME.name
+        series = [(f"{q}_sum{{{ENGINE_SERIES}}}", "0+1x10 70+60x30"),  # waits 2 s a request from minute 10, runs 0.33 s
+                  (f"{q}_count{{{ENGINE_SERIES}}}", "0+30x40"), (f"{i}_sum{{{ENGINE_SERIES}}}", "0+10x40")]  # fmt: skip
+        return series, {**ENGINE_OUT, "model_name": "m1"}, {}
+    series = [(f"{b.VLLM_PREEMPTIONS.name}{{{ENGINE_SERIES}}}", "0x10 6+6x30")]
+    return series, dict(ENGINE_OUT), {'{{ $value | printf "%.2f" }}': "0.10"}
+
+
+def engine_test(spec: Spec, cause: EngineCause) -> dict[str, Any]:
+    series, out, values = _engine_example(cause)
+    labels = {**out, **engine_labels(spec, cause)}
+    ann = {}
+    for k, v in engine_annotations(spec, cause).items():
+        for template, text in values.items():
+            v = v.replace(template, text)
+        ann[k] = _render(v, out)
+    fires_at = f"{10 + duration_s(cause.for_) // 60 + 6}m"
+    return {
+        "name": f"{cause.alert} ({cause.diag_class or 'no incident class'}): quiet at 8m, fires at {fires_at}",
+        "interval": "1m",
+        "input_series": [{"series": name, "values": v} for name, v in series],
+        "alert_rule_test": [
+            {"eval_time": "8m", "alertname": cause.alert, "exp_alerts": []},
+            {"eval_time": fires_at, "alertname": cause.alert, "exp_alerts": [{"exp_labels": labels, "exp_annotations": ann}]},
+        ],
+    }
+
+
+# --------------------------------------------------------------------------- a raw (Sloth-style) ratio
+
+_SELECTOR = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*(\{[^{}]*\})?\s*\[")
+_MATCHER = re.compile(r'([A-Za-z_]\w*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
+# Values tried for a regex matcher, in order, when its alternatives are not plain words: status codes and classes,
+# outcomes, finish reasons. A query whose matcher none of them satisfies gets no generated test (with a warning).
+CANDIDATES = ("5xx", "500", "503", "error", "abort", "failed", "2xx", "200", "ok", "stop", "success", "4xx", "x")
+
+
+def _selector(query: str) -> tuple[str, list[tuple[str, str, str]]] | None:
+    """(metric, matchers) of the one range selector a query reads, or None when it reads none or several."""
+    found = _SELECTOR.findall(query.replace("{{.window}}", "5m"))
+    if len(found) != 1:
+        return None
+    name, braces = found[0]
+    return name, _MATCHER.findall(braces or "")
+
+
+def _satisfies(labels: dict[str, str], matchers: list[tuple[str, str, str]]) -> bool:
+    for label, op, value in matchers:
+        hit = re.fullmatch(value, labels.get(label, "")) is not None if "~" in op else labels.get(label, "") == value
+        if hit != (op in ("=", "=~")):
+            return False
+    return True
+
+
+def _labels_for(matchers: list[tuple[str, str, str]], base: dict[str, str], avoid: list[tuple[str, str, str]] | None = None,
+                ) -> dict[str, str] | None:  # fmt: skip
+    """Labels that satisfy ``matchers`` (and, with ``avoid``, do not satisfy those), or None."""
+    labels = dict(base)
+    for label, op, value in matchers:
+        if op == "=":
+            labels[label] = value
+        elif op == "=~":
+            options = [v for v in value.split("|") if re.fullmatch(r"[\w.-]*", v)] + list(CANDIDATES)
+            pick = next((v for v in options if re.fullmatch(value, v)), None)
+            if pick is None:
+                return None
+            labels[label] = pick
+    if avoid is not None and _satisfies(labels, avoid):
+        for label, op, _ in avoid:
+            if op in ("=", "=~") and label not in {m[0] for m in matchers}:
+                for v in CANDIDATES:
+                    trial = {**labels, label: v}
+                    if not _satisfies(trial, avoid) and _satisfies(trial, matchers):
+                        labels = trial
+                        break
+    if not _satisfies(labels, matchers) or (avoid is not None and _satisfies(labels, avoid)):
+        return None
+    return labels
+
+
+def raw_series(spec: Spec, slo: SLO, sc: _Scenario) -> list[dict[str, str]] | None:
+    """Input series that make a raw ratio's error query count ``sc.errors`` and its total query ``sc.requests``, or None
+    when they cannot be built from the queries' selectors (then the SLO gets no generated test)."""
+    assert isinstance(slo.sli, RawRatio)
+    err, tot = _selector(slo.sli.error_query), _selector(slo.sli.total_query)
+    if err is None or tot is None:
+        return None
+    base = {"model" if spec.model_label == "model" else spec.model_label: "m1", "job": "llm-api", "instance": "host-a:8000"}
+    bad = _labels_for(err[1], base)
+    if bad is None:
+        return None
+    if err[0] != tot[0]:
+        good = _labels_for(tot[1], base)
+        if good is None:
+            return None
+        return [{"series": f"{err[0]}{_labels_text(bad)}", "values": values_string(sc.errors)},
+                {"series": f"{tot[0]}{_labels_text(good)}", "values": values_string(sc.requests)}]  # fmt: skip
+    if not _satisfies(bad, tot[1]):
+        return None
+    good = _labels_for(tot[1], base, avoid=err[1])
+    if good is None:
+        return None
+    rest = [r - e for r, e in zip(sc.requests, sc.errors, strict=True)]
+    return [{"series": f"{err[0]}{_labels_text(bad)}", "values": values_string(sc.errors)},
+            {"series": f"{tot[0]}{_labels_text(good)}", "values": values_string(rest)}]  # fmt: skip
+
+
+def raw_ratio_tests(spec: Spec, slo: SLO) -> list[dict[str, Any]]:
+    """A raw ratio's rules proven on series built from its own selectors: every request failing fires exactly the
+    tiers the window model predicts, healthy traffic fires none, zero traffic records no ratio. Asserted by tier
+    (``count by (tier)``), not by exact labels: what the user's queries keep of job and model is theirs to say."""
+    tiers = [t for t in slo.tiers if tier_can_fire(slo, t, spec.period)]
+    if not tiers or any(duration_s(w) % 60 for t in tiers for w in (t.long, t.short)):
+        return []
+    tests: list[dict[str, Any]] = []
+    firing_q = f'count by (tier) (ALERTS{{alertname="{BURN_ALERT}", alertstate="firing", slo="{slo.name}"}})'
+
+    def group(name: str, sc: _Scenario, **body: Any) -> dict[str, Any] | None:
+        series = raw_series(spec, slo, sc)
+        return None if series is None else {"name": f"{slo.name}: {name}", "interval": "1m", "input_series": series, **body}
+
+    sc = _Scenario([RATE] * 40, [RATE] * 40)
+    t, firing = _pick(sc, slo, tiers, spec.period, 30)
+    exprs = [{"expr": firing_q, "eval_time": f"{t}m",
+              "exp_samples": [{"labels": _labels_text({"tier": x.name}), "value": 1} for x in firing]},
+             {"expr": f'max({RATIO.format(w="5m")}{{slo="{slo.name}"}})', "eval_time": f"{t}m",
+              "exp_samples": [{"labels": "{}", "value": 1}]}]  # fmt: skip
+    tests.append(group("every request failing fires the tiers the windows predict (raw ratio)", sc, promql_expr_test=exprs))
+    n = 8 * 60
+    sc = _Scenario([RATE] * n, [max(1, round(0.2 * slo.budget * RATE))] * n)
+    if all(sc.firing(slo, tiers, spec.period, m) == [] for m in (30, 120, n)):
+        quiet = [{"eval_time": f"{m}m", "alertname": BURN_ALERT, "exp_alerts": []} for m in (30, 120, n)]
+        tests.append(group("healthy traffic fires nothing (raw ratio)", sc, alert_rule_test=quiet))
+    sc = _Scenario([0] * 120, [0] * 120)
+    zero = [{"expr": f'{RATIO.format(w=w)}{{slo="{slo.name}"}}', "eval_time": "100m", "exp_samples": []} for w in ("5m", "1h")]
+    tests.append(group("zero traffic: no alert, no ratio (raw ratio)", sc, promql_expr_test=zero,
+                       alert_rule_test=[{"eval_time": "100m", "alertname": BURN_ALERT, "exp_alerts": []}]))  # fmt: skip
+    return [x for x in tests if x is not None]

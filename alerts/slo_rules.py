@@ -34,8 +34,9 @@ from alerts.slo_names import (
     TIER_SHORT_RATIO,
     TIER_THRESHOLD,
 )
-from alerts.spec import SLO, Availability, Latency, Spec, Tier, duration_s, format_number
+from alerts.spec import SLO, Availability, Latency, RawRatio, Spec, Tier, duration_s, format_number
 from dashboards.definitions import EVENTS_PANEL, TIER_PANEL, UIDS
+from dashboards.promql import metric_names
 
 # The panel each SLO alert links to, with the dashboard variables its labels fill.
 BURN_PANEL = PanelRef(UIDS["slo"], TIER_PANEL, ("slo", "model", "job"))
@@ -50,11 +51,18 @@ def _matchers(*parts: str) -> str:
 
 
 def le_matcher(threshold: float) -> str:
-    """``le`` matcher that survives Prometheus 3's normalisation of integer bounds (``1.0`` -> ``1``)."""
-    text = format_number(threshold)
+    """``le`` matcher that survives Prometheus 3's normalisation of integer bounds (``1.0`` -> ``1``).
+
+    A fractional bound is written as the exporters write it -- the float's shortest round-trip text, which is what
+    prometheus_client and metrics-rs print (TGI's ``0.00015000000000000001``), not a rounded decimal."""
     if threshold == int(threshold):
         return f'le=~"{int(threshold)}(\\\\.0)?"'
-    return f'le="{text}"'
+    return f'le="{le_text(threshold)}"'
+
+
+def le_text(threshold: float) -> str:
+    """The ``le`` label value of a fractional bucket bound as an exporter writes it."""
+    return repr(float(threshold))
 
 
 def _by_model(spec: Spec, inner: str) -> str:
@@ -67,6 +75,10 @@ def _by_model(spec: Spec, inner: str) -> str:
 def sli_exprs(spec: Spec, slo: SLO, window: str) -> tuple[str, str]:
     """(errors, requests) increase expressions of one SLO over one window."""
     sli = slo.sli
+    if isinstance(sli, RawRatio):  # the user's counts over the window, summed by job and model as the other forms are
+        bad, every = sli.render(window)
+        total = _by_model(spec, every)
+        return f"{_by_model(spec, bad)}\nor\n0 * {total}", total
     if isinstance(sli, Availability):
         good = "|".join(sli.good)
         total = _by_model(spec, f"increase({sli.metric}{_matchers(spec.selector)}[{window}])")
@@ -171,8 +183,11 @@ def burn_alert(spec: Spec, slo: SLO, tier: Tier) -> dict[str, Any]:
     return {"alert": BURN_ALERT, "expr": expr, "labels": labels, "annotations": annotations}
 
 
-def total_metric(slo: SLO) -> str:
-    """The series whose presence says the SLI is exported at all."""
+def total_metric(slo: SLO) -> str | None:
+    """The series whose presence says the SLI is exported at all (a raw ratio: the first its total query reads)."""
+    if isinstance(slo.sli, RawRatio):
+        names = sorted(metric_names(slo.sli.total_query.replace("{{.window}}", "5m")))
+        return names[0] if names else None
     return slo.sli.metric if isinstance(slo.sli, Availability) else f"{slo.sli.metric}_count"
 
 
@@ -182,7 +197,7 @@ def absent_alert(spec: Spec, slo: SLO) -> dict[str, Any]:
     Only while up: a target that is down is the agent-down alert's business, and an idle or
     never-deployed service must not page (the noise that made users switch Pyrra's off).
     """
-    m = f"{total_metric(slo)}{_matchers(spec.selector)}"
+    m = f"{total_metric(slo)}{_matchers(spec.selector) if not isinstance(slo.sli, RawRatio) else ''}"
     expr = (
         f"(\n  count by (job) (present_over_time({m}[{ABSENT_LOOKBACK}]))\n  unless on (job)\n  count by (job) ({m})\n)\n"
         f"and on (job)\n  (max by (job) (up) == 1)"
@@ -222,6 +237,7 @@ def slo_rule_groups(spec: Spec, slo: SLO) -> tuple[list[dict[str, Any]], list[st
         else:
             warnings.append(f"slo {slo.name}: tier {tier.name} can never fire ({format_number(tier.burn_factor(spec.period))}"
                             f" x a {format_number(slo.budget)} budget >= 100 % errors); left out")  # fmt: skip
-    alerts.append(absent_alert(spec, slo))
+    if total_metric(slo) is not None:  # a raw total query that reads no metric by name has nothing to watch
+        alerts.append(absent_alert(spec, slo))
     groups = [recording_group(spec, slo), period_group(spec, slo), {"name": group_names(slo)[2], "rules": alerts}]
     return groups, warnings

@@ -17,14 +17,29 @@ Shape (see ``alerts/slo.yaml`` for the shipped, commented default)::
     grafana_url: http://HOST:3000    # Grafana's base URL: alerts link panels of the generated dashboards
     routing: {receiver_url}          # base URL of `diag triage serve`; routes post to its page/ticket paths
     tiers: [{name, severity, long, short, budget_percent, min_events}, ...]
+    engine: vllm                     # optional: the engine's own cause alerts (vLLM: KV saturation, queue, preemptions)
     slos:
       - name: availability
         objective: 99.5              # percent of good events
-        availability: {metric, label, good: [...]}
+        availability: {metric, label, good: [...]}   # a counter family (ours, an engine's, http_requests_total)
       - name: ttft
         objective: 99
         latency: {metric, threshold}  # seconds; must be a bucket boundary
         tiers: [fast, slow]          # optional: keep only these tiers
+      - name: e2e
+        objective: 99
+        histogram: tgi_request_duration   # the same as latency:, spelt flat
+        threshold_seconds: 2.5251168294
+      - name: errors
+        objective: 99.5
+        error_query: sum by (job) (increase(http_requests_total{status="5xx"}[{{.window}}]))  # Sloth-style raw ratio
+        total_query: sum by (job) (increase(http_requests_total[{{.window}}]))
+
+Histograms and counters are looked up in ``collectors.catalog`` (ours and pinned upstream families) and in
+``collectors.backends`` (vLLM, TGI, llama.cpp at their pinned versions), plus the API servers' HTTP families
+(``HTTP_FAMILIES``). A raw ratio's two queries are PromQL that give the *count* of errors and of requests over the
+window ``{{.window}}`` stands for (``increase``, not ``rate``: the generator records them as the window's errors and
+requests, and the request count gates each tier); they are recorded as they are, summed by job and model.
 """
 
 from __future__ import annotations
@@ -40,7 +55,7 @@ import yaml
 
 from alerts.receiver_routes import DEFAULT_RECEIVER_URL
 from alerts.slo_names import PERIODS, WINDOWS
-from collectors import catalog
+from collectors import backends, catalog
 
 SEVERITIES = ("page", "ticket")
 # At most 12 digits: int() refuses more than 4300, and no window is longer than a few years.
@@ -113,11 +128,31 @@ class Latency:
 
 
 @dataclass(frozen=True)
+class RawRatio:
+    """Sloth-style: two PromQL queries, each the count over the window (``{{.window}}``) of errors and of requests."""
+
+    error_query: str
+    total_query: str
+
+    def render(self, window: str) -> tuple[str, str]:
+        return self.error_query.replace(WINDOW_PLACEHOLDER, window), self.total_query.replace(WINDOW_PLACEHOLDER, window)
+
+
+WINDOW_PLACEHOLDER = "{{.window}}"
+SLI = Availability | Latency | RawRatio
+# The engines whose own cause alerts a spec can ask for (``engine:``); ``llmdiag`` is our tracker's (the default).
+ENGINES: tuple[str, ...] = ("llmdiag", "vllm")
+# Counter families of the engines' HTTP front ends (prometheus-fastapi-instrumentator: vLLM's API server), which the
+# catalog does not declare: an availability SLO may count them (label ``status``: 2xx, 4xx, 5xx).
+HTTP_FAMILIES: dict[str, tuple[str, ...]] = {"http_requests_total": ("handler", "method", "status")}
+
+
+@dataclass(frozen=True)
 class SLO:
     name: str
     objective: float  # percent
     description: str
-    sli: Availability | Latency
+    sli: SLI
     tiers: tuple[Tier, ...]
     labels: dict[str, str] = field(default_factory=dict)
 
@@ -138,6 +173,7 @@ class Spec:
     receiver_url: str  # base URL of `diag triage serve`
     slos: tuple[SLO, ...]
     tiers: tuple[Tier, ...]  # the spec's full tier table, in order fastest first
+    engine: str = "llmdiag"  # whose cause alerts: our tracker's families, or an engine's own (ENGINES)
 
     @property
     def windows(self) -> tuple[str, ...]:
@@ -353,59 +389,156 @@ DEFAULT_TIERS: tuple[Tier, ...] = (
 
 
 def histogram_buckets(metric: str) -> tuple[float, ...] | None:
-    """Bucket boundaries the catalog declares for a histogram (ours or an external one), else None."""
+    """Bucket boundaries declared for a histogram (ours, an external one, an inference backend's), else None."""
     spec = catalog.CATALOG.get(metric)
     if spec is not None:
         return spec.buckets if spec.type == "histogram" else None
-    return catalog.EXTERNAL_HISTOGRAM_BUCKETS.get(metric)
+    if metric in catalog.EXTERNAL_HISTOGRAM_BUCKETS:
+        return catalog.EXTERNAL_HISTOGRAM_BUCKETS[metric]
+    fam = backends.FAMILIES.get(metric)
+    return fam.buckets if fam is not None and fam.type == "histogram" else None
+
+
+def family_type(metric: str) -> str | None:
+    """The declared type of a family (catalog, inference backends, HTTP front ends), or None when nobody declares it."""
+    spec = catalog.CATALOG.get(metric)
+    if spec is not None:
+        return spec.type
+    if metric in backends.FAMILIES:
+        return backends.FAMILIES[metric].type
+    if metric in HTTP_FAMILIES:
+        return "counter"
+    try:
+        return catalog.external(metric).type
+    except KeyError:
+        return None
 
 
 def _is_counter(metric: str) -> bool:
-    spec = catalog.CATALOG.get(metric)
-    if spec is not None:
-        return spec.type == "counter"
-    try:
-        return catalog.external(metric).type == "counter"
-    except KeyError:
-        return False
+    return family_type(metric) == "counter"
 
 
-def _sli(doc: dict[str, Any], where: str, live: dict[str, tuple[float, ...]] | None) -> Availability | Latency:
-    kinds = [k for k in ("availability", "latency") if k in doc]
+def known_latency_histograms() -> list[str]:
+    """Every declared histogram in seconds an SLO may name (for the error message of an unknown one)."""
+    ours = [n for n, s in catalog.CATALOG.items() if s.type == "histogram" and s.unit == "seconds"]
+    theirs = [f.name for f in backends.FAMILIES.values() if f.type == "histogram" and f.dialect != "llmdiag"
+              and ("seconds" in f.name or "duration" in f.name)]  # fmt: skip
+    return sorted(set(ours) | set(catalog.EXTERNAL_HISTOGRAM_BUCKETS) | set(theirs))
+
+
+def snap_to_bucket(threshold: float, buckets: tuple[float, ...]) -> float | None:
+    """The declared boundary equal to ``threshold`` (to 9 significant digits: TGI's are 0.0001 x 1.5^k), or None."""
+    for b in buckets:
+        if math.isclose(threshold, b, rel_tol=1e-9) or format_number(b) == format_number(threshold):
+            return b
+    return None
+
+
+def _raw_query(body: dict[str, Any], key: str, where: str) -> str:
+    """A raw PromQL query of a ratio SLI: one line, the window placeholder, balanced brackets and quotes."""
+    query = _string(body, key, where).strip()
+    w = f"{where}.{key}"
+    if not query:
+        raise SpecError(f"{w}: empty; give the PromQL count of events over {WINDOW_PLACEHOLDER}")
+    if "\n" in query:
+        raise SpecError(f"{w}: one line of PromQL, please (no newline)")
+    if WINDOW_PLACEHOLDER not in query:
+        raise SpecError(f"{w}: {_show(query)} has no {WINDOW_PLACEHOLDER}: the generator needs it to record every window, "
+                        f"e.g. sum(increase(http_requests_total{{status=\"5xx\"}}[{WINDOW_PLACEHOLDER}]))")  # fmt: skip
+    problem = _bracket_problem(query.replace(WINDOW_PLACEHOLDER, "5m"))
+    if problem:
+        raise SpecError(f"{w}: {_show(query)} is not valid PromQL: {problem}")
+    return query
+
+
+def _bracket_problem(query: str) -> str:
+    """'' when brackets and quotes balance, else what is wrong (the rest is promtool's to check)."""
+    pairs, stack, quote = {")": "(", "]": "[", "}": "{"}, [], ""
+    i = 0
+    while i < len(query):
+        ch = query[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "\"'`":
+            quote = ch
+        elif ch in "([{":
+            stack.append(ch)
+        elif ch in ")]}" and (not stack or stack.pop() != pairs[ch]):
+            return f"unbalanced {ch!r} at character {i + 1}"
+        i += 1
+    if quote:
+        return f"unterminated string ({quote})"
+    if stack:
+        return f"unclosed {stack[-1]!r}"
+    return ""
+
+
+SLI_FORMS = ("availability", "latency", "histogram", "error_query")
+
+
+def _sli(doc: dict[str, Any], where: str, live: dict[str, tuple[float, ...]] | None) -> SLI:
+    kinds = [k for k in SLI_FORMS if k in doc]
+    if "total_query" in doc and "error_query" not in doc:
+        raise SpecError(f"{where}.error_query: required with total_query (a raw ratio gives both)")
+    if "threshold_seconds" in doc and "histogram" not in doc:
+        raise SpecError(f"{where}.histogram: required with threshold_seconds (the histogram the threshold is a bucket of)")
     if len(kinds) != 1:
-        raise SpecError(f"{where}: give exactly one of availability: or latency:")
+        raise SpecError(f"{where}: give exactly one of availability:, latency:, histogram: + threshold_seconds:, "
+                        f"or error_query: + total_query:" + (f" (got {', '.join(kinds)})" if kinds else ""))  # fmt: skip
     kind = kinds[0]
+    if kind == "error_query":
+        return RawRatio(_raw_query(doc, "error_query", where), _raw_query(doc, "total_query", where))
+    if kind == "histogram":
+        return _latency(_string(doc, "histogram", where), _number(doc, "threshold_seconds", where), where,
+                        f"{where}.histogram", f"{where}.threshold_seconds", live)  # fmt: skip
     body = _mapping(doc[kind], f"{where}.{kind}")
     w = f"{where}.{kind}"
     if kind == "availability":
         _known(body, w, {"metric", "label", "good"})
         metric = _string(body, "metric", w)
         if not _is_counter(metric):
-            raise SpecError(f"{w}.metric: {_show(metric)} is not a counter in the catalog (availability counts events)")
+            kind_of = family_type(metric)
+            raise SpecError(f"{w}.metric: {_show(metric)} is " + (f"a {kind_of}, not a counter" if kind_of else
+                            "not a counter in the catalog, the inference backends or the HTTP families") +
+                            " (availability counts events)")  # fmt: skip
         good = body.get("good")
         if not isinstance(good, list) or not good or not all(isinstance(g, str) and g for g in good):
             raise SpecError(f"{w}.good: a non-empty list of the label values that count as good")
         return Availability(metric, _string(body, "label", w), tuple(good))
     _known(body, w, {"metric", "threshold"})
-    metric = _string(body, "metric", w)
-    threshold = _number(body, "threshold", w)
+    return _latency(_string(body, "metric", w), _number(body, "threshold", w), w, f"{w}.metric", f"{w}.threshold", live)
+
+
+def _latency(metric: str, threshold: float, w: str, metric_field: str, threshold_field: str,
+             live: dict[str, tuple[float, ...]] | None) -> Latency:  # fmt: skip
+    """A latency SLI: a histogram that exists, and a threshold that is one of its bucket boundaries where declared."""
+    if threshold <= 0:
+        raise SpecError(f"{threshold_field}: {threshold:g} s must be above 0")
+    declared_type = family_type(metric)
+    if declared_type is not None and declared_type != "histogram":
+        raise SpecError(f"{metric_field}: {_show(metric)} is a {declared_type}, not a histogram (a latency SLO counts "
+                        "requests under a bucket boundary)")  # fmt: skip
     buckets = live.get(metric) if live is not None else histogram_buckets(metric)
     if buckets is None and live is not None:
-        raise SpecError(f"{w}.metric: {_show(metric)} is not a histogram on the live /metrics "
+        raise SpecError(f"{metric_field}: {_show(metric)} is not a histogram on the live /metrics "
                         "(a labelled histogram appears only after its first observation)")  # fmt: skip
-    if buckets is None:
-        known = sorted(n for n, s in catalog.CATALOG.items() if s.type == "histogram" and s.unit == "seconds")
-        source = "the live /metrics" if live is not None else "the catalog"
-        raise SpecError(f"{w}.metric: {_show(metric)} is not a histogram in {source} (known: "
-                        f"{', '.join(known + sorted(catalog.EXTERNAL_HISTOGRAM_BUCKETS))})")  # fmt: skip
-    if not any(math.isclose(threshold, b, rel_tol=1e-9) for b in buckets):
-        raise SpecError(f"{w}.threshold: {threshold:g} s is not a bucket boundary of {metric} "
+    if buckets is None and declared_type is None:
+        raise SpecError(f"{metric_field}: {_show(metric)} is not a histogram in the catalog or the inference backends "
+                        f"(known: {', '.join(known_latency_histograms())})")  # fmt: skip
+    if buckets is None:  # declared, but its boundaries are set at run time: check them with --metrics-url
+        return Latency(metric, threshold)
+    snapped = snap_to_bucket(threshold, buckets)
+    if snapped is None:
+        raise SpecError(f"{threshold_field}: {threshold:g} s is not a bucket boundary of {metric} "
                         f"(boundaries: {', '.join(format_number(b) for b in buckets)})")  # fmt: skip
-    if live is not None:  # the catalog must agree too, or the default rules drift from what is served
+    if live is not None:  # the declaration must agree too, or the default rules drift from what is served
         declared = histogram_buckets(metric)
-        if declared is not None and not any(math.isclose(threshold, b, rel_tol=1e-9) for b in declared):
-            raise SpecError(f"{w}.threshold: {threshold:g} s is a live bucket but not one the catalog declares for {metric}")
-    return Latency(metric, threshold)
+        if declared is not None and snap_to_bucket(threshold, declared) is None:
+            raise SpecError(f"{threshold_field}: {threshold:g} s is a live bucket but not one declared for {metric}")
+    return Latency(metric, snapped)
 
 
 def parse_spec(doc: Any, live_buckets: dict[str, tuple[float, ...]] | None = None) -> Spec:
@@ -415,7 +548,10 @@ def parse_spec(doc: Any, live_buckets: dict[str, tuple[float, ...]] | None = Non
         raise SpecError("spec.dashboard_url: replaced by grafana_url (Grafana's base URL, e.g. http://127.0.0.1:3000); "
                         "each alert's link is built from the generated dashboards' uids and panels")  # fmt: skip
     _known(doc, "spec", {"version", "period", "model_label", "selector", "labels", "runbook_url", "grafana_url",
-                         "routing", "tiers", "slos"})  # fmt: skip
+                         "routing", "tiers", "slos", "engine"})  # fmt: skip
+    engine = _string(doc, "engine", "spec", "llmdiag")
+    if engine not in ENGINES:
+        raise SpecError(f"spec.engine: {_show(engine)} is not one of {', '.join(ENGINES)} (whose cause alerts to generate)")
     if doc.get("version", 1) != 1:
         raise SpecError(f"spec.version: {_show(doc.get('version'))} is not supported (only 1)")
     period = _string(doc, "period", "spec", "30d")
@@ -455,7 +591,8 @@ def parse_spec(doc: Any, live_buckets: dict[str, tuple[float, ...]] | None = Non
     for i, s in enumerate(slos_doc):
         where = f"slos[{i}]"
         s = _mapping(s, where)
-        _known(s, where, {"name", "objective", "description", "availability", "latency", "tiers", "labels"})
+        _known(s, where, {"name", "objective", "description", "availability", "latency", "histogram", "threshold_seconds",
+                          "error_query", "total_query", "tiers", "labels"})  # fmt: skip
         name = _string(s, "name", where)
         if not _NAME_RE.fullmatch(name):
             raise SpecError(f"{where}.name: {_show(name)} must be lower case letters, digits, - or _")
@@ -486,6 +623,7 @@ def parse_spec(doc: Any, live_buckets: dict[str, tuple[float, ...]] | None = Non
         receiver_url=receiver_url,
         slos=tuple(slos),
         tiers=tiers,
+        engine=engine,
     )
 
 

@@ -1,13 +1,16 @@
-"""The six dashboards, one question each. Every panel says what it shows and what to do about it.
+"""The seven dashboards, one question each. Every panel says what it shows and what to do about it.
 
 Each query lists our series first and the upstream equivalent second (``ours or theirs``): a host
 running vLLM, TGI, node_exporter, cAdvisor or DCGM instead of -- or beside -- the llm-diag agent gets
-a filled panel either way. Upstream names come only from the catalog's pinned upstream families.
+a filled panel either way. The inference backends' names are their declarations in ``collectors.backends`` (never
+re-spelt here); other exporters' come from the catalog's pinned upstream families.
 """
 
 from __future__ import annotations
 
 from alerts import slo_names as slo
+from collectors import backends
+from dashboards.engine import engine_rows
 from dashboards.promql import MODEL, RATE, m, mean, q, quantile, rate, ratio, sel
 from dashboards.spec import Dashboard, Row, Variable, heatmap, stat, ts
 
@@ -19,6 +22,7 @@ UIDS = {
     "memory": "llmdiag-memory",
     "gpu": "llmdiag-gpu",
     "moe": "llmdiag-batching-moe",
+    "engine": "llmdiag-engine",
 }
 MiB = 1048576
 
@@ -33,7 +37,7 @@ INSTANCE = Variable("instance", "Instance", f'label_values({m("up")}{{job=~"$job
 MODEL_VARIABLE = Variable(
     "model", "Model",
     f"query_result(count by (model) ({sel('llmdiag_requests_total')}) or count by (model) "
-    f"(label_replace({sel('vllm:num_requests_running')}, \"model\", \"$1\", \"model_name\", \"(.+)\")))",
+    f"(label_replace({sel(backends.VLLM_RUNNING.name)}, \"model\", \"$1\", \"model_name\", \"(.+)\")))",
     regex='/model="([^"]+)"/',
 )  # fmt: skip
 STANDARD_VARIABLES = (JOB, INSTANCE, MODEL_VARIABLE)
@@ -49,8 +53,8 @@ def _sum(expr: str, by: str = "") -> str:
 def _req_rate(by: str = "") -> tuple[str, ...]:
     return (
         _sum(rate("llmdiag_requests_total", MODEL), by),
-        _sum(rate("vllm:request_success_total", VLLM_MODEL), by),
-        _sum(rate("tgi_request_count"), by),
+        _sum(rate(backends.VLLM_SUCCESS.name, VLLM_MODEL), by),
+        _sum(rate(backends.TGI_REQUEST_COUNT.name), by),
     )
 
 
@@ -59,12 +63,12 @@ def _errors_ratio() -> tuple[str, ...]:
     out = []
     for name, matchers, bad in (
         ("llmdiag_requests_total", (MODEL,), 'outcome!="ok"'),
-        ("vllm:request_success_total", (VLLM_MODEL,), 'finished_reason=~"abort|error"'),
+        (backends.VLLM_SUCCESS.name, (VLLM_MODEL,), 'finished_reason=~"abort|error"'),
     ):
         every = _sum(rate(name, *matchers))
         out.append(ratio(f"{_sum(rate(name, *matchers, bad))} or 0 * {every}", every))
-    every = _sum(rate("tgi_request_count"))
-    out.append(ratio(f"{_sum(rate('tgi_request_failure'))} or 0 * {every}", every))
+    every = _sum(rate(backends.TGI_REQUEST_COUNT.name))
+    out.append(ratio(f"{_sum(rate(backends.TGI_REQUEST_FAILURE.name))} or 0 * {every}", every))
     return tuple(out)
 
 
@@ -105,12 +109,12 @@ def overview() -> Dashboard:
              "or inference is failing.", "percentunit", q(*_errors_ratio())),
         stat("p95 end-to-end", "95th percentile of llmdiag_request_e2e_seconds (or vllm:e2e_request_latency_seconds, "
              "tgi_request_duration). When it rises, Latency phases tells queue wait from slow inference.", "s",
-             q(quantile(0.95, "llmdiag_request_e2e_seconds", MODEL), quantile(0.95, "vllm:e2e_request_latency_seconds",
-               VLLM_MODEL), quantile(0.95, "tgi_request_duration"))),
+             q(quantile(0.95, "llmdiag_request_e2e_seconds", MODEL), quantile(0.95, backends.VLLM_E2E.name,
+               VLLM_MODEL), quantile(0.95, backends.TGI_REQUEST_DURATION.name))),
         stat("p95 time to first token", "95th percentile of llmdiag_request_ttft_seconds (or "
              "vllm:time_to_first_token_seconds). High TTFT with a short queue points at prefill or memory pressure.",
              "s", q(quantile(0.95, "llmdiag_request_ttft_seconds", MODEL),
-                    quantile(0.95, "vllm:time_to_first_token_seconds", VLLM_MODEL))),
+                    quantile(0.95, backends.VLLM_TTFT.name, VLLM_MODEL))),
         stat("Targets down", "Scrape targets whose last scrape failed: sum of 1 - up. Non-zero means a panel below "
              "may be blind; check the target's process and its /metrics.", "short",
              q(f"sum(1 - {sel('up')})")),
@@ -232,49 +236,49 @@ def latency() -> Dashboard:
         ts("Queue wait p50/p95/p99", "llmdiag_request_queue_wait_seconds (or vllm:request_queue_time_seconds, "
            "tgi_request_queue_duration) quantiles from summed bucket rates. Rising queue wait with flat inference "
            "time is saturation: add capacity or shed load.", "s",
-           *_phase_quantiles("llmdiag_request_queue_wait_seconds", ("vllm:request_queue_time_seconds", VLLM_MODEL),
-                             ("tgi_request_queue_duration", "")), w=6),
+           *_phase_quantiles("llmdiag_request_queue_wait_seconds", (backends.VLLM_QUEUE_TIME.name, VLLM_MODEL),
+                             (backends.TGI_QUEUE_DURATION.name, "")), w=6),
         ts("Inference p50/p95/p99", "llmdiag_request_inference_seconds (or vllm:request_inference_time_seconds). "
            "Rising inference time at steady concurrency is contention: check Memory & pressure for thrashing.", "s",
-           *_phase_quantiles("llmdiag_request_inference_seconds", ("vllm:request_inference_time_seconds", VLLM_MODEL)),
+           *_phase_quantiles("llmdiag_request_inference_seconds", (backends.VLLM_INFERENCE_TIME.name, VLLM_MODEL)),
            w=6),
         ts("Time to first token p50/p95/p99", "llmdiag_request_ttft_seconds (or vllm:time_to_first_token_seconds). "
            "TTFT includes queue wait: compare with the queue panel to see which one moved.", "s",
-           *_phase_quantiles("llmdiag_request_ttft_seconds", ("vllm:time_to_first_token_seconds", VLLM_MODEL)), w=6),
+           *_phase_quantiles("llmdiag_request_ttft_seconds", (backends.VLLM_TTFT.name, VLLM_MODEL)), w=6),
         ts("End-to-end p50/p95/p99", "llmdiag_request_e2e_seconds (or vllm:e2e_request_latency_seconds, "
            "tgi_request_duration): what the client saw. The other three panels say where the time went.", "s",
-           *_phase_quantiles("llmdiag_request_e2e_seconds", ("vllm:e2e_request_latency_seconds", VLLM_MODEL),
-                             ("tgi_request_duration", "")), w=6),
+           *_phase_quantiles("llmdiag_request_e2e_seconds", (backends.VLLM_E2E.name, VLLM_MODEL),
+                             (backends.TGI_REQUEST_DURATION.name, "")), w=6),
     ))  # fmt: skip
     phases = Row("Where the time goes", (
         ts("Mean phases (stacked)", "Mean queue wait and mean inference per request: rate(_sum) / rate(_count) of "
            "llmdiag_request_queue_wait_seconds and llmdiag_request_inference_seconds (or vLLM's queue/inference "
            "histograms). The larger band is the phase to fix.", "s",
-           q(mean("llmdiag_request_queue_wait_seconds", MODEL), mean("vllm:request_queue_time_seconds", VLLM_MODEL),
+           q(mean("llmdiag_request_queue_wait_seconds", MODEL), mean(backends.VLLM_QUEUE_TIME.name, VLLM_MODEL),
              legend="queue wait"),
-           q(mean("llmdiag_request_inference_seconds", MODEL), mean("vllm:request_inference_time_seconds", VLLM_MODEL),
+           q(mean("llmdiag_request_inference_seconds", MODEL), mean(backends.VLLM_INFERENCE_TIME.name, VLLM_MODEL),
              legend="inference"), stacked=True),
         ts("Queue depth vs active inferences", "llmdiag_queue_depth and llmdiag_active_inferences (or "
            "vllm:num_requests_waiting/running, tgi_queue_size/tgi_batch_current_size). Active pinned at the slot "
            "limit with a growing queue is a queue problem; active inferences dropping while the queue grows is "
            "thrashing or a stall.", "short",
-           q(_sum(sel("llmdiag_queue_depth", MODEL)), _sum(sel("vllm:num_requests_waiting", VLLM_MODEL)),
-             _sum(sel("tgi_queue_size")), legend="queued"),
-           q(_sum(sel("llmdiag_active_inferences", MODEL)), _sum(sel("vllm:num_requests_running", VLLM_MODEL)),
-             _sum(sel("tgi_batch_current_size")), legend="active")),
+           q(_sum(sel("llmdiag_queue_depth", MODEL)), _sum(sel(backends.VLLM_WAITING.name, VLLM_MODEL)),
+             _sum(sel(backends.TGI_QUEUE_SIZE.name)), legend="queued"),
+           q(_sum(sel("llmdiag_active_inferences", MODEL)), _sum(sel(backends.VLLM_RUNNING.name, VLLM_MODEL)),
+             _sum(sel(backends.TGI_BATCH_CURRENT_SIZE.name)), legend="active")),
     ))  # fmt: skip
     heat = Row("Distributions", (
         heatmap("Queue wait heatmap", "Bucket rates of llmdiag_request_queue_wait_seconds (or "
                 "vllm:request_queue_time_seconds). Two bands mean two populations, e.g. requests that found a free "
                 "slot and requests that waited for one.", "s",
                 q(_sum(rate("llmdiag_request_queue_wait_seconds_bucket", MODEL), "le"),
-                  _sum(rate("vllm:request_queue_time_seconds_bucket", VLLM_MODEL), "le"),
+                  _sum(rate(backends.VLLM_QUEUE_TIME.name + "_bucket", VLLM_MODEL), "le"),
                   legend="{{le}}", heatmap=True)),
         heatmap("End-to-end heatmap", "Bucket rates of llmdiag_request_e2e_seconds (or "
                 "vllm:e2e_request_latency_seconds). A band moving up over time is a regression; a widening band is "
                 "mixed prompt sizes or contention.", "s",
                 q(_sum(rate("llmdiag_request_e2e_seconds_bucket", MODEL), "le"),
-                  _sum(rate("vllm:e2e_request_latency_seconds_bucket", VLLM_MODEL), "le"),
+                  _sum(rate(backends.VLLM_E2E.name + "_bucket", VLLM_MODEL), "le"),
                   legend="{{le}}", heatmap=True)),
     ))  # fmt: skip
     outcomes = Row("Outcomes", (
@@ -283,7 +287,7 @@ def latency() -> Dashboard:
            "queue_timeout, memory_watermark / memory_psi = the memory guard). queue_full/queue_timeout = a queue "
            "problem (capacity); inference_timeout and guard refusals = memory pressure or thrashing.", "reqps",
            q(_sum(rate("llmdiag_requests_total", MODEL), "outcome"),
-             _sum(rate("vllm:request_success_total", VLLM_MODEL), "finished_reason"), legend="{{outcome}}{{finished_reason}}"),
+             _sum(rate(backends.VLLM_SUCCESS.name, VLLM_MODEL), "finished_reason"), legend="{{outcome}}{{finished_reason}}"),
            q(_sum(rate("llmdiag_admission_rejections_total", MODEL), "reason"), legend="refused: {{reason}}"), w=24),
     ))  # fmt: skip
     return Dashboard(
@@ -440,11 +444,11 @@ def moe() -> Dashboard:
            "vllm:iteration_tokens_total, TGI tgi_batch_next_tokens). A p95 far above p5 under a request-count cap "
            "means token-heavy batches: switch to a token budget.", "short",
            *(q(quantile(p, "llmdiag_batch_input_tokens", MODEL, by="le, phase"),
-               quantile(p, "vllm:iteration_tokens_total", VLLM_MODEL), quantile(p, "tgi_batch_next_tokens"),
+               quantile(p, backends.VLLM_ITERATION_TOKENS.name, VLLM_MODEL), quantile(p, "tgi_batch_next_tokens"),
                legend=f"p{round(p * 100)} {{{{phase}}}}") for p in (0.05, 0.95))),
         ts("Requests per batch p5/p95", "llmdiag_batch_requests quantiles by phase (or TGI tgi_batch_next_size). "
            "p95 at the request cap with a queue building = the batch limit is the bottleneck.", "short",
-           *(q(quantile(p, "llmdiag_batch_requests", MODEL, by="le, phase"), quantile(p, "tgi_batch_next_size"),
+           *(q(quantile(p, "llmdiag_batch_requests", MODEL, by="le, phase"), quantile(p, backends.TGI_BATCH_NEXT_SIZE.name),
                legend=f"p{round(p * 100)} {{{{phase}}}}") for p in (0.05, 0.95))),
     ))  # fmt: skip
     experts = Row("MoE routing", (
@@ -465,8 +469,24 @@ def moe() -> Dashboard:
                      (batch, experts), STANDARD_VARIABLES)  # fmt: skip
 
 
+# --------------------------------------------------------------------------- Inference engine
+
+# The host panels drawn beside the engine's own: memory running out is told from a full KV cache on one screen.
+HOST_BESIDE_ENGINE = ("MemAvailable", "Host PSI (share of time stalled)", "Working set / limit", "cgroup memory PSI",
+                      "memory.events rates", "OOM kills")  # fmt: skip
+
+
+def engine() -> Dashboard:
+    """vLLM's overview panels (TGI's and llama.cpp's where they export the family), with our host panels beside."""
+    by_title = {p.title: p for p in memory().panels}
+    beside = Row("Host and cgroup memory beside the engine", tuple(by_title[t] for t in HOST_BESIDE_ENGINE))
+    return Dashboard(UIDS["engine"], "llm-diag / Inference engine",
+                     "Is the engine itself saturated (KV cache, preemptions, queue), or the host under it?",
+                     (*engine_rows(), beside), STANDARD_VARIABLES)  # fmt: skip
+
+
 def all_dashboards() -> list[Dashboard]:
-    return [overview(), slos(), latency(), memory(), gpu(), moe()]
+    return [overview(), slos(), latency(), memory(), gpu(), moe(), engine()]
 
 
 def dashboard(key: str) -> Dashboard:

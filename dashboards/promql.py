@@ -2,7 +2,8 @@
 
 Why a checked helper instead of string literals: a renamed or misspelt metric silently empties a
 panel, and users notice in the middle of an incident. ``m(name)`` refuses any name that is neither
-in ``collectors.catalog`` (ours and the pinned upstream families) nor one of the SLO recording
+in ``collectors.catalog`` (ours and the pinned upstream families), nor declared by an inference backend
+in ``collectors.backends`` (vLLM, TGI, llama.cpp at their pinned commits), nor one of the SLO recording
 rules every spec records (``alerts.slo_names.DASHBOARD_NAMES``: never a name that spells a period
 or a tier's own window, which depend on the spec), and ``metric_names`` re-scans every finished
 expression so a name typed into a raw string cannot slip through either.
@@ -16,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from alerts.slo_names import DASHBOARD_NAMES
+from collectors import backends
 from collectors import catalog as cat
 
 # Template variables every selector carries (dashboard-linter: job and instance matchers everywhere).
@@ -42,6 +44,8 @@ def known_metrics() -> dict[str, str]:
     names = {name: "llm-diag" for name in cat.CATALOG}
     for fam in cat.EXTERNAL:
         names.setdefault(fam.name, f"{fam.exporter} {fam.versions}")
+    for bfam in backends.FAMILIES.values():  # the inference backends' own families, as collectors.backends declares them
+        names.setdefault(bfam.name, f"{backends.DIALECT_NAMES[bfam.dialect]} {bfam.versions}")
     for rule in DASHBOARD_NAMES:
         names[rule] = "llm-diag SLO recording rule"
     return names
@@ -51,8 +55,12 @@ def _series_names(name: str) -> set[str]:
     """Exposed series of a family: histograms add _bucket/_sum/_count."""
     spec = cat.CATALOG.get(name)
     kind = spec.type if spec else next((f.type for f in cat.EXTERNAL if f.name == name), "")
+    if not kind and name in backends.FAMILIES:
+        kind = backends.FAMILIES[name].type
     if kind == "histogram":
         return {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    if kind == "summary":
+        return {name, f"{name}_sum", f"{name}_count"}
     return {name}
 
 

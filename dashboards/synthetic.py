@@ -20,6 +20,7 @@ import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from collectors import backends
 from collectors import catalog as cat
 
 # Label values per label name (bounded, like the real exporters').
@@ -79,6 +80,8 @@ def family(name: str) -> Family:
     if spec is not None:
         labels = tuple((label, LABEL_VALUES.get(label, ("x",))) for label in spec.labels)
         return Family(name, spec.type, labels, spec.unit, spec.buckets or ())
+    if name in backends.FAMILIES:
+        return _backend_family(backends.FAMILIES[name])
     fam = cat.external(name)
     labels = UPSTREAM_LABELS.get(fam.exporter, ())
     if name == "vllm:request_success_total":
@@ -95,6 +98,39 @@ def family(name: str) -> Family:
         unit = "ratio"
     tokens = "token" in name or "size" in name
     return Family(name, kind, labels, unit, (TOKEN_BUCKETS if tokens else GENERIC_BUCKETS) if kind == "histogram" else ())
+
+
+# Values of the inference backends' own labels (collectors.backends declares the names): bounded, as theirs are.
+BACKEND_LABEL_VALUES: dict[str, tuple[str, ...]] = {
+    "model_name": ("demo-model",),
+    "engine": ("0",),
+    "finished_reason": backends.VLLM_FINISHED_REASONS,
+    "reason": backends.VLLM_WAITING_REASONS,
+    "err": ("validation", "generation"),
+    "method": ("prefill", "decode"),
+}
+MAX_BACKFILL_BUCKETS = 64  # TGI's batch-size histogram declares 1024 boundaries: the first 64 are plenty here
+
+
+def _backend_family(fam: backends.Family) -> Family:
+    """The shape of a family an inference backend declares (collectors.backends): its labels, type and buckets.
+
+    Counters without ``_total`` (TGI's, metrics-rs) are written ``unknown``: OpenMetrics requires the suffix."""
+    labels = tuple((label, BACKEND_LABEL_VALUES.get(label, ("x",))) for label in fam.labels)
+    if fam.type == "counter":
+        kind = "counter" if fam.name.endswith("_total") else "unknown"
+    elif fam.type == "summary":
+        kind = "unknown"  # no dashboard reads a summary; its _sum/_count are written as plain series
+    else:
+        kind = fam.type
+    unit = "seconds" if "seconds" in fam.name or "duration" in fam.name else ""
+    if fam.type == "gauge" and ("usage" in fam.name or "perc" in fam.name):
+        unit = "ratio"
+    buckets: tuple[float, ...] = ()
+    if kind == "histogram":
+        tokens = "token" in fam.name or "length" in fam.name or "size" in fam.name or "params" in fam.name
+        buckets = (fam.buckets or (TOKEN_BUCKETS if tokens else GENERIC_BUCKETS))[:MAX_BACKFILL_BUCKETS]
+    return Family(fam.name, kind, labels, unit, buckets)
 
 
 def _label_sets(labels: tuple[tuple[str, tuple[str, ...]], ...]) -> Iterator[dict[str, str]]:

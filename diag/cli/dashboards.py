@@ -50,7 +50,7 @@ def generate(
         bool, typer.Option("--check", help="Write nothing; exit 1 listing every stale file or lint violation (what CI runs).")
     ] = False,
 ) -> None:
-    """Write (or --check) the six dashboards and the Grafana provisioning file."""
+    """Write (or --check) the dashboards and the Grafana provisioning file."""
     from dashboards.generate import DEFAULT_OUT
 
     if ctx.invoked_subcommand is not None:

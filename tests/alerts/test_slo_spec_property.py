@@ -65,14 +65,18 @@ def _paths(node: Any, prefix: tuple = ()) -> list[tuple]:
 
 
 BASE_PATHS = _paths(BASE)
+# The shipped specs of the other SLI forms and of an engine: a histogram + threshold_seconds, a raw ratio, engine: vllm.
+FORMS: dict[str, Any] = {name: yaml.safe_load((REPO / "alerts" / name).read_text()) for name in ("slo-tgi.yaml", "slo-vllm.yaml")}
 
 
 @st.composite
-def _mutated(draw: st.DrawFn) -> Any:
-    """The shipped spec with a few nodes replaced, removed or added: near-valid documents reach deep checks."""
-    doc = copy.deepcopy(BASE)
+def _mutated(draw: st.DrawFn, base: Any = None) -> Any:
+    """A shipped spec with a few nodes replaced, removed or added: near-valid documents reach deep checks."""
+    base = BASE if base is None else base
+    paths = BASE_PATHS if base is BASE else _paths(base)
+    doc = copy.deepcopy(base)
     for _ in range(draw(st.integers(1, 3))):
-        path = draw(st.sampled_from(BASE_PATHS))
+        path = draw(st.sampled_from(paths))
         action = draw(st.sampled_from(["replace", "delete", "add"]))
         if not path:
             if action == "replace":
@@ -132,11 +136,22 @@ def _load(tmp: Path, data: bytes) -> Spec | None:
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(doc=_mutated())
 def test_near_valid_specs_load_or_fail_clearly(tmp_path: Path, doc: Any) -> None:
+    _load_and_render(tmp_path, doc)
+
+
+def _load_and_render(tmp_path: Path, doc: Any) -> None:
     spec = _load(tmp_path, _dump(doc))
     if spec is not None:  # accepted: what the CLI does next must work too
         files = render(spec, INCIDENT_CLASSES, "spec.yaml").files
         assert files and all(isinstance(text, str) for text in files.values())
         assert all(not Path(rel).is_absolute() and ".." not in Path(rel).parts for rel in files)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=st.sampled_from(sorted(FORMS)).flatmap(lambda name: _mutated(FORMS[name])))
+def test_near_valid_specs_of_every_form_load_or_fail_clearly(tmp_path: Path, doc: Any) -> None:
+    """The same on the raw-ratio / histogram spec and the engine spec: their new fields are refused in one line too."""
+    _load_and_render(tmp_path, doc)
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

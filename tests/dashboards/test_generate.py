@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from alerts import slo_names
+from collectors import backends
 from collectors import catalog as cat
 from dashboards import definitions
 from dashboards.build import LayoutError, check_dashboard, render
@@ -34,7 +35,7 @@ SCHEMAS = REPO / "tests" / "fixtures" / "external" / "grafana-jsonschema"
 DIAG = [sys.executable, "-m", "diag.cli"]
 FAMILY = series_known()  # series name (histogram parts too) -> family
 EXPECTED_UIDS = {"llmdiag-overview", "llmdiag-slo", "llmdiag-latency", "llmdiag-memory", "llmdiag-gpu",
-                 "llmdiag-batching-moe"}  # fmt: skip
+                 "llmdiag-batching-moe", "llmdiag-engine"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +71,11 @@ def schema_errors(board: dict[str, Any]) -> list[str]:
     return errors
 
 
-def test_the_set_is_the_six_dashboards_with_stable_uids_and_the_tag(boards: dict[str, dict[str, Any]]) -> None:
+def test_the_set_is_the_seven_dashboards_with_stable_uids_and_the_tag(boards: dict[str, dict[str, Any]]) -> None:
     assert set(boards) == EXPECTED_UIDS
     titles = {b["title"] for b in boards.values()}
     assert titles == {"llm-diag / Overview", "llm-diag / SLOs", "llm-diag / Latency phases", "llm-diag / Memory & pressure",
-                      "llm-diag / GPU", "llm-diag / Batching & MoE"}  # fmt: skip
+                      "llm-diag / GPU", "llm-diag / Batching & MoE", "llm-diag / Inference engine"}  # fmt: skip
     for b in boards.values():
         assert "llm-diag" in b["tags"] and b["editable"] is False and "__inputs" not in b
         (link,) = b["links"]
@@ -179,8 +180,8 @@ def test_the_post_build_pass_rejects_a_broken_grid(boards: dict[str, dict[str, A
 def test_a_panel_naming_an_unknown_metric_fails_generation_with_its_name() -> None:
     with pytest.raises(UnknownMetric, match="llmdiag_gpu_temperature_celsius"):
         sel("llmdiag_gpu_temperature_celsius")
-    with pytest.raises(UnknownMetric, match="vllm:gpu_cache_usage_perc"):  # renamed upstream: not in the pinned list
-        q('vllm:gpu_cache_usage_perc{job=~"$job", instance=~"$instance"}')
+    with pytest.raises(UnknownMetric, match="vllm:num_requests_swapped"):  # removed upstream: declared nowhere
+        q('vllm:num_requests_swapped{job=~"$job", instance=~"$instance"}')
     # A raw string smuggled past the helpers is caught by the final scan of the JSON.
     board = render(definitions.gpu())
     board["panels"][1]["targets"][0]["expr"] += ' or llmdiag_made_up_bytes{job=~"$job"}'
@@ -246,13 +247,19 @@ def test_upstream_names_are_pinned_data_with_versions(boards: dict[str, dict[str
                 used |= {FAMILY[n] for n in metric_names(t["expr"])}
     theirs = {n for n in used if not n.startswith("llmdiag")} - {"up"}
     assert theirs, "no upstream equivalents queried"
+    exporters = set()
     for name in theirs:
-        assert name in upstream, name
-        assert upstream[name].versions and upstream[name].exporter in {"vLLM", "TGI", "node_exporter", "cAdvisor",
-                                                                        "dcgm-exporter"}  # fmt: skip
+        # an inference backend's family as collectors.backends declares it, or another exporter's from the catalog
+        if name in backends.FAMILIES:
+            fam = backends.FAMILIES[name]
+            assert fam.versions, name
+            exporters.add(backends.DIALECT_NAMES[fam.dialect])
+        else:
+            assert name in upstream, name
+            assert upstream[name].versions
+            exporters.add(upstream[name].exporter)
         assert known[name]
-    exporters = {upstream[n].exporter for n in theirs}
-    assert exporters == {"vLLM", "TGI", "node_exporter", "cAdvisor", "dcgm-exporter"}
+    assert exporters == {"vLLM", "TGI", "llama.cpp server", "node_exporter", "cAdvisor", "dcgm-exporter"}
 
 
 def test_overview_slo_panels_query_the_alerts_recording_rules(boards: dict[str, dict[str, Any]]) -> None:
