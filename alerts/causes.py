@@ -76,6 +76,9 @@ CG = 'cgroup="/system.slice/llm.service"'
 VLLM = 'job="llm-backend", instance="host-a:8000"'
 KV_USAGE, PREEMPTIONS, WAITING_BY = bk.VLLM_KV_USAGE.name, bk.VLLM_PREEMPTIONS.name, bk.VLLM_WAITING_BY_REASON.name
 ENGINE = ("job", "instance", "model_name")  # one vLLM engine: its target and the model it serves
+# Preemptions matched per target: one engine per scraped target, and a scrape that kept only some labels of the
+# counter (the agent's --scrape sums the ones no signal selects on) still matches its usage gauge.
+TARGET = ("job", "instance")
 HOST_VARS = ("job", "instance")  # the agent's alerts: one target
 APP_VARS = ("job", "model")  # the service's alerts, summed over its instances
 REFUSED = '{reason=~"queue_full|queue_timeout"}'  # refusals of the queue (memory refusals have their own alert)
@@ -197,9 +200,9 @@ CAUSES: tuple[Cause, ...] = (
         "kv_cache_saturation",
         "ticket",
         "preemptions show as latency first, which the TTFT and latency SLOs page on; this names the cause",
-        f"(max by ({', '.join(ENGINE)}) ({KV_USAGE}) >= {_num(levels.KV_CEILING)})\nand on ({', '.join(ENGINE)})\n(\n"
-        f"  sum by ({', '.join(ENGINE)}) ({_rate(PREEMPTIONS)}) >= {_num(levels.PREEMPTIONS_UP)}\n  or\n"
-        f'  max by ({", ".join(ENGINE)}) ({WAITING_BY}{{reason="capacity"}}) > 0\n)',
+        f"(max by ({', '.join(ENGINE)}) ({KV_USAGE}) >= {_num(levels.KV_CEILING)})\nand on ({', '.join(TARGET)})\n(\n"
+        f"  sum by ({', '.join(TARGET)}) ({_rate(PREEMPTIONS)}) >= {_num(levels.PREEMPTIONS_UP)}\n  or\n"
+        f'  max by ({", ".join(TARGET)}) ({WAITING_BY}{{reason="capacity"}}) > 0\n)',
         "2m",
         f"{{{{ $labels.model_name }}}} on {{{{ $labels.instance }}}}: the KV cache is >= {levels.KV_CEILING:.0%} full and "
         f"the engine preempts (>= {_num(levels.PREEMPTIONS_UP)}/s) or holds requests for KV capacity: lower max_num_seqs "

@@ -240,7 +240,8 @@ def serve(
 
 SCENARIO_HELP = (
     "Reproduce an incident for real and analyse it: NAME is one of healthy, leak, pressure, queue, thrash, "
-    "duplicate-models, loader-refresh, moe-skew, request-count-batching, oversized-context, noisy-neighbour, host-oom."
+    "duplicate-models, loader-refresh, moe-skew, request-count-batching, oversized-context, noisy-neighbour, host-oom, "
+    "kv-saturation."
 )
 
 
@@ -263,6 +264,13 @@ def demo_group(
     ] = None,
     weights_dir: Annotated[Path | None, typer.Option(help="Checkpoint cache (default: the user cache dir).")] = None,
     list_: Annotated[bool, typer.Option("--list", help="List the scenarios, what they inject and their parameters.")] = False,
+    dialect: Annotated[
+        str | None,
+        typer.Option(
+            help="Serve an engine's /metrics (vllm, tgi, llamacpp) uninstrumented and record them with the agent's "
+            "scrape, or llmdiag (the tracker). Default: the scenario's own (llmdiag, vllm for kv-saturation)."
+        ),
+    ] = None,
 ) -> None:
     """The reference LLM backend (`serve`), and real incident scenarios on it (`--scenario NAME`).
 
@@ -296,11 +304,12 @@ def demo_group(
             return
     except opts.OptionError as exc:
         raise _fail(str(exc)) from None
-    raise typer.Exit(_run_scenario(scenario, as_json, seed, keep_recorder, export, param or [], weights_dir))
+    raise typer.Exit(_run_scenario(scenario, as_json, seed, keep_recorder, export, param or [], weights_dir, dialect))
 
 
 # The scenario options (flag -> parameter): refused where they cannot apply, not ignored.
 _SCENARIO_OPTIONS = {
+    "--dialect": "dialect",
     "--json": "as_json",
     "--seed": "seed",
     "--keep-recorder": "keep_recorder",
@@ -390,6 +399,7 @@ def _run_scenario(
     export: Path | None,
     params: list[str],
     weights_dir: Path | None,
+    dialect: str | None = None,
 ) -> int:
     import json
     import sys
@@ -408,6 +418,10 @@ def _run_scenario(
                 opts.writable_file_path(option, path, example)
         if weights_dir is not None:
             opts.folder_path("--weights-dir", weights_dir)
+        if dialect is not None:
+            from diag.demo.dialects import DIALECTS
+
+            dialect = opts.choice("--dialect", dialect, DIALECTS)
         overrides = _parse_params(params, SCENARIOS[name].defaults)
         SCENARIOS[name].params(overrides)
     except ValueError as exc:  # OptionError, or a parameter the scenario refuses
@@ -415,7 +429,13 @@ def _run_scenario(
         return 2
     try:
         result = run_scenario(
-            name, seed=seed, params=overrides, weights_dir=weights_dir, keep_recorder=keep_recorder, fixture=export
+            name,
+            seed=seed,
+            params=overrides,
+            weights_dir=weights_dir,
+            keep_recorder=keep_recorder,
+            fixture=export,
+            dialect=dialect,
         )
     except CgroupUnavailable as exc:
         typer.secho(f"diag: {exc}", err=True, fg=typer.colors.RED)

@@ -133,7 +133,8 @@ def create_app(settings: DemoSettings, tracker: RequestTracker | None = None) ->
     if settings.metrics_dialect != OURS:
         dialect = DialectMetrics(settings.metrics_dialect, settings.model_name, kv,
                                  max_prompt_tokens=settings.max_prompt_tokens or settings.max_batch_tokens,
-                                 max_output_tokens=settings.max_output_tokens)  # fmt: skip
+                                 max_output_tokens=settings.max_output_tokens,
+                                 running=lambda: parts["batcher"].running if "batcher" in parts else 0)  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -189,22 +190,22 @@ def create_app(settings: DemoSettings, tracker: RequestTracker | None = None) ->
         return await _serve(body)
 
     async def _as_engine(body: CompletionRequest, metrics: DialectMetrics) -> dict[str, Any]:
-        """The request timed as the engine's own metrics time it (arrival, slot, first token, last token)."""
+        """The request timed as the engine's own metrics time it: WAITING from arrival until first scheduled into a
+        running batch (a slot, the batch queue, free KV blocks), RUNNING from then to its last token."""
         t = {"arrival": time.monotonic()}
         metrics.arrived()
 
         def first_token() -> None:
             t.setdefault("first", time.monotonic())
 
-        def slot() -> None:
-            t["start"] = time.monotonic()
-            metrics.started()
+        def scheduled() -> None:
+            t.setdefault("start", time.monotonic())
 
         try:
-            out = await _serve(body, on_slot=slot, on_first_token=first_token)
+            out = await _serve(body, on_scheduled=scheduled, on_first_token=first_token)
         except BaseException as exc:
             refused = getattr(exc, "status_code", None) in (429, 503) or type(exc).__name__ == "AdmissionRejected"
-            metrics.left(started="start" in t, refused=refused and "start" not in t, failed=True)
+            metrics.left(refused=refused and "start" not in t, failed=True)
             raise
         end = time.monotonic()
         start, first = t.get("start", t["arrival"]), t.get("first", end)
@@ -215,7 +216,7 @@ def create_app(settings: DemoSettings, tracker: RequestTracker | None = None) ->
         ))  # fmt: skip
         return out
 
-    async def _serve(body: CompletionRequest, on_slot: Any = None, on_first_token: Any = None) -> dict[str, Any]:
+    async def _serve(body: CompletionRequest, on_scheduled: Any = None, on_first_token: Any = None) -> dict[str, Any]:
         registry: WeightRegistry = parts["registry"]
         batcher: Batcher = parts["batcher"]
         async with tracker.request(route=ROUTE) as req:  # llm-diag: everything the request does, inside
@@ -227,8 +228,6 @@ def create_app(settings: DemoSettings, tracker: RequestTracker | None = None) ->
                 raise HTTPException(400, f"max_tokens {body.max_tokens} is over the limit of {settings.max_output_tokens}")
             registry.for_request()  # --refresh every-request: a blocking re-read right here (the bug)
             await req.acquire()  # llm-diag: the slot; AdmissionRejected -> 429/503 via the installed handler
-            if on_slot is not None:
-                on_slot()
             ids = tokenizer.encode(body.prompt)
 
             def first() -> None:
@@ -236,7 +235,7 @@ def create_app(settings: DemoSettings, tracker: RequestTracker | None = None) ->
                 if on_first_token is not None:
                     on_first_token()
 
-            done = await req.run(batcher.submit(ids, body.max_tokens, on_first_token=first))
+            done = await req.run(batcher.submit(ids, body.max_tokens, on_first_token=first, on_scheduled=on_scheduled))
             req.set_output_tokens(len(done.ids))
         leak.retain()  # --leak-kib-per-request: the deliberate bug (a no-op when 0)
         return {

@@ -66,6 +66,7 @@ class _Job:
     future: asyncio.Future[Completion]
     on_first_token: Callable[[], Any] | None = None
     seq: Sequence | None = field(default=None, repr=False)
+    on_scheduled: Callable[[], Any] | None = None  # first admitted into a running batch (an engine's end of WAITING)
     # After a preemption: the tokens generated before it (now part of ``prompt_ids``, recomputed) and the
     # original prompt's length, so the completion is the same whether or not the job was preempted.
     resumed: list[int] = field(default_factory=list)
@@ -139,6 +140,7 @@ class Batcher:
         self._recent_sizes: collections.deque[int] = collections.deque(maxlen=RECENT_BATCHES)
         self._step_s = 0.0  # how long the last decode step took
         self.batches = 0
+        self.running = 0  # sequences in the running batch now (an engine's num_requests_running)
         self.aborted_steps = 0  # steps stopped early because every request in them was abandoned
 
     # ------------------------------------------------------------------ event-loop side
@@ -156,10 +158,17 @@ class Batcher:
             self._thread.join(timeout)
             self._thread = None
 
-    async def submit(self, prompt_ids: list[int], max_tokens: int, on_first_token: Callable[[], Any] | None = None) -> Completion:
+    async def submit(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        on_first_token: Callable[[], Any] | None = None,
+        on_scheduled: Callable[[], Any] | None = None,
+    ) -> Completion:
         """Queue a request and wait for its completion. Cancelling the await drops it from its batch."""
         loop = asyncio.get_running_loop()
         job = _Job(list(prompt_ids), max(1, int(max_tokens)), loop, loop.create_future(), on_first_token)
+        job.on_scheduled = on_scheduled
         with self._cond:
             if self._stop:
                 raise RuntimeError("batcher stopped")
@@ -254,10 +263,13 @@ class Batcher:
             capacity = np.zeros(cfg.n_layers, dtype=np.int64) if cfg.experts and self.capacity_factor > 0 else None
             for j in batch:
                 j.seq = model.new_sequence(j.prompt_ids, j.max_tokens)
+                if j.on_scheduled is not None:
+                    self._report(j.on_scheduled)
             live = list(batch)
             first = True
             while live:
                 live = self._fit_kv(live)
+                self.running = len(live)
                 step_started = time.monotonic()
                 try:
                     # A prefill whose requests all timed out (or left) stops within an attention chunk.
@@ -302,6 +314,7 @@ class Batcher:
                 j.seq = None
                 j.resolve(exc)
         finally:
+            self.running = 0
             if self.kv is not None:
                 self.kv.set_used(0)  # the batch's sequences are gone: their blocks are free
 

@@ -75,19 +75,18 @@ def _num(v: float) -> str:
 
 
 class DialectMetrics:
-    """The live state one worker exports in ``dialect``; the app calls ``arrived``/``started``/``finished``."""
+    """The live state one worker exports in ``dialect``; the app calls ``arrived`` and ``finished`` (or ``left``)."""
 
     def __init__(self, dialect: str, model_name: str, kv: KvBudget | None, *, max_prompt_tokens: int,
-                 max_output_tokens: int, queued: Callable[[], int] = lambda: 0) -> None:  # fmt: skip
+                 max_output_tokens: int, running: Callable[[], int] = lambda: 0) -> None:  # fmt: skip
         if dialect not in PINNED:
             raise ValueError(f"metrics dialect must be one of {', '.join(PINNED)} (or {OURS}: the tracker's own)")
         self.dialect = dialect
         self.kv = kv
-        self.queued = queued
+        self.running_now = running  # the engine's running batch (the batcher's live sequences)
         self.const = {"model_name": model_name, "engine": "0"}
         self._lock = threading.Lock()
-        self.waiting = 0
-        self.running = 0
+        self.in_system = 0  # arrived, not yet answered: running or waiting (for a slot, a batch, KV blocks)
         self.counters: dict[tuple[str, str], float] = {}
         self.hists: dict[str, _Hist] = {}
         self.max_prompt_tokens, self.max_output_tokens = max_prompt_tokens, max_output_tokens
@@ -107,20 +106,12 @@ class DialectMetrics:
 
     def arrived(self) -> None:
         with self._lock:
-            self.waiting += 1
+            self.in_system += 1
 
-    def started(self) -> None:
-        with self._lock:
-            self.waiting -= 1
-            self.running += 1
-
-    def left(self, *, started: bool, refused: bool, failed: bool) -> None:
+    def left(self, *, refused: bool, failed: bool) -> None:
         """A request that ends without a completion: refused at admission, or failed."""
         with self._lock:
-            if started:
-                self.running -= 1
-            else:
-                self.waiting -= 1
+            self.in_system -= 1
             self._add(bk.TGI_REQUEST_COUNT.name, 1)
             if refused:
                 self._add(bk.TGI_REQUEST_FAILURE.name, 1, "overloaded")
@@ -129,7 +120,7 @@ class DialectMetrics:
 
     def finished(self, r: Served) -> None:
         with self._lock:
-            self.running -= 1
+            self.in_system -= 1
             tpot = r.decode_s / max(1, r.output_tokens - 1)
             for name, value in (
                 (bk.VLLM_PROMPT_TOKENS.name, r.prompt_tokens),
@@ -169,7 +160,8 @@ class DialectMetrics:
 
     def _gauges(self) -> dict[str, float]:
         usage = self.kv.usage if self.kv is not None else 0.0
-        waiting = self.waiting
+        running = min(self.running_now(), self.in_system)
+        waiting = self.in_system - running
         p_tok, p_s = (
             self.counters.get((bk.LLAMACPP_PROMPT_TOKENS.name, ""), 0.0),
             self.counters.get((bk.LLAMACPP_PROMPT_SECONDS.name, ""), 0.0),
@@ -179,13 +171,13 @@ class DialectMetrics:
             self.counters.get((bk.LLAMACPP_PREDICTED_SECONDS.name, ""), 0.0),
         )
         return {
-            bk.VLLM_RUNNING.name: self.running,
+            bk.VLLM_RUNNING.name: running,
             bk.VLLM_WAITING.name: waiting,
             bk.VLLM_KV_USAGE.name: usage,
             bk.TGI_QUEUE_SIZE.name: waiting,
-            bk.TGI_BATCH_CURRENT_SIZE.name: self.running,
+            bk.TGI_BATCH_CURRENT_SIZE.name: running,
             bk.TGI_BATCH_MAX_TOTAL_TOKENS.name: self.kv.total_tokens if self.kv is not None else 0,
-            bk.LLAMACPP_PROCESSING.name: self.running,
+            bk.LLAMACPP_PROCESSING.name: running,
             bk.LLAMACPP_DEFERRED.name: waiting,
             bk.LLAMACPP_PROMPT_TPS.name: p_tok / p_s if p_s > 0 else 0.0,
             bk.LLAMACPP_PREDICTED_TPS.name: g_tok / g_s if g_s > 0 else 0.0,

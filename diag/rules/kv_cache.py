@@ -95,7 +95,7 @@ def _latency_rise(tl: Timeline, ts: np.ndarray, full: np.ndarray, room: np.ndarr
             ok = np.isfinite(vals)
             if (ok & full).sum() == 0:
                 continue
-            ref_mask, what = ok & room, "while the cache had room"
+            ref_mask, what = ok & room, "while the cache had room and nothing was preempted"
             if ref_mask.sum() < 2:
                 early = ts <= ts[0] + EARLY_SHARE * (ts[-1] - ts[0])
                 ref_mask, what = ok & early & ~full, "early in the window, before the cache filled"
@@ -134,7 +134,11 @@ def kv_cache_saturation(tl: Timeline, ac: AnalysisContext | None = None) -> Find
         evidence.append(Evidence("preemptions while the cache is full (mean rate)", round(pre_full, 3), "/s", t0, t1))
     if np.isfinite(cap_full):
         evidence.append(Evidence("requests waiting for KV capacity while full (max)", cap_full, "requests", t0, t1))
-    rise = _latency_rise(tl, ts, full, room)
+    # The reference: samples with room and no KV pressure at all. A cache that swings between full and partly
+    # freed (sequences finishing, preempted ones leaving) has room at moments of the saturated stretch too, and
+    # latency then is the saturation's, not the calm's.
+    pressure = (np.nan_to_num(preempt, nan=0.0) > 0) | (np.nan_to_num(capacity, nan=0.0) > 0)
+    rise = _latency_rise(tl, ts, full, room & ~pressure)
     if rise is not None:
         evidence.append(Evidence(f"{rise.name} while full vs {rise.ref_what} (median)",
                                  f"{rise.full:.3g} vs {rise.ref:.3g}", "s", t0, t1,

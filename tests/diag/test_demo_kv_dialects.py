@@ -68,7 +68,6 @@ def test_each_dialect_exports_declared_families_only_and_parses() -> None:
     for dialect in ("vllm", "tgi", "llamacpp"):
         m = DialectMetrics(dialect, "demo", KvBudget(4096), max_prompt_tokens=256, max_output_tokens=64)
         m.arrived()
-        m.started()
         m.finished(Served(10, 5, 0.1, 0.2, 0.5, 0.4, 0.1, 0.3))
         text = m.render()
         declared = {f.base for f in bk.families_of(dialect)}  # type: ignore[arg-type]
