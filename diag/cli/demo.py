@@ -55,7 +55,7 @@ def _checked_serve_options(o: dict[str, Any]) -> dict[str, Any]:
     if out["metrics_dialect"] != "llmdiag" and o["workers"] != 1:
         raise opts.OptionError(f"--metrics-dialect {out['metrics_dialect']}: needs --workers 1 (an engine's /metrics is "
                                "one process's state); use --workers 1")  # fmt: skip
-    opts.number("--kv-cache-tokens", o["kv_cache_tokens"], low=0, meaning="tokens; 0 = room for a full batch",
+    opts.number("--kv-cache-tokens", o["kv_cache_tokens"], low=0, meaning="tokens; 0 = none enforced",
                 examples=("4096", "16384"))  # fmt: skip
     longest = o["max_prompt_tokens"] + o["max_output_tokens"] + 16
     if o["kv_cache_tokens"] and (o["max_prompt_tokens"] == 0 or o["kv_cache_tokens"] < longest):
@@ -175,8 +175,8 @@ def serve(
         int,
         typer.Option(
             help="KV-cache budget in tokens (16-token blocks): a request is admitted when its prompt's blocks are free; "
-            "a running sequence that cannot grow is preempted and recomputed later (vLLM's policy). 0 = room for a "
-            "full batch."
+            "a running sequence that cannot grow is preempted and recomputed later (vLLM's policy). 0 = none enforced "
+            "(usage reported against room for a full batch)."
         ),
     ] = 0,
     log_level: Annotated[

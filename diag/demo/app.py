@@ -157,6 +157,7 @@ def create_app(settings: DemoSettings, tracker: RequestTracker | None = None) ->
             on_batch=tracker.record_batch,  # llm-diag: one BatchStats per formed batch
             on_routing=tracker.record_routing,  # llm-diag: real per-expert token counts
             kv=kv,
+            kv_enforced=settings.kv_cache_tokens > 0,  # the default budget only reports usage
         )
         batcher.start()
         parts["registry"], parts["batcher"] = registry, batcher

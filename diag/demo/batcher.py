@@ -118,6 +118,7 @@ class Batcher:
         on_batch: Callable[..., Any] | None = None,
         on_routing: Callable[..., Any] | None = None,
         kv: KvBudget | None = None,
+        kv_enforced: bool = True,
     ) -> None:
         if mode not in BATCHING_MODES:
             raise ValueError(f"batching mode must be one of {BATCHING_MODES}")
@@ -132,7 +133,10 @@ class Batcher:
         self.capacity_factor = capacity_factor
         self._on_batch = on_batch
         self._on_routing = on_routing
-        self.kv = kv  # None: no KV budget (the model's caches are bounded by memory alone)
+        self.kv = kv  # None: no KV accounting (the model's caches are bounded by memory alone)
+        # False: blocks are counted (usage reported) but neither admission nor preemption applies them -- the
+        # default budget, so the scenarios that do not ask for one batch exactly as without it.
+        self.kv_enforced = kv_enforced
         self._queue: collections.deque[_Job] = collections.deque()
         self._cond = threading.Condition()
         self._stop = False
@@ -205,7 +209,7 @@ class Batcher:
                     break  # over budget: it opens the next batch (a lone oversized job still runs, alone)
                 # KV admission (vLLM's): the prompt's blocks, plus the slot of its next token, must be free.
                 need = blocks_for(job.tokens + 1)
-                if self.kv is not None and blocks + need > self.kv.total_blocks:
+                if self.kv is not None and self.kv_enforced and blocks + need > self.kv.total_blocks:
                     if not batch:  # more than the whole cache: it could never run (the settings refuse such limits)
                         self._queue.popleft()
                         job.resolve(ValueError(f"the prompt needs {need} KV blocks; the cache has {self.kv.total_blocks}"))
@@ -327,7 +331,7 @@ class Batcher:
             return live
         need = [blocks_for(j.seq.cache.length + len(j.seq.pending)) if j.seq is not None else 0 for j in live]
         kept = list(live)
-        while len(kept) > 1 and sum(need) > self.kv.total_blocks:
+        while self.kv_enforced and len(kept) > 1 and sum(need) > self.kv.total_blocks:
             victim = kept.pop()
             need.pop()
             self._requeue(victim)

@@ -52,7 +52,8 @@ class DemoSettings:
     # then the server is *uninstrumented*: no tracker families, no flight recorder, only the engine's /metrics.
     metrics_dialect: str = OURS
     # The KV cache's budget in tokens (vLLM's blocks x block size): admission by free blocks, preemption by
-    # recompute when a running sequence cannot grow. 0 = room for a full batch of the longest requests.
+    # recompute when a running sequence cannot grow. 0 = no budget enforced: usage is reported against room for
+    # a full batch of the longest requests, and batches form exactly as without a budget.
     kv_cache_tokens: int = 0
 
     def __post_init__(self) -> None:

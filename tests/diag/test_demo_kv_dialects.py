@@ -112,3 +112,11 @@ def test_the_server_speaks_the_dialect_from_its_live_state(tmp_path: Path, diale
         assert sum(v for _, v in samples["vllm:num_preemptions_total"]) > 0  # 8 x (150 + 120) tokens > 800
         assert all(lab == {"model_name": "demo", "engine": "0"} for lab, _ in samples["vllm:kv_cache_usage_perc"])
     assert not (tmp_path / "rec.db").exists()  # no flight recorder of ours either
+
+
+def test_an_unenforced_budget_counts_blocks_but_never_preempts(weights: object) -> None:
+    """The default (no --kv-cache-tokens): usage is reported, batches form exactly as without a budget."""
+    kv = KvBudget(20 * BLOCK_TOKENS)
+    jobs = [([1 + i, 2, 3] * 13 + [7], 60) for i in range(8)]
+    done = _run(Batcher(lambda: weights, mode="requests", max_batch_requests=8, kv=kv, kv_enforced=False), jobs)  # type: ignore[arg-type, return-value]
+    assert kv.preemptions == 0 and len(done) == 8
