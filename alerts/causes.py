@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from alerts.links import PanelRef
+from collectors import backends as bk
 from collectors import catalog as cat
 from dashboards.definitions import UIDS
 from diag.rules import levels
@@ -72,6 +73,12 @@ REFAULT = cat.CGROUP_STAT_COUNTERS["workingset_refault_file"].name
 QWAIT = cat.REQUEST_QUEUE_WAIT.name
 INFER = cat.REQUEST_INFERENCE.name
 CG = 'cgroup="/system.slice/llm.service"'
+VLLM = 'job="llm-backend", instance="host-a:8000"'
+KV_USAGE, PREEMPTIONS, WAITING_BY = bk.VLLM_KV_USAGE.name, bk.VLLM_PREEMPTIONS.name, bk.VLLM_WAITING_BY_REASON.name
+ENGINE = ("job", "instance", "model_name")  # one vLLM engine: its target and the model it serves
+# Preemptions matched per target: one engine per scraped target, and a scrape that kept only some labels of the
+# counter (the agent's --scrape sums the ones no signal selects on) still matches its usage gauge.
+TARGET = ("job", "instance")
 HOST_VARS = ("job", "instance")  # the agent's alerts: one target
 APP_VARS = ("job", "model")  # the service's alerts, summed over its instances
 REFUSED = '{reason=~"queue_full|queue_timeout"}'  # refusals of the queue (memory refusals have their own alert)
@@ -187,6 +194,29 @@ CAUSES: tuple[Cause, ...] = (
             {"model": "m1", "job": "llm-api"},
         ),
         PanelRef(UIDS["latency"], "Mean phases (stacked)", APP_VARS),
+    ),
+    Cause(
+        "LLMDiagKVCacheSaturated",
+        "kv_cache_saturation",
+        "ticket",
+        "preemptions show as latency first, which the TTFT and latency SLOs page on; this names the cause",
+        f"(max by ({', '.join(ENGINE)}) ({KV_USAGE}) >= {_num(levels.KV_CEILING)})\nand on ({', '.join(TARGET)})\n(\n"
+        f"  sum by ({', '.join(TARGET)}) ({_rate(PREEMPTIONS)}) >= {_num(levels.PREEMPTIONS_UP)}\n  or\n"
+        f'  max by ({", ".join(TARGET)}) ({WAITING_BY}{{reason="capacity"}}) > 0\n)',
+        "2m",
+        f"{{{{ $labels.model_name }}}} on {{{{ $labels.instance }}}}: the KV cache is >= {levels.KV_CEILING:.0%} full and "
+        f"the engine preempts (>= {_num(levels.PREEMPTIONS_UP)}/s) or holds requests for KV capacity: lower max_num_seqs "
+        "/ max_num_batched_tokens",
+        CauseExample(
+            (
+                (f'{KV_USAGE}{{model_name="m1", engine="0", {VLLM}}}', "0.5x10 0.99x20"),
+                (f'{PREEMPTIONS}{{model_name="m1", engine="0", {VLLM}}}', "0x10 0+30x20"),
+            ),
+            "8m",
+            "18m",
+            {"model_name": "m1", "job": "llm-backend", "instance": "host-a:8000"},
+        ),
+        PanelRef(UIDS["latency"], "Queue depth vs active inferences", HOST_VARS),
     ),
     Cause(
         "LLMDiagRequestsRefused",

@@ -17,6 +17,12 @@ It prints the confusion matrix (rows: expected class, columns: verdict), per-cla
 top-1 accuracy, the incidents claimed on healthy views, and every case where the verdict was ``healthy``
 while a finding had confidence >= 0.3 (the invariant; must be 0). It asserts nothing.
 
+``--dialects vllm,tgi,llamacpp`` runs each scenario with the reference backend speaking that engine's /metrics,
+uninstrumented (no tracker rows), the agent scraping it (``diag demo --scenario NAME --dialect D``); such a
+run is judged in the ``recorded`` view only (it has no tracker records to take away), and the report adds
+one confusion matrix per dialect (``llmdiag``: the tracker; a scenario's own default, e.g. ``kv-saturation``'s
+vLLM, when no dialect is asked).
+
 Runs are cached: with ``--save DIR`` each run's records go to ``DIR/<scenario>__<variant>__s<seed>.jsonl.gz``
 and a later invocation with the same ``--save`` reuses them instead of re-running (resumable: stop it any
 time). ``--replay DIR`` judges only what is saved; ``--fixtures`` judges the repository's recorded fixtures
@@ -27,6 +33,7 @@ time). ``--replay DIR`` judges only what is saved; ``--fixtures`` judges the rep
     .venv/bin/python bench/accuracy.py --replay /tmp/acc                   # the rules only, on the saved runs
     .venv/bin/python bench/accuracy.py --fixtures                          # the committed fixtures only
     .venv/bin/python bench/accuracy.py --fixtures --replay /tmp/acc        # both, in one matrix
+    .venv/bin/python bench/accuracy.py --dialects vllm,tgi,llamacpp --variants defaults --save /tmp/acc-d
 """
 
 from __future__ import annotations
@@ -109,6 +116,8 @@ def _window(records: list[dict[str, Any]], t0: float, t1: float) -> list[dict[st
 
 def views(name: str, expected: str, records: list[dict[str, Any]]) -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
     yield "recorded", expected, records
+    if not any(r["kind"] in TRACKER_KINDS for r in records):
+        return  # an engine's dialect, uninstrumented already: no other view to take
     if name in AGENT_VISIBLE:
         bare = _uninstrumented(records)
         yield "uninstrumented", expected, bare
@@ -135,7 +144,10 @@ def judge(meta: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str,
     expected_class = SCENARIOS[name].expected if name in SCENARIOS else REPLAYS[name].expected
     for view, expected, recs in views(name, expected_class, records):
         tl = timeline_from_records(recs, source=f"{name}:{view}")
-        problems = check_signals(name, tl)[0] if view == "recorded" and name in SCENARIOS else []
+        # The signature checks read the tracker's request rows; uninstrumented runs have none (kv-saturation's
+        # check reads the engine's own series).
+        checkable = view == "recorded" and name in SCENARIOS and (len(tl.requests) > 0 or name == "kv-saturation")
+        problems = check_signals(name, tl)[0] if checkable else []
         t0 = time.monotonic()
         analysis = analyze(tl)
         out.append({
@@ -150,11 +162,19 @@ def judge(meta: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str,
 # --------------------------------------------------------------------------- runs (cached)
 
 
-def _cache_name(name: str, variant: int, seed: int) -> str:
-    return f"{name}__v{variant}__s{seed}.jsonl.gz"
+def _cache_name(name: str, variant: int, seed: int, dialect: str | None = None) -> str:
+    return f"{name}__v{variant}__s{seed}" + (f"__d{dialect}" if dialect else "") + ".jsonl.gz"
 
 
-def run_live(names: list[str], seeds: list[int], variants: str, save: Path, weights_dir: Path | None) -> list[dict[str, Any]]:
+def _dialect_of(name: str, dialect: str | None) -> str:
+    from diag.demo.scenarios.library import SCENARIOS
+
+    default = SCENARIOS[name].defaults.get("dialect", "llmdiag") if name in SCENARIOS else "llmdiag"
+    return dialect or str(default)
+
+
+def run_live(names: list[str], seeds: list[int], variants: str, save: Path, weights_dir: Path | None,
+             dialects: list[str | None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     from diag.demo.scenarios.recording import read_jsonl_gz
     from diag.demo.scenarios.runner import run_scenario
 
@@ -162,16 +182,17 @@ def run_live(names: list[str], seeds: list[int], variants: str, save: Path, weig
     plan = []
     for name in names:
         sets = [{}] + (VARIANTS.get(name, []) if variants == "all" else [])
-        plan += [(name, vi, params, seed) for vi, params in enumerate(sets) for seed in seeds]
+        plan += [(name, vi, params, seed, d) for d in (dialects or [None]) for vi, params in enumerate(sets) for seed in seeds]
     results: list[dict[str, Any]] = []
-    for i, (name, vi, params, seed) in enumerate(plan, 1):
-        path = save / _cache_name(name, vi, seed)
-        meta = {"name": name, "params": _label(params), "seed": seed}
+    for i, (name, vi, params, seed, dialect) in enumerate(plan, 1):
+        path = save / _cache_name(name, vi, seed, dialect)
+        meta = {"name": name, "params": _label(params), "seed": seed, "dialect": _dialect_of(name, dialect)}
         if not path.exists():
             print(f"[{i}/{len(plan)}] {name} seed {seed} ({meta['params']}): running", file=sys.stderr, flush=True)
             t0 = time.monotonic()
             try:
-                run_scenario(name, seed=seed, params=params, weights_dir=weights_dir, fixture=path, progress=lambda m: None)
+                run_scenario(name, seed=seed, params=params, weights_dir=weights_dir, fixture=path, progress=lambda m: None,
+                             dialect=dialect)  # fmt: skip
             except Exception as exc:  # a run that breaks is a data point, not the end of the bench
                 traceback.print_exc()
                 path.unlink(missing_ok=True)
@@ -205,7 +226,12 @@ def run_fixtures() -> list[dict[str, Any]]:
 
     results = []
     for path in sorted((REPO / "tests" / "fixtures" / "scenarios").glob("*.jsonl.gz")):
-        results += judge({"name": path.name.split(".")[0], "params": "defaults", "seed": 0}, read_jsonl_gz(path))
+        name = path.name.split(".")[0]
+        results += judge({"name": name, "params": "defaults", "seed": 0, "dialect": _dialect_of(name, None)},
+                         read_jsonl_gz(path))  # fmt: skip
+    for path in sorted((REPO / "tests" / "fixtures" / "dialects").glob("*.jsonl.gz")):
+        name, _, dialect = path.name.split(".")[0].rpartition("-")
+        results += judge({"name": name, "params": "defaults", "seed": 0, "dialect": dialect}, read_jsonl_gz(path))
     return results
 
 
@@ -213,6 +239,16 @@ def run_fixtures() -> list[dict[str, Any]]:
 
 
 def report(runs: list[dict[str, Any]]) -> None:
+    dialects = sorted({str(r.get("dialect", "llmdiag")) for r in runs})
+    if len(dialects) > 1:
+        for d in dialects:
+            print(f"\n=== dialect {d} ===")
+            _report([r for r in runs if str(r.get("dialect", "llmdiag")) == d])
+        print("\n=== all dialects ===")
+    _report(runs)
+
+
+def _report(runs: list[dict[str, Any]]) -> None:
     classes = sorted({r["expected"] for r in runs} | {r["primary"] for r in runs})
     matrix: dict[str, Counter[str]] = defaultdict(Counter)
     for r in runs:
@@ -262,6 +298,8 @@ def main() -> None:
     ap.add_argument("--fixtures", action="store_true", help="judge the repository's recorded fixtures, run nothing")
     ap.add_argument("--weights-dir", type=Path, help="checkpoint cache (default: the user cache dir)")
     ap.add_argument("--json", type=Path, help="also write the judged views as JSON here")
+    ap.add_argument("--dialects", default="", help="comma-separated: llmdiag, vllm, tgi, llamacpp (default: each "
+                    "scenario's own)")  # fmt: skip
     args = ap.parse_args()
     from diag.demo.scenarios import SCENARIO_NAMES
 
@@ -277,7 +315,8 @@ def main() -> None:
         names = [n for n in args.scenarios.split(",") if n] or list(SCENARIO_NAMES)
         seeds = [int(s) for s in args.seeds.split(",") if s]
         save = args.save or Path(".accuracy-runs")
-        runs = run_live(names, seeds, args.variants, save, args.weights_dir)
+        dialects: list[str | None] = [d for d in args.dialects.split(",") if d] or [None]
+        runs = run_live(names, seeds, args.variants, save, args.weights_dir, dialects)
     if args.json:
         args.json.write_text(json.dumps(runs, indent=2, default=str))
     report(runs)

@@ -41,6 +41,7 @@ def _checked_serve_options(o: dict[str, Any]) -> dict[str, Any]:
     what it accepts; returns the normalised choices. The paths are checked last."""
     from diag.cli import options as opts
     from diag.demo.batcher import BATCHING_MODES
+    from diag.demo.dialects import DIALECTS
     from diag.demo.weights import PRELOAD_MODES, REFRESH_MODES
 
     out = {
@@ -49,7 +50,17 @@ def _checked_serve_options(o: dict[str, Any]) -> dict[str, Any]:
         "batching": opts.choice("--batching", o["batching"], BATCHING_MODES),
         "log_level": opts.choice("--log-level", o["log_level"], LOG_LEVELS),
         "host": opts.host("--host", o["host"]),
+        "metrics_dialect": opts.choice("--metrics-dialect", o["metrics_dialect"], DIALECTS),
     }
+    if out["metrics_dialect"] != "llmdiag" and o["workers"] != 1:
+        raise opts.OptionError(f"--metrics-dialect {out['metrics_dialect']}: needs --workers 1 (an engine's /metrics is "
+                               "one process's state); use --workers 1")  # fmt: skip
+    opts.number("--kv-cache-tokens", o["kv_cache_tokens"], low=0, meaning="tokens; 0 = none enforced",
+                examples=("4096", "16384"))  # fmt: skip
+    longest = o["max_prompt_tokens"] + o["max_output_tokens"] + 16
+    if o["kv_cache_tokens"] and (o["max_prompt_tokens"] == 0 or o["kv_cache_tokens"] < longest):
+        raise opts.OptionError(f"--kv-cache-tokens {o['kv_cache_tokens']}: must hold one request of a bounded "
+                               f"--max-prompt-tokens + --max-output-tokens + a block; use at least {longest}")  # fmt: skip
     opts.number("--max-concurrency", o["max_concurrency"], low=0, meaning="slots per worker; 0 = unlimited",
                 examples=("4", "1"))  # fmt: skip
     opts.number("--queue-size", o["queue_size"], low=-1, meaning="waiting requests per worker; -1 = unbounded",
@@ -152,6 +163,22 @@ def serve(
         ),
     ] = 0,
     threads: Annotated[int, typer.Option(min=1, help="BLAS/OpenMP threads per worker.")] = 1,
+    metrics_dialect: Annotated[
+        str,
+        typer.Option(
+            help="The /metrics the server speaks: llmdiag (the tracker's families and flight recorder), or vllm, tgi, "
+            "llamacpp: that engine's families from the server's live state, uninstrumented (no tracker families, no "
+            "recorder). Engines' dialects need --workers 1."
+        ),
+    ] = "llmdiag",
+    kv_cache_tokens: Annotated[
+        int,
+        typer.Option(
+            help="KV-cache budget in tokens (16-token blocks): a request is admitted when its prompt's blocks are free; "
+            "a running sequence that cannot grow is preempted and recomputed later (vLLM's policy). 0 = none enforced "
+            "(usage reported against room for a full batch)."
+        ),
+    ] = 0,
     log_level: Annotated[
         str, typer.Option(help=f"uvicorn log level: {', '.join(LOG_LEVELS)}. Prompts and completions are never logged.")
     ] = "info",
@@ -191,6 +218,8 @@ def serve(
             psi_guard=_none_if_zero(psi_guard),
             recorder=None if no_recorder else (recorder or ""),
             leak_kib_per_request=leak_kib_per_request,
+            metrics_dialect=checked["metrics_dialect"],
+            kv_cache_tokens=kv_cache_tokens,
         )
         config = ModelConfig.for_budget(weights_mb, experts=experts, top_k=top_k, seed=seed)
     except ValueError as exc:
@@ -211,7 +240,8 @@ def serve(
 
 SCENARIO_HELP = (
     "Reproduce an incident for real and analyse it: NAME is one of healthy, leak, pressure, queue, thrash, "
-    "duplicate-models, loader-refresh, moe-skew, request-count-batching, oversized-context, noisy-neighbour, host-oom."
+    "duplicate-models, loader-refresh, moe-skew, request-count-batching, oversized-context, noisy-neighbour, host-oom, "
+    "kv-saturation."
 )
 
 
@@ -234,6 +264,13 @@ def demo_group(
     ] = None,
     weights_dir: Annotated[Path | None, typer.Option(help="Checkpoint cache (default: the user cache dir).")] = None,
     list_: Annotated[bool, typer.Option("--list", help="List the scenarios, what they inject and their parameters.")] = False,
+    dialect: Annotated[
+        str | None,
+        typer.Option(
+            help="Serve an engine's /metrics (vllm, tgi, llamacpp) uninstrumented and record them with the agent's "
+            "scrape, or llmdiag (the tracker). Default: the scenario's own (llmdiag, vllm for kv-saturation)."
+        ),
+    ] = None,
 ) -> None:
     """The reference LLM backend (`serve`), and real incident scenarios on it (`--scenario NAME`).
 
@@ -267,11 +304,12 @@ def demo_group(
             return
     except opts.OptionError as exc:
         raise _fail(str(exc)) from None
-    raise typer.Exit(_run_scenario(scenario, as_json, seed, keep_recorder, export, param or [], weights_dir))
+    raise typer.Exit(_run_scenario(scenario, as_json, seed, keep_recorder, export, param or [], weights_dir, dialect))
 
 
 # The scenario options (flag -> parameter): refused where they cannot apply, not ignored.
 _SCENARIO_OPTIONS = {
+    "--dialect": "dialect",
     "--json": "as_json",
     "--seed": "seed",
     "--keep-recorder": "keep_recorder",
@@ -361,6 +399,7 @@ def _run_scenario(
     export: Path | None,
     params: list[str],
     weights_dir: Path | None,
+    dialect: str | None = None,
 ) -> int:
     import json
     import sys
@@ -379,6 +418,10 @@ def _run_scenario(
                 opts.writable_file_path(option, path, example)
         if weights_dir is not None:
             opts.folder_path("--weights-dir", weights_dir)
+        if dialect is not None:
+            from diag.demo.dialects import DIALECTS
+
+            dialect = opts.choice("--dialect", dialect, DIALECTS)
         overrides = _parse_params(params, SCENARIOS[name].defaults)
         SCENARIOS[name].params(overrides)
     except ValueError as exc:  # OptionError, or a parameter the scenario refuses
@@ -386,7 +429,13 @@ def _run_scenario(
         return 2
     try:
         result = run_scenario(
-            name, seed=seed, params=overrides, weights_dir=weights_dir, keep_recorder=keep_recorder, fixture=export
+            name,
+            seed=seed,
+            params=overrides,
+            weights_dir=weights_dir,
+            keep_recorder=keep_recorder,
+            fixture=export,
+            dialect=dialect,
         )
     except CgroupUnavailable as exc:
         typer.secho(f"diag: {exc}", err=True, fg=typer.colors.RED)

@@ -37,7 +37,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from collectors.records import ServiceConfig
@@ -45,6 +45,8 @@ from collectors.tracking import AdmissionConfig, RequestTracker, instrument_fast
 from collectors.tracking.metrics import mark_own_process_dead
 from collectors.tracking.spans import otlp_endpoint_configured
 from diag.demo.batcher import Batcher
+from diag.demo.dialects import OURS, DialectMetrics, Served
+from diag.demo.kvcache import KvBudget
 from diag.demo.model import ByteTokenizer
 from diag.demo.settings import DemoSettings
 from diag.demo.weights import WeightRegistry
@@ -70,7 +72,8 @@ def build_tracker(settings: DemoSettings) -> RequestTracker:
         memory_high_watermark=settings.memory_guard,
         psi_memory_some_avg10=settings.psi_guard,
     )
-    recorder: Any = False if settings.recorder is None else (settings.recorder or None)
+    uninstrumented = settings.metrics_dialect != OURS  # an engine's /metrics only: nothing of ours is recorded
+    recorder: Any = False if settings.recorder is None or uninstrumented else (settings.recorder or None)
     # Spans only when someone collects them: without an OTLP endpoint they would be no-ops anyway.
     ratio = 1.0 if otlp_endpoint_configured() else 0.0
     return RequestTracker(model=settings.model_name, recorder=recorder, admission=admission, span_sample_ratio=ratio)
@@ -125,6 +128,13 @@ def create_app(settings: DemoSettings, tracker: RequestTracker | None = None) ->
     tokenizer = ByteTokenizer()
     parts: dict[str, Any] = {}
     leak = _Leak(settings.leak_kib_per_request)
+    kv = KvBudget(settings.kv_tokens)
+    dialect = None
+    if settings.metrics_dialect != OURS:
+        dialect = DialectMetrics(settings.metrics_dialect, settings.model_name, kv,
+                                 max_prompt_tokens=settings.max_prompt_tokens or settings.max_batch_tokens,
+                                 max_output_tokens=settings.max_output_tokens,
+                                 running=lambda: parts["batcher"].running if "batcher" in parts else 0)  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -146,6 +156,8 @@ def create_app(settings: DemoSettings, tracker: RequestTracker | None = None) ->
             capacity_factor=settings.expert_capacity_factor,
             on_batch=tracker.record_batch,  # llm-diag: one BatchStats per formed batch
             on_routing=tracker.record_routing,  # llm-diag: real per-expert token counts
+            kv=kv,
+            kv_enforced=settings.kv_cache_tokens > 0,  # the default budget only reports usage
         )
         batcher.start()
         parts["registry"], parts["batcher"] = registry, batcher
@@ -165,10 +177,47 @@ def create_app(settings: DemoSettings, tracker: RequestTracker | None = None) ->
     app.state.tracker = tracker
     app.state.parts = parts
     # llm-diag: edge arrival time, 429/503/504 handlers, /metrics (summed over workers), /healthz.
-    instrument_fastapi(app, tracker, metrics_path="/metrics", health_path="/healthz")
+    instrument_fastapi(app, tracker, metrics_path=None if dialect else "/metrics", health_path="/healthz")
+    if dialect is not None:  # the engine's own /metrics, from this worker's live state
+
+        @app.get("/metrics")
+        async def engine_metrics() -> Response:
+            return Response(dialect.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.post(ROUTE)
     async def completions(body: CompletionRequest) -> dict[str, Any]:
+        if dialect is not None:
+            return await _as_engine(body, dialect)
+        return await _serve(body)
+
+    async def _as_engine(body: CompletionRequest, metrics: DialectMetrics) -> dict[str, Any]:
+        """The request timed as the engine's own metrics time it: WAITING from arrival until first scheduled into a
+        running batch (a slot, the batch queue, free KV blocks), RUNNING from then to its last token."""
+        t = {"arrival": time.monotonic()}
+        metrics.arrived()
+
+        def first_token() -> None:
+            t.setdefault("first", time.monotonic())
+
+        def scheduled() -> None:
+            t.setdefault("start", time.monotonic())
+
+        try:
+            out = await _serve(body, on_scheduled=scheduled, on_first_token=first_token)
+        except BaseException as exc:
+            refused = getattr(exc, "status_code", None) in (429, 503) or type(exc).__name__ == "AdmissionRejected"
+            metrics.left(refused=refused and "start" not in t, failed=True)
+            raise
+        end = time.monotonic()
+        start, first = t.get("start", t["arrival"]), t.get("first", end)
+        metrics.finished(Served(
+            prompt_tokens=out["usage"]["prompt_tokens"], output_tokens=out["usage"]["completion_tokens"],
+            queue_s=start - t["arrival"], ttft_s=first - t["arrival"], e2e_s=end - t["arrival"],
+            inference_s=end - start, prefill_s=first - start, decode_s=end - first,
+        ))  # fmt: skip
+        return out
+
+    async def _serve(body: CompletionRequest, on_scheduled: Any = None, on_first_token: Any = None) -> dict[str, Any]:
         registry: WeightRegistry = parts["registry"]
         batcher: Batcher = parts["batcher"]
         async with tracker.request(route=ROUTE) as req:  # llm-diag: everything the request does, inside
@@ -181,7 +230,13 @@ def create_app(settings: DemoSettings, tracker: RequestTracker | None = None) ->
             registry.for_request()  # --refresh every-request: a blocking re-read right here (the bug)
             await req.acquire()  # llm-diag: the slot; AdmissionRejected -> 429/503 via the installed handler
             ids = tokenizer.encode(body.prompt)
-            done = await req.run(batcher.submit(ids, body.max_tokens, on_first_token=req.first_token))
+
+            def first() -> None:
+                req.first_token()
+                if on_first_token is not None:
+                    on_first_token()
+
+            done = await req.run(batcher.submit(ids, body.max_tokens, on_first_token=first, on_scheduled=on_scheduled))
             req.set_output_tokens(len(done.ids))
         leak.retain()  # --leak-kib-per-request: the deliberate bug (a no-op when 0)
         return {

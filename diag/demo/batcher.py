@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from diag.demo.kvcache import KvBudget, blocks_for
 from diag.demo.model import DemoModel, Sequence, StepAborted
 from diag.demo.weights import LoadedWeights
 
@@ -65,6 +66,15 @@ class _Job:
     future: asyncio.Future[Completion]
     on_first_token: Callable[[], Any] | None = None
     seq: Sequence | None = field(default=None, repr=False)
+    on_scheduled: Callable[[], Any] | None = None  # first admitted into a running batch (an engine's end of WAITING)
+    # After a preemption: the tokens generated before it (now part of ``prompt_ids``, recomputed) and the
+    # original prompt's length, so the completion is the same whether or not the job was preempted.
+    resumed: list[int] = field(default_factory=list)
+    prompt_len: int = -1
+
+    def __post_init__(self) -> None:
+        if self.prompt_len < 0:
+            self.prompt_len = len(self.prompt_ids)
 
     @property
     def tokens(self) -> int:
@@ -107,6 +117,8 @@ class Batcher:
         capacity_factor: float = 0.0,
         on_batch: Callable[..., Any] | None = None,
         on_routing: Callable[..., Any] | None = None,
+        kv: KvBudget | None = None,
+        kv_enforced: bool = True,
     ) -> None:
         if mode not in BATCHING_MODES:
             raise ValueError(f"batching mode must be one of {BATCHING_MODES}")
@@ -121,6 +133,10 @@ class Batcher:
         self.capacity_factor = capacity_factor
         self._on_batch = on_batch
         self._on_routing = on_routing
+        self.kv = kv  # None: no KV accounting (the model's caches are bounded by memory alone)
+        # False: blocks are counted (usage reported) but neither admission nor preemption applies them -- the
+        # default budget, so the scenarios that do not ask for one batch exactly as without it.
+        self.kv_enforced = kv_enforced
         self._queue: collections.deque[_Job] = collections.deque()
         self._cond = threading.Condition()
         self._stop = False
@@ -128,6 +144,7 @@ class Batcher:
         self._recent_sizes: collections.deque[int] = collections.deque(maxlen=RECENT_BATCHES)
         self._step_s = 0.0  # how long the last decode step took
         self.batches = 0
+        self.running = 0  # sequences in the running batch now (an engine's num_requests_running)
         self.aborted_steps = 0  # steps stopped early because every request in them was abandoned
 
     # ------------------------------------------------------------------ event-loop side
@@ -145,10 +162,17 @@ class Batcher:
             self._thread.join(timeout)
             self._thread = None
 
-    async def submit(self, prompt_ids: list[int], max_tokens: int, on_first_token: Callable[[], Any] | None = None) -> Completion:
+    async def submit(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        on_first_token: Callable[[], Any] | None = None,
+        on_scheduled: Callable[[], Any] | None = None,
+    ) -> Completion:
         """Queue a request and wait for its completion. Cancelling the await drops it from its batch."""
         loop = asyncio.get_running_loop()
         job = _Job(list(prompt_ids), max(1, int(max_tokens)), loop, loop.create_future(), on_first_token)
+        job.on_scheduled = on_scheduled
         with self._cond:
             if self._stop:
                 raise RuntimeError("batcher stopped")
@@ -174,6 +198,8 @@ class Batcher:
             self._wait_for_recent_size()
             batch: list[_Job] = []
             tokens = 0
+            blocks = 0
+            no_room = False
             while self._queue and len(batch) < self.max_batch_requests:
                 job = self._queue[0]
                 if job.abandoned():
@@ -181,9 +207,21 @@ class Batcher:
                     continue
                 if self.mode == "tokens" and batch and tokens + job.tokens > self.max_batch_tokens:
                     break  # over budget: it opens the next batch (a lone oversized job still runs, alone)
+                # KV admission (vLLM's): the prompt's blocks, plus the slot of its next token, must be free.
+                need = blocks_for(job.tokens + 1)
+                if self.kv is not None and self.kv_enforced and blocks + need > self.kv.total_blocks:
+                    if not batch:  # more than the whole cache: it could never run (the settings refuse such limits)
+                        self._queue.popleft()
+                        job.resolve(ValueError(f"the prompt needs {need} KV blocks; the cache has {self.kv.total_blocks}"))
+                        continue
+                    no_room = True
+                    break
                 self._queue.popleft()
                 batch.append(job)
                 tokens += job.tokens
+                blocks += need
+            if self.kv is not None:
+                self.kv.waiting_for_capacity = len(self._queue) if no_room else 0
             if batch:
                 self._recent_sizes.append(len(batch))
             return batch
@@ -229,9 +267,13 @@ class Batcher:
             capacity = np.zeros(cfg.n_layers, dtype=np.int64) if cfg.experts and self.capacity_factor > 0 else None
             for j in batch:
                 j.seq = model.new_sequence(j.prompt_ids, j.max_tokens)
+                if j.on_scheduled is not None:
+                    self._report(j.on_scheduled)
             live = list(batch)
             first = True
             while live:
+                live = self._fit_kv(live)
+                self.running = len(live)
                 step_started = time.monotonic()
                 try:
                     # A prefill whose requests all timed out (or left) stops within an attention chunk.
@@ -259,7 +301,7 @@ class Batcher:
                     if j.abandoned():
                         j.seq = None  # frees its KV cache now, not when the batch ends
                     elif j.seq.done:
-                        j.resolve(Completion(j.seq.generated, j.tokens, len(batch), sum(tokens)))
+                        j.resolve(Completion(j.resumed + j.seq.generated, j.prompt_len, len(batch), sum(tokens)))
                         j.seq = None
                     else:
                         still.append(j)
@@ -275,6 +317,44 @@ class Batcher:
             for j in batch:
                 j.seq = None
                 j.resolve(exc)
+        finally:
+            self.running = 0
+            if self.kv is not None:
+                self.kv.set_used(0)  # the batch's sequences are gone: their blocks are free
+
+    def _fit_kv(self, live: list[_Job]) -> list[_Job]:
+        """Before a step: every live sequence needs the blocks of its cached tokens and of the ones this step adds.
+        When they do not fit, the most recently admitted sequence is preempted (vLLM's recompute policy): its
+        blocks are freed and it goes back to the front of the queue with what it generated so far, to be
+        prefilled again. The first sequence is never preempted: the budget holds any one request (settings)."""
+        if self.kv is None:
+            return live
+        need = [blocks_for(j.seq.cache.length + len(j.seq.pending)) if j.seq is not None else 0 for j in live]
+        kept = list(live)
+        while self.kv_enforced and len(kept) > 1 and sum(need) > self.kv.total_blocks:
+            victim = kept.pop()
+            need.pop()
+            self._requeue(victim)
+        self.kv.set_used(sum(need))
+        return kept
+
+    def _requeue(self, victim: _Job) -> None:
+        seq, victim.seq = victim.seq, None  # frees its KV cache now
+        generated = list(seq.generated) if seq is not None else []
+        resumed = _Job(
+            victim.prompt_ids + generated,
+            max(1, victim.max_tokens - len(generated)),
+            victim.loop,
+            victim.future,
+            None if generated else victim.on_first_token,  # a recompute does not report a first token twice
+            resumed=victim.resumed + generated,
+            prompt_len=victim.prompt_len,
+        )
+        assert self.kv is not None
+        self.kv.preempted()
+        with self._cond:
+            self._queue.appendleft(resumed)
+            self._cond.notify()
 
     @staticmethod
     def _report(fn: Callable[..., Any] | None, *args: Any, **kwargs: Any) -> None:

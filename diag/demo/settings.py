@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 
 from diag.demo.batcher import BATCHING_MODES
+from diag.demo.dialects import DIALECTS, OURS
+from diag.demo.kvcache import BLOCK_TOKENS
 from diag.demo.weights import PRELOAD_MODES, REFRESH_MODES
 
 SETTINGS_ENV = "LLMDIAG_DEMO_SETTINGS"
@@ -46,6 +48,13 @@ class DemoSettings:
     # A deliberate bug for the leak scenario: every successful request retains this many KiB for the
     # life of the worker. 0 (the default) = off.
     leak_kib_per_request: int = 0
+    # The /metrics the server speaks: ours (the tracker's families) or an engine's (vLLM, TGI, llama.cpp) --
+    # then the server is *uninstrumented*: no tracker families, no flight recorder, only the engine's /metrics.
+    metrics_dialect: str = OURS
+    # The KV cache's budget in tokens (vLLM's blocks x block size): admission by free blocks, preemption by
+    # recompute when a running sequence cannot grow. 0 = no budget enforced: usage is reported against room for
+    # a full batch of the longest requests, and batches form exactly as without a budget.
+    kv_cache_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.preload not in PRELOAD_MODES:
@@ -66,6 +75,31 @@ class DemoSettings:
             raise ValueError("leak_kib_per_request must not be negative and workers must be positive")
         if self.refresh_ttl_s <= 0 or self.batch_wait_s < 0:
             raise ValueError("refresh_ttl_s must be positive and batch_wait_s not negative")
+        self._check_kv_and_dialect()
+
+    def _check_kv_and_dialect(self) -> None:
+        if self.metrics_dialect not in DIALECTS:
+            raise ValueError(f"metrics dialect must be one of {', '.join(DIALECTS)}, not {self.metrics_dialect!r}")
+        if self.metrics_dialect != OURS and self.workers != 1:
+            raise ValueError(f"--metrics-dialect {self.metrics_dialect} needs --workers 1: an engine's /metrics is one "
+                             "process's state, and a scrape reaches one worker")  # fmt: skip
+        if self.kv_cache_tokens < 0:
+            raise ValueError("kv_cache_tokens must not be negative (0 = room for a full batch)")
+        if self.kv_cache_tokens:
+            if self.max_prompt_tokens is None:
+                raise ValueError("a KV-cache budget needs a bounded --max-prompt-tokens (the cache must hold one request)")
+            longest = self.max_prompt_tokens + self.max_output_tokens + BLOCK_TOKENS
+            if self.kv_cache_tokens < longest:
+                raise ValueError(f"--kv-cache-tokens {self.kv_cache_tokens} cannot hold one request of --max-prompt-tokens "
+                                 f"+ --max-output-tokens (+ a block): at least {longest}")  # fmt: skip
+
+    @property
+    def kv_tokens(self) -> int:
+        """The KV budget in force: the setting, or room for a full batch of the longest requests."""
+        if self.kv_cache_tokens:
+            return self.kv_cache_tokens
+        prompt = self.max_prompt_tokens or self.max_batch_tokens
+        return self.max_batch_requests * (prompt + self.max_output_tokens + BLOCK_TOKENS)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

@@ -28,6 +28,11 @@ CLASSES: tuple[IncidentClass, ...] = (
         "Memory pressure: memory follows load and comes back; the service needs more room or less concurrency.",
     ),
     IncidentClass("queue_backlog", 0.9, "Queue backlog: requests wait for a slot while each inference stays fast."),
+    IncidentClass(
+        "kv_cache_saturation",
+        0.9,
+        "KV-cache saturation: the engine's KV cache is full, it preempts running sequences and latency climbs.",
+    ),
     IncidentClass("thrashing", 0.9, "Thrashing: the service stalls in memory reclaim/page faults and every request slows."),
     IncidentClass("duplicate_model_processes", 1.0, "Duplicate model copies: several processes each hold the model."),
     IncidentClass("blocking_loader_refresh", 1.0, "Blocking loader: the model is re-read on the request path."),

@@ -85,6 +85,10 @@ STALL_THRASHING_FIRM = 0.6  # the stall-only rule's confidence once page-ins bac
 PRESSURE_UNDER_THRASHING = 0.45  # a suspect at most: the specific class names the incident
 OOM_KILL_FIRM = 0.6  # the OOM rule's confidence once the kill is the service's own (0.7-0.85; someone else's: 0.25-0.55)
 UNDER_THE_KILL = 0.05  # pressure ranks this far under the kill: 0.55 or more, still contributing
+KV_FIRM = 0.75  # the KV rule's confidence once latency rises with the cache full and preempting
+BACKLOG_UNDER_KV = 0.45  # a suspect at most: the wait is for KV blocks, not for slots
+CUDA_OOM_FIRM = 0.6  # the GPU OOM rule's confidence for a really full device
+UNDER_THE_CUDA_OOM = 0.05
 
 PRECEDENCE: tuple[Precedence, ...] = (
     Precedence(
@@ -109,6 +113,37 @@ PRECEDENCE: tuple[Precedence, ...] = (
             "pressure that ended in an OOM kill of the service's own is an OOM incident to the person on call: the kill "
             "is what they must act on, the pressure how it got there, so it stays contributing just under the kill; "
             "a kill the OOM rule could not tie to the service changes nothing"
+        ),
+    ),
+    Precedence(
+        rule="requests.queue_backlog",
+        yields_to="kv_cache.saturation",
+        firm_at=KV_FIRM,
+        step=Ceiling(BACKLOG_UNDER_KV),
+        note="the KV cache is full and the engine preempts: the wait is for KV blocks, see the KV-cache finding",
+        why=(
+            "requests also wait when the KV cache is full, but the fixes are opposite: a backlog wants more slots, a "
+            "full cache fewer sequences (more slots compete for the same blocks); with the cache at its ceiling and "
+            "preempting, the verdict names the cache"
+        ),
+    ),
+    Precedence(
+        rule="aggregated.queue_vs_thrash",
+        yields_to="kv_cache.saturation",
+        firm_at=KV_FIRM,
+        step=Ceiling(BACKLOG_UNDER_KV),
+        note="the KV cache is full and the engine preempts: the wait is for KV blocks, see the KV-cache finding",
+        why="the same as for the per-request backlog, on aggregated histograms (the Prometheus and --scrape paths)",
+    ),
+    Precedence(
+        rule="kv_cache.saturation",
+        yields_to="oom.gpu",
+        firm_at=CUDA_OOM_FIRM,
+        step=JustUnder(UNDER_THE_CUDA_OOM),
+        note="CUDA allocations failed in this window: see the GPU OOM finding (a full cache is how it got there)",
+        why=(
+            "a full KV cache is the engine managing a fixed budget; a CUDA OOM is an allocation that failed -- requests "
+            "lost now, which the person on call must act on first"
         ),
     ),
 )

@@ -20,7 +20,16 @@ from diag.timeline import Timeline, timeline_from_records
 SCENARIOS = Path(__file__).resolve().parents[1] / "fixtures" / "scenarios"
 STALL_NOTE = "sustained full stalls with page-ins (refaults, faults or swap): see the thrashing finding"
 OOM_NOTE = "the kernel OOM-killed in this window: see the OOM finding (pressure is how it got there)"
-CLASS_OF = {"memory.pressure": "memory_pressure", "stalls.thrashing": "thrashing", "oom.host": "host_oom"}
+CLASS_OF = {
+    "memory.pressure": "memory_pressure",
+    "stalls.thrashing": "thrashing",
+    "oom.host": "host_oom",
+    "requests.queue_backlog": "queue_backlog",
+    "aggregated.queue_vs_thrash": "queue_backlog",
+    "kv_cache.saturation": "kv_cache_saturation",
+    "oom.gpu": "gpu_oom",
+}
+KV_NOTE = "the KV cache is full and the engine preempts: the wait is for KV blocks, see the KV-cache finding"
 
 
 def _findings(**confidence: float) -> dict[str, Finding]:
@@ -64,7 +73,38 @@ def test_pressure_ranks_just_under_a_firm_oom_kill_of_its_own() -> None:
         assert apply_precedence(theirs) == [] and theirs["memory.pressure"].confidence == 0.9
 
 
+def _found(**by_rule: float) -> dict[str, Finding]:
+    """Findings by dotted rule id (rule ids with underscores in their second part)."""
+    return {rule_id: Finding(CLASS_OF[rule_id], rule_id, conf, f"{rule_id} summary") for rule_id, conf in by_rule.items()}
+
+
+def test_backlog_gives_way_to_a_firm_kv_saturation() -> None:
+    found = _found(**{"requests.queue_backlog": 0.8, "kv_cache.saturation": 0.8})
+    apply_precedence(found)
+    backlog = found["requests.queue_backlog"]
+    assert backlog.confidence == 0.45 and backlog.summary.endswith(f"; {KV_NOTE}")
+    # A KV suspect (latency flat, or no latency data) leaves the backlog as it is.
+    weak = _found(**{"requests.queue_backlog": 0.8, "kv_cache.saturation": 0.45})
+    assert apply_precedence(weak) == [] and weak["requests.queue_backlog"].confidence == 0.8
+
+
+def test_aggregated_backlog_gives_way_to_a_firm_kv_saturation() -> None:
+    found = _found(**{"aggregated.queue_vs_thrash": 0.7, "kv_cache.saturation": 0.75})
+    apply_precedence(found)
+    assert found["aggregated.queue_vs_thrash"].confidence == 0.45
+
+
+def test_kv_saturation_ranks_just_under_a_cuda_oom() -> None:
+    found = _found(**{"kv_cache.saturation": 0.8, "oom.gpu": 0.7})
+    apply_precedence(found)
+    kv = found["kv_cache.saturation"]
+    assert kv.confidence == pytest.approx(0.65) and "CUDA allocations failed" in kv.summary
+
+
 ENTRY_TESTS = {
+    ("requests.queue_backlog", "kv_cache.saturation"): test_backlog_gives_way_to_a_firm_kv_saturation,
+    ("aggregated.queue_vs_thrash", "kv_cache.saturation"): test_aggregated_backlog_gives_way_to_a_firm_kv_saturation,
+    ("kv_cache.saturation", "oom.gpu"): test_kv_saturation_ranks_just_under_a_cuda_oom,
     ("memory.pressure", "stalls.thrashing"): test_pressure_gives_way_to_stall_thrashing_with_page_ins,
     ("memory.pressure", "oom.host"): test_pressure_ranks_just_under_a_firm_oom_kill_of_its_own,
 }

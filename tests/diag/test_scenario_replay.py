@@ -41,7 +41,10 @@ def test_every_scenario_has_a_small_fixture() -> None:
 def test_replayed_fixture_keeps_its_signature_and_verdict(name: str) -> None:
     records = _load(name)
     kinds = {r["kind"] for r in records}
-    assert {"host", "cgroup", "process", "request", "config"} <= kinds  # agent and tracker both recorded
+    if SCENARIOS[name].defaults.get("dialect", "llmdiag") == "llmdiag":
+        assert {"host", "cgroup", "process", "request", "config"} <= kinds  # agent and tracker both recorded
+    else:  # an uninstrumented engine: the agent's samples and its scrapes of the engine's /metrics, no tracker
+        assert {"host", "cgroup", "process", "backend"} <= kinds and not kinds & {"request", "config"}
     timeline = timeline_from_records(records, source=f"fixture:{name}")
     problems, summary = check_signals(name, timeline)  # weights size and workers from the config records
     assert problems == [], summary  # the recorded fault is what the scenario promises

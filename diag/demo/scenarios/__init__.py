@@ -27,6 +27,7 @@ SCENARIO_NAMES: tuple[str, ...] = (
     "noisy-neighbour",
     "host-oom",
     "unsafe-config",
+    "kv-saturation",
 )
 
 EXIT_NO_CGROUPS = 3  # the scenario needs memory cgroups this host cannot give

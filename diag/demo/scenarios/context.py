@@ -56,6 +56,9 @@ class ScenarioContext:
     loads: list[LoadReport] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)
     extra_pids: set[int] = field(default_factory=set)
+    # The /metrics the servers speak: ours (the tracker, recording request rows) or an engine's (vllm, tgi,
+    # llamacpp): then the servers run uninstrumented, one worker each, and the agent scrapes their /metrics.
+    dialect: str = "llmdiag"
 
     @property
     def groups(self) -> list[MemoryGroup]:
@@ -100,6 +103,9 @@ class ScenarioContext:
         self.notes["weights_bytes"] = path.stat().st_size
         self.notes["workers"] = workers
         flags = list(args)
+        if self.dialect != "llmdiag":
+            flags += ["--metrics-dialect", self.dialect]
+            workers = 1  # an engine's /metrics is one process's state
         if experts:
             flags += ["--experts", str(experts), "--top-k", str(top_k)]
         # glibc hands freed buffers of >= 128 KiB back to the kernel at once with a fixed mmap threshold
@@ -129,7 +135,10 @@ class ScenarioContext:
         """Start the host agent watching every group created so far (and the servers' PIDs)."""
         if self.agent is None:
             pids = sorted(self.extra_pids)
-            self.agent = AgentThread(self.recorder, cgroups=[g.path for g in self.groups], pids=pids, interval_s=interval_s)
+            scrape = [f"{s.url}/metrics" for s in self.servers] if self.dialect != "llmdiag" else []
+            self.agent = AgentThread(
+                self.recorder, cgroups=[g.path for g in self.groups], pids=pids, interval_s=interval_s, scrape=scrape
+            )
             self.agent.start()
             self.progress(f"agent recording every {interval_s:g} s to {self.recorder}")
         return self.agent

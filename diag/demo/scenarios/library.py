@@ -463,5 +463,44 @@ def duplicate_models(ctx: ScenarioContext, p: dict[str, Any]) -> None:
     ctx.load(server, [Phase("steady", p["duration_s"], 8, _normal_traffic(p), rate=p["rate"])])
 
 
+# --------------------------------------------------------------------------- the engine's KV cache
+
+
+@scenario(
+    "kv-saturation",
+    "kv_cache_saturation",
+    "a vLLM-speaking server with a small KV budget: long generations fill it, running sequences are preempted and "
+    "recomputed, latency climbs",
+    needs_cgroups=False,
+    limit_mib=1024,
+    weights_mb=64,
+    dialect="vllm",
+    kv_tokens=1600,
+    calm_s=12.0,
+    busy_s=30.0,
+    clients=12,
+)
+def kv_saturation(ctx: ScenarioContext, p: dict[str, Any]) -> None:
+    """Signals (the engine's own /metrics, scraped by the agent): KV usage under 80 % in the calm phase and at
+    its ceiling in the busy one, preemptions at several per second, TTFT and queue time rising; PSI ~0, memory
+    flat (the cache is the engine's fixed budget, not the host's memory).
+
+    The budget (1600 tokens = 100 blocks) admits about seven 200-token prompts; each then generates up to 200
+    tokens (25 blocks a sequence at the end), so the batch outgrows the cache within a few dozen steps and the
+    most recently admitted sequences are preempted, to be recomputed in a later batch."""
+    group = ctx.group("service", p["limit_mib"] * MiB, required=False)
+    args = ["--preload", "shared", "--max-concurrency", "16", "--queue-size", "256", "--queue-timeout", "60",
+            "--request-timeout", "60", "--max-batch-requests", "8", "--max-prompt-tokens", "512",
+            "--max-output-tokens", "256", "--kv-cache-tokens", str(p["kv_tokens"])]  # fmt: skip
+    server = ctx.serve(args, group=group, weights_mb=p["weights_mb"])
+    ctx.record()
+    ctx.pause(3, "baseline")
+    calm = completion((60, 120), (8, 16))  # two clients, short answers: the cache has room
+    busy = completion((180, 220), (160, 200))  # long generations: the running batch outgrows the cache
+    ctx.load(server, [Phase("calm", p["calm_s"], 2, calm), Phase("saturating", p["busy_s"], p["clients"], busy)],
+             request_timeout_s=90.0)  # fmt: skip
+    ctx.pause(2, "tail")
+
+
 # Scenarios kept in their own modules register on import.
 from diag.demo.scenarios import config_scenarios  # noqa: E402, F401

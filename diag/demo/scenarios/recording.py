@@ -24,6 +24,7 @@ from typing import Any
 from collectors.agent import Agent
 from collectors.recorder import FlightRecorder
 from collectors.recorder_queries import RecorderReader
+from collectors.scrape import Scrapers
 from collectors.snapshot import SamplerConfig, SnapshotTaker
 
 RETENTION_S = 6 * 3600.0
@@ -42,7 +43,9 @@ class AgentThread:
         interval_s: float = 1.0,
         kmsg: bool = True,
         top_n: int = 10,
+        scrape: Sequence[str] = (),
     ) -> None:
+        """``scrape``: backends' /metrics URLs the agent scrapes too (``diag collect --scrape``), at ``interval_s``."""
         config = SamplerConfig(
             pids=tuple(pids),
             cgroups=tuple(cgroups),
@@ -51,7 +54,11 @@ class AgentThread:
             gpu=True,  # no GPU here: the sampler records "unavailable", which the GPU rules need to say so
         )
         self.recorder = FlightRecorder(recorder_path, retention_s=RETENTION_S, max_size_bytes=MAX_RECORDER_BYTES)
-        self.agent = Agent(SnapshotTaker(config), interval_s=interval_s, recorder=self.recorder)
+        scrapers = None
+        if scrape:
+            scrapers = Scrapers(interval_s)
+            scrapers.set_targets(scrape)
+        self.agent = Agent(SnapshotTaker(config), interval_s=interval_s, recorder=self.recorder, scrapers=scrapers)
         self._thread = threading.Thread(target=self.agent.run, name="scenario-agent", daemon=True)
 
     @property

@@ -60,11 +60,14 @@ def run_scenario(
     keep_recorder: str | os.PathLike[str] | None = None,
     fixture: str | os.PathLike[str] | None = None,
     progress: Progress = stderr_progress,
+    dialect: str | None = None,
 ) -> ScenarioResult:
     """Run scenario ``name`` for real and analyse its recorded window.
 
     Raises ``CgroupUnavailable`` (before starting anything) when the scenario needs memory cgroups
     that this host cannot give; ``KeyError`` for an unknown name; ``ValueError`` for a bad parameter.
+    ``dialect``: serve the engine's /metrics (vllm, tgi, llamacpp) uninstrumented and record them with the
+    agent's scrape; None: the scenario's own choice (ours, unless it names one).
     """
     from diag.demo.scenarios.signals import check_signals
     from diag.demo.weights import default_weights_dir
@@ -73,6 +76,10 @@ def run_scenario(
 
     scenario = SCENARIOS[name]
     merged = scenario.params(params)
+    from diag.demo.dialects import DIALECTS
+
+    if dialect is not None and dialect not in DIALECTS:
+        raise ValueError(f"dialect {dialect!r}: use one of {', '.join(DIALECTS)}")
     if scenario.needs_cgroups:
         reason = unavailable_reason()
         if reason:
@@ -89,6 +96,7 @@ def run_scenario(
     try:
         with ScenarioCgroups() as cgroups, terminate_as_interrupt() as guard:
             ctx = ScenarioContext(name, seed, workdir, wdir, recorder, cgroups, progress)
+            ctx.dialect = dialect or str(merged.get("dialect", "llmdiag"))
             try:
                 scenario.run(ctx, merged)
             finally:
@@ -108,7 +116,13 @@ def run_scenario(
         timeline = timeline_from_records(records, source=f"scenario:{name}")
         notes = dict(ctx.notes) if ctx else {}
         notes["records"] = len(records)
-        problems, summary = check_signals(name, timeline, notes)
+        if ctx is not None and ctx.dialect != "llmdiag" and not len(timeline.requests):
+            # Uninstrumented: the checks that read the tracker's request rows cannot look; those that read the
+            # engine's own series (kv-saturation's) still do.
+            problems, summary = check_signals(name, timeline, notes) if name == "kv-saturation" else ([], "")
+            summary = summary or f"uninstrumented ({ctx.dialect} /metrics scraped): no request rows to check"
+        else:
+            problems, summary = check_signals(name, timeline, notes)
         progress(f"signals: {summary}" + (f"; MISSING: {'; '.join(problems)}" if problems else " (as expected)"))
         analysis = analyze(timeline)
         if keep_recorder is not None:

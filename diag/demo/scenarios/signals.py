@@ -192,6 +192,28 @@ def _queue(tl: Timeline, notes: dict[str, Any]) -> tuple[list[str], str]:
     return problems, f"queue wait {w0:.2f} -> {w3:.2f} s, inference {s0:.3f} -> {s3:.3f} s"
 
 
+@check("kv-saturation")
+def _kv_saturation(tl: Timeline, notes: dict[str, Any]) -> tuple[list[str], str]:
+    """From the engine's own metrics (the agent's scrape): the cache filled, sequences were preempted."""
+    usage, pre = tl.service.get("kv_cache_usage_ratio"), tl.service.get("preemptions_rps")
+    if usage is None or pre is None or not len(usage.valid()):
+        return ["no KV-cache usage or preemption series: was the engine's /metrics scraped?"], "no KV signals"
+    u, p = usage.valid().values, pre.valid().values
+    problems = []
+    calm = float(np.min(u))
+    if calm >= 0.8:
+        problems.append(f"the cache never had room (usage never under 80 %, min {calm:.0%})")
+    if int(np.sum(u >= 0.95)) < 3:
+        problems.append(f"the cache was at >= 95 % in {int(np.sum(u >= 0.95))} samples (need 3)")
+    if not float(np.max(p)) > 0:
+        problems.append("no preemption")
+    return (
+        problems,
+        f"KV usage {calm:.0%} -> {float(np.max(u)):.0%}, {int(np.sum(u >= 0.95))} samples at >= 95 %, "
+        f"preemptions up to {float(np.max(p)):.2g}/s",
+    )
+
+
 @check("duplicate-models")
 def _duplicates(tl: Timeline, notes: dict[str, Any]) -> tuple[list[str], str]:
     weights = float(notes.get("weights_bytes") or 0)
