@@ -27,6 +27,7 @@ from alerts.links import PanelRef
 from collectors import backends as bk
 from collectors import catalog as cat
 from dashboards.definitions import UIDS
+from dashboards.engine import KV_SATURATION_PANEL
 from diag.rules import levels
 
 AGENT = 'job="llm-diag-agent", instance="host-a:9464"'
@@ -216,7 +217,7 @@ CAUSES: tuple[Cause, ...] = (
             "18m",
             {"model_name": "m1", "job": "llm-backend", "instance": "host-a:8000"},
         ),
-        PanelRef(UIDS["latency"], "Queue depth vs active inferences", HOST_VARS),
+        PanelRef(UIDS["engine"], KV_SATURATION_PANEL, ("job", "instance")),
     ),
     Cause(
         "LLMDiagRequestsRefused",
