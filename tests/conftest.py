@@ -5,6 +5,9 @@
   ``tests.livecg.require_live`` (which every cgroup helper calls) fails a test that needs the live
   tier without the mark, so a new unmarked live test fails loudly as root instead of skipping
   silently for everyone else.
+- Tests that start a process or a server carry ``@pytest.mark.process``; those over 10 s ``@pytest.mark.slow``.
+  ``make check`` runs ``-m "not live and not process and not slow"``. The process mark is enforced too:
+  ``tests/tiers.py`` (loaded below as a plugin) refuses and fails an unmarked test that starts one.
 - Shared helpers live in helper modules (``tests/livecg.py``, ``tests/promserver.py``,
   ``tests/paths.py``, ``tests/sharedruns.py``, ``tests/diag/*_builders.py``, ``tests/bundle/helpers.py``);
   test modules never import each other (``tests/test_import_cycles.py`` checks it).
@@ -20,6 +23,10 @@ import pytest
 
 from tests import livecg
 from tests.sharedruns import SharedScenario
+
+# tests.tiers enforces the process mark (a plugin, so its hooks wrap every test's protocol);
+# pytester runs it in a child pytest to test that enforcement (tests/test_tiers.py).
+pytest_plugins = ["tests.tiers", "pytester"]
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
