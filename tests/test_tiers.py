@@ -114,7 +114,8 @@ def test_unmarked_tests_that_start_processes_or_servers_fail(
         ("test_unmarked_thread_served_http_server", r"socket\.bind\(\('127\.0\.0\.1', 0\)\)"),
         ("test_unmarked_server_from_a_fixture", r"socket\.bind"),
     ]:
-        assert re.search(rf"test_child\.py::{name} starts a process or a server \({what}.*not marked @pytest\.mark\.process", out), (name, out)
+        pattern = rf"test_child\.py::{name} starts a process or a server \({what}.*not marked @pytest\.mark\.process"
+        assert re.search(pattern, out), (name, out)
     # Refused means never started: none of the unmarked commands ran.
     assert sorted(p.name for p in touched.iterdir()) == []
 

@@ -31,7 +31,7 @@ from collectors.records import CgroupSnapshot, HostSnapshot
 from diag.rules.engine import analyze
 from diag.sources.prometheus import _ooms_from, _Result, default_step, load_prometheus
 from tests import procs
-from tests.livecg import LiveGroup, live_selected, memory_cgroup, skip_reason
+from tests.livecg import LiveGroup, memory_cgroup
 from tests.promserver import PromServer, ScrapeJob, free_port, prometheus, require_prometheus
 
 DIAG = [sys.executable, "-m", "diag.cli"]
@@ -137,13 +137,12 @@ def _samples(prom: PromServer, expr: str) -> float:
     return float(result[0]["value"][1]) if result else 0.0
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Stack]:
+@contextlib.contextmanager
+def _stack(tmp: Path, live: bool) -> Iterator[Stack]:
+    """The agent, the apps and Prometheus; with ``live``, the agent also watches a real cgroup with an OOM kill in it."""
     require_prometheus()
-    tmp = tmp_path_factory.mktemp("prom-loader")
-    live = live_selected(request)  # a real group and OOM kill only when the live test of this module runs
     with contextlib.ExitStack() as stack:
-        group = stack.enter_context(memory_cgroup(CGROUP_LIMIT, shared=True)) if live else None
+        group = stack.enter_context(memory_cgroup(CGROUP_LIMIT)) if live else None
         if group is not None:
             # A resident member, as a service group has: on a hybrid host whose own v1 and v2 paths differ, the agent
             # finds an explicit group's cgroup2 twin through a member's 0:: line, so an empty group has no PSI.
@@ -197,6 +196,20 @@ def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
         )
         assert ok and _samples(prom, f"sum(count_over_time({cat.REQUESTS.name}[5m]))") > 0, prom.log_tail()
         yield Stack(prom, recorder, agent_port, group, victims, node is not None)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The stack without cgroups: the same whichever tests of the module were selected."""
+    with _stack(tmp_path_factory.mktemp("prom-loader"), live=False) as built:
+        yield built
+
+
+@pytest.fixture
+def live_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A stack of its own for the live test: a real memory cgroup and a kernel OOM kill in it (root only)."""
+    with _stack(tmp_path_factory.mktemp("prom-loader-live"), live=True) as built:
+        yield built
 
 
 def _load(stack: Stack, selector: str = SELECTOR, **kw: object) -> object:
@@ -254,9 +267,9 @@ def test_processes_and_model_counts(stack: Stack) -> None:
 
 
 @pytest.mark.live
-def test_live_cgroup_and_oom_kill(stack: Stack) -> None:
-    if stack.group is None:
-        pytest.skip(skip_reason() or "no live cgroup")
+def test_live_cgroup_and_oom_kill(live_stack: Stack) -> None:
+    stack = live_stack
+    assert stack.group is not None and stack.oom_victims == 1
     tl = _load(stack)
     series = tl.cgroups[stack.group.path]
     assert set(series["limit"].values) == {float(CGROUP_LIMIT)}
