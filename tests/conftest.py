@@ -29,6 +29,39 @@ from tests.sharedruns import SharedScenario
 pytest_plugins = ["tests.tiers", "pytester"]
 
 
+# Fixtures wider than a function that cost nothing to make again: they do not tie their tests to one worker.
+_CHEAP_WIDE_FIXTURES = frozenset({"_private_state_dir", "scenario_weights", "tmp_path_factory", "worker_id", "testrun_uid"})
+
+
+def xdist_group_of(item: pytest.Item) -> str | None:
+    """The xdist group ``make test`` (``-n ... --dist loadgroup``) runs ``item`` in, or None to spread it freely.
+
+    - ``live`` tests share one group: they make real memory cgroups, fill them to OOM kills and measure
+      pressure and latency -- two at once would load the host each of them is measuring.
+    - a test using a module- (or class-, package-, session-) scoped fixture runs with the rest of its module:
+      such a fixture is a stack (servers, a Prometheus, a demo run) made once per worker, and spreading the
+      module over the workers would make it once per worker.
+    An explicit ``@pytest.mark.xdist_group`` wins over both.
+    """
+    if item.get_closest_marker("xdist_group") is not None:
+        return None
+    if item.get_closest_marker("live") is not None:
+        return "live"
+    info = getattr(item, "_fixtureinfo", None)
+    for name, defs in (info.name2fixturedefs.items() if info is not None else ()):
+        if name not in _CHEAP_WIDE_FIXTURES and defs and defs[-1].scope != "function":
+            return item.nodeid.split("::", 1)[0]
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks into the node ids
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        group = xdist_group_of(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Tell the live helpers which test is being set up (before any of its fixtures run)."""
     livecg.current_test = item
