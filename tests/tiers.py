@@ -46,6 +46,8 @@ _EVENTS = frozenset(
 _current: pytest.Item | None = None
 _collecting = False
 _violations: dict[str, list[str]] = {}
+# The fixtures being set up right now, innermost last: a refusal names the one that tried (every test using it needs the mark).
+_fixtures: list[str] = []
 _installed = False
 
 
@@ -77,7 +79,8 @@ def _refuse(what: str) -> None:
     owner = _unmarked_owner()
     if owner is None:
         return
-    message = f"{owner} starts a process or a server ({what}) but is not marked @pytest.mark.process"
+    where = f" in fixture {_fixtures[-1]!r}" if _fixtures else ""
+    message = f"{owner} starts a process or a server ({what}){where} but is not marked @pytest.mark.process"
     _violations.setdefault(owner, []).append(message)
     raise UnmarkedProcessError(message)
 
@@ -136,6 +139,15 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         yield
     finally:
         _current = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest) -> Iterator[None]:
+    _fixtures.append(fixturedef.argname)
+    try:
+        yield
+    finally:
+        _fixtures.pop()
 
 
 @pytest.hookimpl(hookwrapper=True)
