@@ -37,6 +37,8 @@ from diag.timeline import timeline_from_records
 from tests.paths import FIXTURES
 from tests.promserver import prometheus
 
+pytestmark = pytest.mark.process
+
 RECORDINGS = sorted((FIXTURES / "scenarios").glob("*.jsonl.gz")) + sorted((FIXTURES / "uninstrumented").glob("*.jsonl.gz"))
 SLOT_S = 900.0  # each recording gets its own quarter hour: no rate window reaches into the next one
 STEP_S = 5

@@ -98,6 +98,7 @@ def test_a_damaged_recorder_costs_the_bundle_its_history_only(tmp_path: Path) ->
     verify_sums(run.root)
 
 
+@pytest.mark.process
 def test_bundle_help_documents_the_exit_status() -> None:
     proc = subprocess.run([sys.executable, "-m", "diag.cli", "bundle", "--help"], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "COLUMNS": "200"})  # fmt: skip

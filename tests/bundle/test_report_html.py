@@ -30,6 +30,7 @@ def png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", head[16:24])
 
 
+@pytest.mark.process
 def test_the_console_detector_sees_errors_and_blocked_fetches(tmp_path: Path) -> None:
     probe = tmp_path / "probe.html"
     probe.write_text(

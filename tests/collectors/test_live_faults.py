@@ -246,6 +246,7 @@ def _churner(tmp_path: Path) -> Path:
     return exe
 
 
+@pytest.mark.process
 def test_processes_appearing_and_vanishing_by_the_thousand_cost_no_sample(tmp_path: Path) -> None:
     """Every process read in full (top = all), while thousands start and exit per second, for a bounded time."""
     churn_s = 6.0

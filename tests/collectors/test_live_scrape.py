@@ -28,6 +28,8 @@ from diag.sources.recorder import load_recorder
 from tests.promserver import free_port
 from tests.vllm_wire import VllmMetrics, serve
 
+pytestmark = pytest.mark.process
+
 DIAG = [sys.executable, "-m", "diag.cli"]
 
 

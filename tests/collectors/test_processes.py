@@ -305,6 +305,7 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
         proc.wait(timeout=10)
 
 
+@pytest.mark.process
 def test_real_watched_process(sleeper: subprocess.Popen[bytes]) -> None:
     sampler = ProcessSampler(top_n=0, watch_pids=[sleeper.pid, os.getpid()])
     deadline = time.monotonic() + 5

@@ -225,6 +225,7 @@ def _recorded_hosts(path: Path) -> list[HostSnapshot]:
 # --------------------------------------------------------------------------- host
 
 
+@pytest.mark.process
 def test_host_memory_is_what_the_recorder_holds(stack: Stack) -> None:
     tl = _load(stack)
     hosts = _recorded_hosts(stack.recorder)
@@ -236,6 +237,7 @@ def test_host_memory_is_what_the_recorder_holds(stack: Stack) -> None:
     assert scraped and scraped <= recorded, sorted(scraped - recorded)[:5]
 
 
+@pytest.mark.process
 def test_one_point_per_scrape_by_default(stack: Stack) -> None:
     tl = _load(stack)
     spacing = np.diff(tl.host["memory.total"].ts)
@@ -243,6 +245,7 @@ def test_one_point_per_scrape_by_default(stack: Stack) -> None:
     assert default_step(86_400, 1.0) == pytest.approx(8.64)  # a day stays under Prometheus' 11 000 points
 
 
+@pytest.mark.process
 def test_psi_and_vmstat_counters_are_present_and_monotonic(stack: Stack) -> None:
     tl = _load(stack)
     for key in ("psi.memory.some.total_s", "psi.memory.full.total_s", "psi.cpu.some.total_s", "psi.io.some.total_s",
@@ -257,6 +260,7 @@ def test_psi_and_vmstat_counters_are_present_and_monotonic(stack: Stack) -> None
     assert len(avg) >= 10 and np.all((avg.values >= 0) & (avg.values <= 100))  # percent, as in the recorder
 
 
+@pytest.mark.process
 def test_processes_and_model_counts(stack: Stack) -> None:
     tl = _load(stack)
     assert tl.processes, "the agent exports its top processes"
@@ -304,6 +308,7 @@ def test_counter_increases_become_events_counting_through_a_reset() -> None:
     assert {(e.constraint, e.source) for e in events} == {("CONSTRAINT_NONE", "prometheus")}
 
 
+@pytest.mark.process
 def test_without_kills_no_synthetic_oom(stack: Stack) -> None:
     tl = _load(stack, until=time.time(), since_s=3)  # a window after the kill: counters flat
     assert "ooms" in tl.signals() and tl.ooms == []
@@ -312,6 +317,7 @@ def test_without_kills_no_synthetic_oom(stack: Stack) -> None:
 # --------------------------------------------------------------------------- service
 
 
+@pytest.mark.process
 def test_service_series_from_the_tracker(stack: Stack) -> None:
     tl = _load(stack)
     svc = tl.service
@@ -333,6 +339,7 @@ def test_service_series_from_the_tracker(stack: Stack) -> None:
 # --------------------------------------------------------------------------- external exporters
 
 
+@pytest.mark.process
 def test_node_exporter_fallback(stack: Stack) -> None:
     if not stack.node_exporter:
         pytest.skip(f"{NODE_EXPORTER} is not installed (Debian package prometheus-node-exporter)")
@@ -345,6 +352,7 @@ def test_node_exporter_fallback(stack: Stack) -> None:
     assert len(avg) >= 3 and np.all((avg.values >= 0) & (avg.values <= 100))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("fmt", ["openmetrics", "text"])
 def test_vllm_cadvisor_dcgm_fallbacks(stack: Stack, fmt: str) -> None:
     tl = _load(stack, selector=f'job="ext-app-{fmt}"')
@@ -365,6 +373,7 @@ def test_vllm_cadvisor_dcgm_fallbacks(stack: Stack, fmt: str) -> None:
 # --------------------------------------------------------------------------- selectors and hosts
 
 
+@pytest.mark.process
 def test_selector_filters(stack: Stack) -> None:
     app_only = _load(stack, selector='job="llm-app"')
     assert app_only.host == {} and app_only.processes == {} and "throughput_rps" in app_only.service
@@ -373,6 +382,7 @@ def test_selector_filters(stack: Stack) -> None:
     assert nothing.signals() == set()
 
 
+@pytest.mark.process
 def test_several_hosts_use_one_and_say_so(stack: Stack) -> None:
     tl = _load(stack, selector='job=~"llm-host|mirror"')
     assert "2 hosts matched" in tl.source
@@ -383,6 +393,7 @@ def test_several_hosts_use_one_and_say_so(stack: Stack) -> None:
 # --------------------------------------------------------------------------- errors
 
 
+@pytest.mark.process
 def test_errors_are_value_errors_with_a_reason(stack: Stack) -> None:
     with pytest.raises(ValueError, match="cannot reach Prometheus"):
         load_prometheus(f"http://127.0.0.1:{free_port()}", since_s=60, timeout_s=5)
@@ -397,6 +408,7 @@ def test_errors_are_value_errors_with_a_reason(stack: Stack) -> None:
 # --------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.process
 def test_diag_analyze_prometheus_json(stack: Stack) -> None:
     out = subprocess.run(
         [*DIAG, "analyze", "--prometheus", stack.prom.url, "--selector", SELECTOR, "--since", "5m", "--json"],

@@ -15,6 +15,8 @@ import pytest
 from tests.triage.amcluster import AlertmanagerPair, binaries
 from tests.triage.helpers import ReceiverProcess
 
+pytestmark = pytest.mark.process
+
 HOLD_DOWN_S = 3
 
 

@@ -118,6 +118,7 @@ def test_promql_selector_from_alert_labels_is_escaped():
     assert promql_selector({"job": "a\\b\nc"}, ("job", "instance")) == 'job="a\\\\b\\nc"'
 
 
+@pytest.mark.process
 def test_bundle_on_page_runs_diag_bundle_once_for_paging_incidents(tmp_path):
     _first, last = recorder_from_fixture("leak", tmp_path / "recorder.db")
     config = ReceiverConfig(
@@ -140,6 +141,7 @@ def test_bundle_on_page_runs_diag_bundle_once_for_paging_incidents(tmp_path):
         rx.close()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("how", ["sigterm", "kill9"])
 def test_the_diagnosis_worker_never_outlives_the_receiver(tmp_path, how):
     import psutil

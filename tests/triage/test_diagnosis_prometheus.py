@@ -22,6 +22,8 @@ from diag.triage.store import connect
 from tests.promserver import ScrapeJob, free_port, prometheus, require_prometheus
 from tests.triage.helpers import REPO, alert, body
 
+pytestmark = pytest.mark.process
+
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):

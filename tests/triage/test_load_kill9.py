@@ -16,8 +16,11 @@ import time
 from collections import defaultdict
 
 import httpx
+import pytest
 
 from tests.triage.helpers import FakeTracker, ReceiverProcess, alert, body
+
+pytestmark = pytest.mark.process
 
 GROUPS = 300
 TOTAL = 5000

@@ -21,6 +21,8 @@ from diag.triage.server import Receiver, ReceiverConfig
 from diag.triage.store import connect
 from tests.triage.helpers import FIXTURE, ReceiverProcess, alert, body
 
+pytestmark = pytest.mark.process
+
 TOKEN = "s3cret-token"
 
 
