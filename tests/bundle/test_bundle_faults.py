@@ -86,6 +86,7 @@ def test_every_unreadable_source_is_named_with_its_reason(tmp_path: Path) -> Non
     assert refused.returncode == 2 and "not readable by this user" in refused.stderr and len(refused.stderr.splitlines()) == 1
 
 
+@pytest.mark.process
 def test_a_damaged_recorder_costs_the_bundle_its_history_only(tmp_path: Path) -> None:
     recorder = tmp_path / "recorder.db"
     recorder.write_bytes(os.urandom(8192))

@@ -72,6 +72,7 @@ def test_a_command_past_its_deadline_is_killed_with_its_whole_group(tmp_path: Pa
     assert _gone(int(pidfile.read_text()))  # the grandchild went with the group
 
 
+@pytest.mark.process
 def test_command_output_over_the_cap_keeps_the_tail() -> None:
     code = "import sys\nfor i in range(100000): sys.stdout.write(f'row {i:06d}\\n')"
     res = run_command([sys.executable, "-c", code], _ctx(30), cap=4096)

@@ -133,6 +133,7 @@ _WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("round_", range(3))
 @pytest.mark.parametrize("during", ["write", "trim"])
 def test_kill_9_mid_write_or_trim_loses_nothing_committed(tmp_path: Path, round_: int, during: str) -> None:

@@ -22,6 +22,7 @@ from diag.cli.collect import _scrape_targets
 DIAG = [sys.executable, "-m", "diag.cli", "collect"]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("args", "message"),
     [

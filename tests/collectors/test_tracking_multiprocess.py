@@ -128,6 +128,7 @@ def test_metrics_sum_over_two_worker_processes(tmp_path: Path) -> None:
     assert {r.pid for r in rows} == pids
 
 
+@pytest.mark.process
 def test_dead_workers_live_gauges_are_swept(tmp_path: Path) -> None:
     """A worker killed without cleanup (OOM kill) must not keep reporting its last queue depth."""
     prom = tmp_path / "prom"

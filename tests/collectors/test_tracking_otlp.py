@@ -89,6 +89,7 @@ def test_spans_go_to_the_otlp_endpoint_from_the_environment() -> None:
     assert inference["gen_ai.usage.output_tokens"].int_value == 5
 
 
+@pytest.mark.process
 def test_an_application_provider_wins_over_the_environment() -> None:
     child = textwrap.dedent(
         """
