@@ -89,10 +89,11 @@ test: install install-lowest system-deps
 	@echo "the tracking tests on the lowest versions the ranges allow ($(LOWEST)), then the whole suite ($(WORKERS) workers)"
 	status=0; $(TEST_LOWEST) || status=$$?; $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadgroup || status=$$?; exit $$status
 
-# No root, no process, no server: safe and quick anywhere (the tree may be read-only, e.g. another user's clone).
+# No root, no process, no server: safe and quick anywhere (one xdist worker per core; the workers are pytest itself,
+# the tests start nothing) (the tree may be read-only, e.g. another user's clone).
 check: install
 	$(BIN)/ruff check $(RUFF_NO_CACHE) .
-	$(BIN)/python -m pytest -q -m "$(CHECK_MARKS)" $(NO_TREE_CACHES)
+	$(BIN)/python -m pytest -q -m "$(CHECK_MARKS)" -n auto --dist loadgroup $(NO_TREE_CACHES)
 
 test-lowest: install-lowest
 	$(TEST_LOWEST)
