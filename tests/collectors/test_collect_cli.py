@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ import pytest
 from collectors.catalog import CATALOG, MEMINFO_FIELDS
 from collectors.recorder import FlightRecorder
 from tests.paths import EXTERNAL
+from tests.procs import poll_until
 
 FIXTURES = EXTERNAL
 NODE_EXPORTER = FIXTURES / "node_exporter"
@@ -221,6 +223,15 @@ def test_collect_warns_about_a_missing_target_once_and_records_the_watch_scope(t
     assert metrics['llmdiag_watch_targets{kind="pid"}'] == 2 and metrics['llmdiag_watch_targets_found{kind="pid"}'] == 1
 
 
+def _host_rows(path: Path) -> int:
+    """Host samples committed in a recorder an agent is writing (0 while it is not created or not readable yet)."""
+    try:
+        with FlightRecorder(path, readonly=True) as rec:
+            return rec.count("host")
+    except (OSError, sqlite3.Error):
+        return 0
+
+
 @pytest.mark.process
 def test_a_corrupt_recorder_is_named_by_analyze_and_set_aside_by_collect(tmp_path: Path) -> None:
     recorder = tmp_path / "recorder.db"
@@ -250,7 +261,7 @@ def test_a_corrupt_recorder_is_named_by_analyze_and_set_aside_by_collect(tmp_pat
                 break
             time.sleep(0.1)
         assert metrics['llmdiag_recorder_resets_total{reason="corrupt"}'] == 1
-        time.sleep(0.5)
+        assert poll_until(lambda: _host_rows(recorder) >= 2, 20), "the fresh recorder never got two host samples"
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
@@ -306,7 +317,8 @@ def test_agent_serves_records_and_stops_cleanly(tmp_path: Path) -> None:
         metrics = _parse_exposition(body)
         assert metrics["llmdiag_host_memory_total_bytes"] > 0
         assert metrics["llmdiag_agent_resident_memory_bytes"] > 0
-        time.sleep(1.0)
+        # A few committed samples, so the SIGTERM below lands on an agent that has been writing.
+        assert poll_until(lambda: _host_rows(recorder) >= 3, 20), "the agent never recorded three host samples"
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         code = proc.wait(timeout=15)
