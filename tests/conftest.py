@@ -36,22 +36,26 @@ _CHEAP_WIDE_FIXTURES = frozenset({"_private_state_dir", "scenario_weights", "tmp
 def xdist_group_of(item: pytest.Item) -> str | None:
     """The xdist group ``make test`` (``-n ... --dist loadgroup``) runs ``item`` in, or None to spread it freely.
 
-    - ``live`` tests share one group: they make real memory cgroups, fill them to OOM kills and measure
-      pressure and latency -- two at once would load the host each of them is measuring.
-    - a test using a module- (or class-, package-, session-) scoped fixture runs with the rest of its module:
-      such a fixture is a stack (servers, a Prometheus, a demo run) made once per worker, and spreading the
-      module over the workers would make it once per worker.
-    An explicit ``@pytest.mark.xdist_group`` wins over both.
+    - a test using a session-scoped fixture (a real scenario run several modules check, ``leak_scenario``)
+      runs in that fixture's group: made once per worker, it would otherwise be made once per worker;
+    - a test using a module- (or class-, package-) scoped fixture runs with the rest of its module, for the
+      same reason: such a fixture is a stack (servers, a Prometheus, a demo backend).
+    An explicit ``@pytest.mark.xdist_group`` wins over both. Live tests are *not* serialised: they are most of
+    the suite's time (real runs of minutes) and they were written for a shared, loaded host -- each verdict
+    is judged inside its own limited cgroup, and each waits by polling with a deadline, not by timing.
     """
     if item.get_closest_marker("xdist_group") is not None:
         return None
-    if item.get_closest_marker("live") is not None:
-        return "live"
     info = getattr(item, "_fixtureinfo", None)
-    for name, defs in (info.name2fixturedefs.items() if info is not None else ()):
-        if name not in _CHEAP_WIDE_FIXTURES and defs and defs[-1].scope != "function":
-            return item.nodeid.split("::", 1)[0]
-    return None
+    wide = [
+        (name, defs[-1].scope)
+        for name, defs in (info.name2fixturedefs.items() if info is not None else ())
+        if name not in _CHEAP_WIDE_FIXTURES and defs and defs[-1].scope != "function"
+    ]
+    for name, scope in wide:
+        if scope == "session":
+            return name
+    return item.nodeid.split("::", 1)[0] if wide else None
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the marks into the node ids

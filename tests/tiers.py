@@ -12,6 +12,9 @@ parallel worker on a port. So the mark is checked where the process or the serve
 - ``_posixsubprocess.fork_exec`` -- what multiprocessing's spawn/forkserver start methods call
   directly, without an audit event in every Python this project supports -- is wrapped as well.
 
+A ``live`` test may start processes too: live means real cgroups with real processes in them, and the
+quick tier leaves it out as well (the live mark is enforced by tests/livecg.py).
+
 An unmarked test's attempt is refused (the audit hook raises, so nothing is started) *and* recorded;
 the test's report is then turned into a failure whatever the test did with the exception, so catching
 it cannot hide the violation. ``tests/test_tiers.py`` tests this enforcement itself.
@@ -71,7 +74,8 @@ def _unmarked_owner() -> str | None:
     """The node id to blame when a process starts now, or None when starting one is allowed."""
     item = _current
     if item is not None:
-        return None if item.get_closest_marker("process") is not None else item.nodeid
+        allowed = item.get_closest_marker("process") is not None or item.get_closest_marker("live") is not None
+        return None if allowed else item.nodeid
     return "collection" if _collecting else None
 
 

@@ -93,6 +93,7 @@ def judged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Judged]:
     return views
 
 
+@pytest.mark.slow
 def test_every_recording_was_judged_by_both(judged: dict[str, Judged]) -> None:
     assert len(judged) == len(RECORDINGS) >= 15
     assert any(v.fired for v in judged.values())  # the alerts saw something at all: the conversion worked

@@ -137,6 +137,7 @@ def _label(name: str, value: str):
     return lambda a: a["labels"].get(name) == value
 
 
+@pytest.mark.slow
 def test_healthy_run_delivers_nothing(stack: dict[str, Any]) -> None:
     sink: livestack.Sink = stack["sink"]
     start = time.time()
@@ -196,6 +197,7 @@ def test_oom_kill_delivers_the_cause_alert_and_the_diagnosis(stack: dict[str, An
     assert sink.refused == []  # every route posted to a path the receiver serves
 
 
+@pytest.mark.slow
 def test_queue_overload_delivers_the_queue_cause_and_a_fast_burn_page(stack: dict[str, Any]) -> None:
     sink: livestack.Sink = stack["sink"]
     t0 = time.time()

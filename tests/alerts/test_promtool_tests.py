@@ -50,6 +50,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
         yield started
 
 
+@pytest.mark.slow
 @pytest.mark.process
 def test_diag_alerts_test_runs_every_generated_test(runs: dict[str, Run]) -> None:
     result = runs["cli"].result()

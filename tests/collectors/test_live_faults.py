@@ -115,6 +115,7 @@ FULL = "llmdiag_recorder_disk_full_total"
 ERRORS = "llmdiag_recorder_write_errors_total"
 
 
+@pytest.mark.slow
 @pytest.mark.live
 def test_a_full_disk_costs_the_oldest_rows_never_the_agent(tmp_path: Path) -> None:
     _require_mount()

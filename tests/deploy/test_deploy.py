@@ -168,6 +168,7 @@ def test_triage_unit_is_hardened_and_shares_the_agents_user_and_state() -> None:
     assert triage["EnvironmentFile"] == ["-/etc/llm-diag/triage.env"]
 
 
+@pytest.mark.slow
 @pytest.mark.process
 def test_the_triage_units_command_line_runs_on_the_agents_recorder(tmp_path: Path) -> None:
     """Both ExecStart lines as shipped, %S mapped to one temp dir: the agent writes the recorder, the receiver
@@ -373,6 +374,7 @@ def test_the_shipped_host_job_scrapes_a_real_agent(tmp_path: Path) -> None:
             assert labels.get("cluster") == "inference-eu1"
 
 
+@pytest.mark.slow
 @pytest.mark.process
 def test_the_shipped_jobs_feed_the_rules_and_tie_agent_and_backend_by_host(tmp_path: Path) -> None:
     """The shipped host and backend jobs in a real Prometheus with the committed rules loaded: targets pointed at a

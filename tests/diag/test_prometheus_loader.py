@@ -225,6 +225,7 @@ def _recorded_hosts(path: Path) -> list[HostSnapshot]:
 # --------------------------------------------------------------------------- host
 
 
+@pytest.mark.slow
 @pytest.mark.process
 def test_host_memory_is_what_the_recorder_holds(stack: Stack) -> None:
     tl = _load(stack)

@@ -117,6 +117,7 @@ def test_resolve_after_hold_down_then_reopen_with_count(stack):
     assert kinds[:4] == ["opened", "resolving", "resolved", "reopened"], kinds
 
 
+@pytest.mark.slow
 def test_two_tiers_of_one_slo_in_two_groups_are_one_incident(stack):
     rx, pair = stack
     tag = uuid.uuid4().hex[:8]

@@ -378,6 +378,7 @@ def test_sigterm_stops_diag_triage_serve_cleanly(tmp_path):
     assert "diag triage: stopped" in proc.log.read_text() and "Traceback" not in proc.log.read_text()
 
 
+@pytest.mark.slow
 def test_store_locked_is_a_503_with_retry_after_and_the_retry_records_it(tmp_path):
     """Transient failure (another process holds the store's write lock past the timeouts): 503, nothing lost."""
     import sqlite3
