@@ -40,12 +40,16 @@ def xdist_group_of(item: pytest.Item) -> str | None:
       runs in that fixture's group: made once per worker, it would otherwise be made once per worker;
     - a test using a module- (or class-, package-) scoped fixture runs with the rest of its module, for the
       same reason: such a fixture is a stack (servers, a Prometheus, a demo backend).
-    An explicit ``@pytest.mark.xdist_group`` wins over both. Live tests are *not* serialised: they are most of
-    the suite's time (real runs of minutes) and they were written for a shared, loaded host -- each verdict
-    is judged inside its own limited cgroup, and each waits by polling with a deadline, not by timing.
+    - ``live`` tests share one group, before both: they diagnose *this host* -- its OOM kills (/dev/kmsg is
+      host-wide), other cgroups' memory and pressure -- so two at once see each other's faults (measured: run
+      side by side, healthy and moe-skew scenarios were judged noisy_neighbour, a queue backlog inconclusive
+      after another test's OOM kill).
+    An explicit ``@pytest.mark.xdist_group`` wins over all three.
     """
     if item.get_closest_marker("xdist_group") is not None:
         return None
+    if item.get_closest_marker("live") is not None:
+        return "live"
     info = getattr(item, "_fixtureinfo", None)
     wide = [
         (name, defs[-1].scope)

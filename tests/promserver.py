@@ -87,16 +87,19 @@ class PromServer:
         return ""
 
 
-def rules_evaluated_after(url: str, since: float) -> bool:
+def rules_evaluated_after(url: str, since: float, *, alerting_only: bool = False) -> bool:
     """Whether every rule group of the Prometheus at ``url`` has been evaluated after ``since`` (epoch seconds).
 
     What a test waits for instead of sleeping "a few evaluation cycles": once each group ran after the
-    moment of interest, the recording rules and alert states reflect it."""
+    moment of interest, the recording rules and alert states reflect it. ``alerting_only``: only the groups
+    holding an alerting rule (the long-window recording groups may evaluate only every few minutes)."""
     try:
         body = httpx.get(f"{url}/api/v1/rules", timeout=5.0, trust_env=False).json()
     except (httpx.HTTPError, ValueError):
         return False
     groups = body.get("data", {}).get("groups", []) if body.get("status") == "success" else []
+    if alerting_only:
+        groups = [g for g in groups if any(r.get("type") == "alerting" for r in g.get("rules", []))]
     return bool(groups) and all(_epoch(g.get("lastEvaluation", "")) > since for g in groups)
 
 

@@ -93,11 +93,7 @@ def _explain(result: ScenarioResult) -> str:
 
 @pytest.mark.slow
 @pytest.mark.live
-@pytest.mark.parametrize(
-    "name",
-    # A shared run is made in the xdist worker of its other users (tests/conftest.py), once for all of them.
-    [pytest.param(n, marks=pytest.mark.xdist_group(SHARED_RUNS[n])) if n in SHARED_RUNS else n for n in SCENARIO_NAMES],
-)
+@pytest.mark.parametrize("name", SCENARIO_NAMES)
 def test_scenario_reproduces_its_incident(name: str, weights_dir: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """Each scenario, run for real, leaves its signature and gets its verdict -- and leaves nothing behind.
 
