@@ -1,5 +1,7 @@
-# Two commands matter: `make run` (install, then the main job on this host) and `make test`
-# (install everything, Debian packages included, then the whole suite). Both are idempotent.
+# Three commands matter (`make help` lists them all): `make check`, the quick loop before each commit (lint
+# and every test that starts no process and needs no root; a few minutes, any user); `make run` (install, then
+# the main job on this host) and `make test` (install everything, Debian packages included, then the whole
+# suite, spread over the cores). All are idempotent.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -26,7 +28,27 @@ LOWEST_STAMP := $(LOWEST_VENV)/.installed-$(shell cat pyproject.toml $(LOWEST) |
 # chromium (report.html in a real browser), sosreport (bench/bundle.py), systemd (systemd-analyze verifies the shipped agent unit).
 DEB_PACKAGES := wrk prometheus prometheus-alertmanager prometheus-node-exporter chromium sosreport systemd
 
-.PHONY: install install-lowest system-deps run test test-lowest lint bench lock lock-lowest clean
+.PHONY: help install install-lowest system-deps run check test test-lowest lint bench lock lock-lowest clean
+
+# The tiers (marks registered in pyproject.toml): `live` needs root and real cgroups, `process` starts a
+# process or a server (enforced by tests/tiers.py), `slow` takes over 10 s. `make check` leaves all three out.
+CHECK_MARKS := not live and not process and not slow
+# pytest-xdist workers for `make test`: the suite mostly waits on its servers and real runs (measured: ~950 s of
+# CPU in ~2200 s of tests), so two workers per core of this 2-core CI host keep both cores busy. --dist loadgroup keeps each xdist_group on one worker (tests/conftest.py).
+WORKERS ?= 4
+# A read-only checkout (`make check` as another user): no caches written into the tree.
+NO_TREE_CACHES = $$([ -w . ] || echo "-p no:cacheprovider")
+RUFF_NO_CACHE = $$([ -w . ] || echo "--no-cache")
+
+help:
+	@echo "make check        lint + every test that starts no process and needs no root (the loop before each commit)"
+	@echo "make test         install everything (Debian packages too), lint, the lowest-versions tests, the whole suite"
+	@echo "make run          install, then diag bundle on this host"
+	@echo "make lint         ruff check + ruff format --check"
+	@echo "make test-lowest  the tracking tests on the lowest versions pyproject.toml allows"
+	@echo "make bench        the benchmarks (bench/RESULTS.md)"
+	@echo "make lock         re-pin constraints.txt (KEEP=1: only what the pins do not cover)"
+	@echo "make clean        remove the venvs and caches"
 
 $(STAMP): pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -64,8 +86,14 @@ run: install
 TEST_LOWEST := LLMDIAG_CONSTRAINTS=$(LOWEST) $(LOWEST_BIN)/python -m pytest -q -m "not live" $(LOWEST_TESTS)
 test: install install-lowest system-deps
 	$(BIN)/ruff check .
-	@echo "the tracking tests on the lowest versions the ranges allow ($(LOWEST)), then the whole suite"
-	status=0; $(TEST_LOWEST) || status=$$?; $(BIN)/python -m pytest -q || status=$$?; exit $$status
+	@echo "the tracking tests on the lowest versions the ranges allow ($(LOWEST)), then the whole suite ($(WORKERS) workers)"
+	status=0; $(TEST_LOWEST) || status=$$?; $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadgroup --durations=25 || status=$$?; exit $$status
+
+# No root, no process, no server: safe and quick anywhere (one xdist worker per core; the workers are pytest itself,
+# the tests start nothing) (the tree may be read-only, e.g. another user's clone).
+check: install
+	$(BIN)/ruff check $(RUFF_NO_CACHE) .
+	$(BIN)/python -m pytest -q -m "$(CHECK_MARKS)" -n auto --dist loadgroup $(NO_TREE_CACHES)
 
 test-lowest: install-lowest
 	$(TEST_LOWEST)

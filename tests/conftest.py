@@ -5,6 +5,9 @@
   ``tests.livecg.require_live`` (which every cgroup helper calls) fails a test that needs the live
   tier without the mark, so a new unmarked live test fails loudly as root instead of skipping
   silently for everyone else.
+- Tests that start a process or a server carry ``@pytest.mark.process``; those over 10 s ``@pytest.mark.slow``.
+  ``make check`` runs ``-m "not live and not process and not slow"``. The process mark is enforced too:
+  ``tests/tiers.py`` (loaded below as a plugin) refuses and fails an unmarked test that starts one.
 - Shared helpers live in helper modules (``tests/livecg.py``, ``tests/promserver.py``,
   ``tests/paths.py``, ``tests/sharedruns.py``, ``tests/diag/*_builders.py``, ``tests/bundle/helpers.py``);
   test modules never import each other (``tests/test_import_cycles.py`` checks it).
@@ -20,6 +23,51 @@ import pytest
 
 from tests import livecg
 from tests.sharedruns import SharedScenario
+
+# tests.tiers enforces the process mark (a plugin, so its hooks wrap every test's protocol);
+# pytester runs it in a child pytest to test that enforcement (tests/test_tiers.py).
+pytest_plugins = ["tests.tiers", "pytester"]
+
+
+# Fixtures wider than a function that cost nothing to make again: they do not tie their tests to one worker.
+_CHEAP_WIDE_FIXTURES = frozenset({"_private_state_dir", "scenario_weights", "tmp_path_factory", "worker_id", "testrun_uid"})
+
+
+def xdist_group_of(item: pytest.Item) -> str | None:
+    """The xdist group ``make test`` (``-n ... --dist loadgroup``) runs ``item`` in, or None to spread it freely.
+
+    - a test using a session-scoped fixture (a real scenario run several modules check, ``leak_scenario``)
+      runs in that fixture's group: made once per worker, it would otherwise be made once per worker;
+    - a test using a module- (or class-, package-) scoped fixture runs with the rest of its module, for the
+      same reason: such a fixture is a stack (servers, a Prometheus, a demo backend).
+    - ``live`` tests share one group, before both: they diagnose *this host* -- its OOM kills (/dev/kmsg is
+      host-wide), other cgroups' memory and pressure -- so two at once see each other's faults (measured: run
+      side by side, healthy and moe-skew scenarios were judged noisy_neighbour, a queue backlog inconclusive
+      after another test's OOM kill).
+    An explicit ``@pytest.mark.xdist_group`` wins over all three.
+    """
+    if item.get_closest_marker("xdist_group") is not None:
+        return None
+    if item.get_closest_marker("live") is not None:
+        return "live"
+    info = getattr(item, "_fixtureinfo", None)
+    wide = [
+        (name, defs[-1].scope)
+        for name, defs in (info.name2fixturedefs.items() if info is not None else ())
+        if name not in _CHEAP_WIDE_FIXTURES and defs and defs[-1].scope != "function"
+    ]
+    for name, scope in wide:
+        if scope == "session":
+            return name
+    return item.nodeid.split("::", 1)[0] if wide else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks into the node ids
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        group = xdist_group_of(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

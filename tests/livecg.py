@@ -19,7 +19,7 @@ import pytest
 from diag.demo.scenarios.cgroups import MAX_LIMIT_BYTES, ScenarioCgroups, own_v1_memory_cgroup, unavailable_reason
 from diag.demo.scenarios.cgroups import MemoryGroup as LiveGroup
 
-__all__ = ["LiveGroup", "live_selected", "memory_cgroup", "own_v1_memory_cgroup", "require_live", "skip_reason"]
+__all__ = ["LiveGroup", "memory_cgroup", "own_v1_memory_cgroup", "require_live", "skip_reason"]
 
 
 def skip_reason() -> str | None:
@@ -31,34 +31,24 @@ def skip_reason() -> str | None:
 current_test: Any = None
 
 
-def require_live(*, shared: bool = False) -> None:
-    """Skip with the reason where live tests cannot run; fail a test that needs them but is not marked live.
-
-    ``shared``: called from a module-scoped fixture that also serves unmarked tests (it must then only
-    take the live path when a live test is selected -- see ``live_selected``)."""
+def require_live() -> None:
+    """Skip with the reason where live tests cannot run; fail a test that needs them but is not marked live."""
     item = current_test
-    if not shared and item is not None and item.get_closest_marker("live") is None:
+    if item is not None and item.get_closest_marker("live") is None:
         pytest.fail(f"{item.nodeid} needs root and real cgroups but is not marked @pytest.mark.live", pytrace=False)
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
 
 
-def live_selected(request: pytest.FixtureRequest) -> bool:
-    """Whether this run selected any live-marked test of the requesting module (and this host can run them)."""
-    module = request.module
-    selected = any(i.get_closest_marker("live") for i in request.session.items if getattr(i, "module", None) is module)
-    return selected and skip_reason() is None
-
-
 @contextlib.contextmanager
-def memory_cgroup(limit_bytes: int, name: str = "llmdiag-test", *, shared: bool = False) -> Iterator[LiveGroup]:
+def memory_cgroup(limit_bytes: int, name: str = "llmdiag-test") -> Iterator[LiveGroup]:
     """Create a limited child of our own memory cgroup (and its v2 twin), yield it, remove both.
 
     On exit every process in the group -- ours and any it started -- is killed by PID, then the
     directories are removed; a group that could not be removed fails the test rather than leaking.
     """
-    require_live(shared=shared)
+    require_live()
     if not 0 < limit_bytes <= MAX_LIMIT_BYTES:
         raise ValueError(f"live test groups need a limit between 1 byte and {MAX_LIMIT_BYTES >> 30} GiB")
     groups = ScenarioCgroups(prefix=name)

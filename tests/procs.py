@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -26,6 +27,16 @@ def _tail(log: Path | None, n: int = 2000) -> str:
     with contextlib.suppress(OSError):
         return ": " + log.read_text(errors="replace")[-n:]
     return ""
+
+
+def poll_until(check: Callable[[], object], timeout_s: float, every_s: float = 0.1) -> bool:
+    """Poll ``check`` until it is truthy (True) or the deadline passes (False): the wait instead of a fixed sleep."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(every_s)
+    return True
 
 
 def stop(proc: subprocess.Popen, term_timeout_s: float = 15.0) -> None:  # type: ignore[type-arg]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -22,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +85,31 @@ class PromServer:
         with contextlib.suppress(OSError):
             return (self.folder / "prometheus.log").read_text(errors="replace")[-n:]
         return ""
+
+
+def rules_evaluated_after(url: str, since: float, *, alerting_only: bool = False) -> bool:
+    """Whether every rule group of the Prometheus at ``url`` has been evaluated after ``since`` (epoch seconds).
+
+    What a test waits for instead of sleeping "a few evaluation cycles": once each group ran after the
+    moment of interest, the recording rules and alert states reflect it. ``alerting_only``: only the groups
+    holding an alerting rule (the long-window recording groups may evaluate only every few minutes)."""
+    try:
+        body = httpx.get(f"{url}/api/v1/rules", timeout=5.0, trust_env=False).json()
+    except (httpx.HTTPError, ValueError):
+        return False
+    groups = body.get("data", {}).get("groups", []) if body.get("status") == "success" else []
+    if alerting_only:
+        groups = [g for g in groups if any(r.get("type") == "alerting" for r in g.get("rules", []))]
+    return bool(groups) and all(_epoch(g.get("lastEvaluation", "")) > since for g in groups)
+
+
+def _epoch(stamp: str) -> float:
+    """RFC 3339 with nanoseconds, as Prometheus writes it (``2026-01-02T03:04:05.123456789Z``), to epoch seconds."""
+    match = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", stamp)
+    if match is None:
+        return 0.0
+    whole = datetime.fromisoformat(match[1] + ("+00:00" if match[3] == "Z" else match[3]))
+    return whole.timestamp() + float(f"0.{match[2] or 0}")
 
 
 def _config(jobs: Sequence[ScrapeJob], interval: str) -> str:

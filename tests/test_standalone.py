@@ -74,6 +74,7 @@ def test_the_pattern_catches_each_kind_of_outside_reference() -> None:
     assert not any(outside_references(t) for t in allowed)
 
 
+@pytest.mark.process
 def test_no_tracked_file_refers_outside_the_repository() -> None:
     files = tracked_files()
     assert len(files) > 100, "found too few files: the walk is broken"

@@ -37,6 +37,8 @@ from diag.timeline import timeline_from_records
 from tests.paths import FIXTURES
 from tests.promserver import prometheus
 
+pytestmark = pytest.mark.process
+
 RECORDINGS = sorted((FIXTURES / "scenarios").glob("*.jsonl.gz")) + sorted((FIXTURES / "uninstrumented").glob("*.jsonl.gz"))
 SLOT_S = 900.0  # each recording gets its own quarter hour: no rate window reaches into the next one
 STEP_S = 5
@@ -91,6 +93,7 @@ def judged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Judged]:
     return views
 
 
+@pytest.mark.slow
 def test_every_recording_was_judged_by_both(judged: dict[str, Judged]) -> None:
     assert len(judged) == len(RECORDINGS) >= 15
     assert any(v.fired for v in judged.values())  # the alerts saw something at all: the conversion worked

@@ -37,11 +37,13 @@ def _diag(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*DIAG, *args], capture_output=True, text=True, timeout=120, check=False)
 
 
+@pytest.mark.process
 def test_committed_files_are_up_to_date() -> None:
     result = _diag("alerts", "--check")
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.process
 def test_check_fails_when_stale(tmp_path: Path) -> None:
     """A changed file, and a file the spec no longer produces, both count as stale."""
     assert _diag("alerts", "--out", str(tmp_path)).returncode == 0
@@ -57,6 +59,7 @@ def test_check_fails_when_stale(tmp_path: Path) -> None:
     assert result.returncode == 1 and "slo-old.rules.yaml" in result.stderr
 
 
+@pytest.mark.process
 def test_bad_spec_is_one_line_exit_2(tmp_path: Path) -> None:
     doc = yaml.safe_load(Path("alerts/slo.yaml").read_text())
     doc["slos"][1]["latency"]["threshold"] = 2
@@ -70,6 +73,7 @@ def test_bad_spec_is_one_line_exit_2(tmp_path: Path) -> None:
     assert _diag("alerts", "--slo", str(tmp_path / "nope.yaml")).returncode == 2
 
 
+@pytest.mark.process
 def test_tier_that_cannot_fire_is_warned_and_left_out(tmp_path: Path) -> None:
     doc = yaml.safe_load(Path("alerts/slo.yaml").read_text())
     doc["slos"] = [doc["slos"][0]]
@@ -265,6 +269,7 @@ def test_no_grafana_url_means_no_dashboard_links(tmp_path: Path) -> None:
     assert _links(_render_to(tmp_path, doc)) == []
 
 
+@pytest.mark.process
 @needs_promtool
 def test_promtool_check_rules() -> None:
     files = sorted(map(str, DEFAULT_OUT.glob("*.rules.yaml")))
@@ -273,6 +278,7 @@ def test_promtool_check_rules() -> None:
     assert "SUCCESS" in result.stdout
 
 
+@pytest.mark.process
 @needs_promtool
 def test_vllm_spec_rules_check(tmp_path: Path) -> None:
     assert _diag("alerts", "--slo", "alerts/slo-vllm.yaml", "--out", str(tmp_path)).returncode == 0
@@ -284,6 +290,7 @@ def test_vllm_spec_rules_check(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.process
 @needs_amtool
 def test_alertmanager_snippet_checks_and_routes() -> None:
     config = str(DEFAULT_OUT / "alertmanager.yaml")
@@ -304,6 +311,7 @@ def test_alertmanager_snippet_checks_and_routes() -> None:
     assert fast["equal"] == ["slo", "model"]
 
 
+@pytest.mark.process
 def test_metrics_url_checks_thresholds_against_a_live_endpoint(tmp_path: Path) -> None:
     """A local HTTP server speaking the Prometheus text format stands in for a vLLM /metrics endpoint."""
     import threading

@@ -75,6 +75,7 @@ def test_healthy_recording_concludes_nothing(tmp_path: Path) -> None:
     assert cat.INCIDENT_INFO.name not in got
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -50,6 +50,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
         yield started
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_diag_alerts_test_runs_every_generated_test(runs: dict[str, Run]) -> None:
     result = runs["cli"].result()
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
@@ -91,6 +93,7 @@ def _broken_copy(tmp_path: Path, old: str, new: str) -> Path:
     return out / "tests" / "slo-ttft.test.yaml"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(("old", "new", "failing"), BREAKAGES)
 def test_generated_tests_catch_a_broken_rule(runs: dict[str, Run], old: str, new: str, failing: str) -> None:
     result = runs[old].result()  # promtool on a copy of the generated rules with `old` replaced by `new`

@@ -12,12 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 from alerts.alertmanager import alertmanager_config
 from alerts.generate import dump_yaml
 from alerts.spec import DEFAULT_SPEC_PATH, parse_spec
 from tests.alerts import livestack
+
+pytestmark = pytest.mark.process
 
 
 def _config(sink: livestack.Sink) -> str:

@@ -213,6 +213,7 @@ def _cli(tmp_path: Path, data: bytes | None, *extra: str) -> subprocess.Complete
     )  # fmt: skip
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "data",
     [_bomb(), b"[" * 5_000 + b"]" * 5_000, b"\xff\xfe\x00\x01", b"objective: 1" + b"1" * 5_000 + b"\n"],
@@ -227,6 +228,7 @@ def test_cli_refuses_hostile_specs_without_a_traceback(tmp_path: Path, data: byt
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]  # nothing written anywhere
 
 
+@pytest.mark.process
 def test_cli_writes_only_inside_out(tmp_path: Path) -> None:
     result = _cli(tmp_path, DEFAULT_SPEC_PATH.read_bytes())
     assert result.returncode == 0, result.stderr
@@ -235,6 +237,7 @@ def test_cli_writes_only_inside_out(tmp_path: Path) -> None:
     assert written and all(p.resolve().is_relative_to((tmp_path / "out").resolve()) for p in written)
 
 
+@pytest.mark.process
 def test_cli_unwritable_out_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "blocker").write_text("a file where a directory must go\n")
     (tmp_path / "spec.yaml").write_bytes(DEFAULT_SPEC_PATH.read_bytes())

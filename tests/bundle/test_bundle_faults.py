@@ -86,6 +86,7 @@ def test_every_unreadable_source_is_named_with_its_reason(tmp_path: Path) -> Non
     assert refused.returncode == 2 and "not readable by this user" in refused.stderr and len(refused.stderr.splitlines()) == 1
 
 
+@pytest.mark.process
 def test_a_damaged_recorder_costs_the_bundle_its_history_only(tmp_path: Path) -> None:
     recorder = tmp_path / "recorder.db"
     recorder.write_bytes(os.urandom(8192))
@@ -98,6 +99,7 @@ def test_a_damaged_recorder_costs_the_bundle_its_history_only(tmp_path: Path) ->
     verify_sums(run.root)
 
 
+@pytest.mark.process
 def test_bundle_help_documents_the_exit_status() -> None:
     proc = subprocess.run([sys.executable, "-m", "diag.cli", "bundle", "--help"], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "COLUMNS": "200"})  # fmt: skip

@@ -16,6 +16,8 @@ from diag.rules.engine import analyze
 from diag.sources import load_bundle
 from tests.bundle.helpers import all_files, verify_sums, write_history
 
+pytestmark = pytest.mark.process
+
 AUTHORED = ("report.md", "report.html", "findings.json", "log.txt", "redaction.json")
 
 

@@ -104,6 +104,7 @@ def _until(done: Callable[[], bool], what: str, within_s: float = 60.0) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_bundle_of_a_live_queue_backlog(tmp_path: Path) -> None:
     require_live()
     began = time.monotonic()

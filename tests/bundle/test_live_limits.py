@@ -43,6 +43,8 @@ def _gone_within(pid: int, seconds: float) -> bool:
     return not _alive(pid)
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_hung_collectors_are_recorded_and_the_bundle_keeps_its_deadline(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -63,6 +63,7 @@ def test_the_bundle_collects_volatile_state_first_and_names_every_step_once(tmp_
     assert by["nvidia-smi"].timeout_s == state.options.command_timeout_s and by["nvidia-smi"].plugin == "gpu"
 
 
+@pytest.mark.process
 def test_a_new_plugin_is_one_declaration_and_the_runner_does_the_rest(tmp_path: Path) -> None:
     present = tmp_path / "present.txt"
     present.write_text("".join(f"line {i:04d}\n" for i in range(1000)))  # 10 000 bytes: over the cap below
@@ -132,6 +133,7 @@ def test_a_copy_step_names_unresolved_sources_and_ignores_the_errnos_it_declares
     assert _run((Plugin("q", "q", Phase.AFTER_SNAPSHOT, 5.0, COMMON, (skipped,)),), _state(tmp_path))["none"].status == "skipped"
 
 
+@pytest.mark.process
 def test_a_hung_command_of_a_plugin_is_killed_at_the_plugin_deadline_and_keeps_its_output(tmp_path: Path) -> None:
     plugin = Plugin(
         "stuck", "a command that hangs", Phase.AFTER_SNAPSHOT, timeout=1.0, redaction=COMMON,
@@ -174,6 +176,7 @@ def test_the_journal_masks_prompts_and_completions_of_the_request_log() -> None:
     assert CANARY in Redactor().text(VLLM_LINES, "raw/journal.txt")
 
 
+@pytest.mark.process
 def test_the_journal_plugin_applies_its_masks_in_a_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if not any(os.path.isdir(p) for p in ("/run/systemd/system", "/run/log/journal", "/var/log/journal")):
         pytest.skip("no journal directory on this host: the journal plugin skips (tested by its reason)")

@@ -30,6 +30,7 @@ def png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", head[16:24])
 
 
+@pytest.mark.process
 def test_the_console_detector_sees_errors_and_blocked_fetches(tmp_path: Path) -> None:
     probe = tmp_path / "probe.html"
     probe.write_text(
@@ -42,6 +43,7 @@ def test_the_console_detector_sees_errors_and_blocked_fetches(tmp_path: Path) ->
     assert any("Content Security Policy" in m for m in console)
 
 
+@pytest.mark.process
 def test_report_html_renders_its_charts_without_console_messages(tmp_path: Path) -> None:
     rec = tmp_path / "recorder.db"
     write_history(rec, end=time.time(), seconds=300)

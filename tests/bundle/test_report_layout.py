@@ -81,6 +81,7 @@ def _measured(page: str, width: int, folder: Path) -> dict:
     return json.loads(html_lib.unescape(found.group(1)))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("width", [1400, 800, 500])
 @pytest.mark.parametrize("name", ["duplicate-models", "host-oom"])
 def test_every_evidence_table_stays_inside_its_card(tmp_path: Path, name: str, width: int) -> None:

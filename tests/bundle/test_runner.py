@@ -9,6 +9,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from diag.bundle.bounded import read_tail, run_command
 from diag.bundle.plugin import Context, Output
 from diag.bundle.runner import Collector, command_output, run_collectors
@@ -60,6 +62,7 @@ def test_read_tail_keeps_the_end_of_a_stream(tmp_path: Path) -> None:
     assert tail.data.decode().endswith("event 04999\n") and len(tail.data) <= 2000
 
 
+@pytest.mark.process
 def test_a_command_past_its_deadline_is_killed_with_its_whole_group(tmp_path: Path) -> None:
     pidfile = tmp_path / "child.pid"
     script = f"echo started; sleep 300 & echo $! > {pidfile}; wait"
@@ -69,6 +72,7 @@ def test_a_command_past_its_deadline_is_killed_with_its_whole_group(tmp_path: Pa
     assert _gone(int(pidfile.read_text()))  # the grandchild went with the group
 
 
+@pytest.mark.process
 def test_command_output_over_the_cap_keeps_the_tail() -> None:
     code = "import sys\nfor i in range(100000): sys.stdout.write(f'row {i:06d}\\n')"
     res = run_command([sys.executable, "-c", code], _ctx(30), cap=4096)
@@ -117,6 +121,7 @@ def test_the_bundle_deadline_caps_every_collector_timeout() -> None:
     assert run.timeout_s <= 0.5 and run.timeout_hit and not run.abandoned  # it acknowledged the cancel
 
 
+@pytest.mark.process
 def test_a_command_that_prints_then_hangs_keeps_its_output_when_killed_at_once(tmp_path: Path) -> None:
     # Printed and still in the pipe when the deadline hits: read after the kill, not lost with the process.
     pidfile = tmp_path / "pid"
@@ -125,6 +130,7 @@ def test_a_command_that_prints_then_hangs_keeps_its_output_when_killed_at_once(t
     assert _gone(int(pidfile.read_text()))
 
 
+@pytest.mark.process
 def test_an_abandoned_command_collector_keeps_what_was_printed(tmp_path: Path) -> None:
     """A collector stuck past its deadline (here: running its command under a later deadline of its own, as a
     worker blocked in a kill or a slow wait would be) is abandoned -- and what its command printed is kept."""

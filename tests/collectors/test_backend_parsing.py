@@ -248,6 +248,7 @@ def _server(mode: str) -> Iterator[str]:
         srv.server_close()
 
 
+@pytest.mark.process
 def test_a_million_series_is_cut_off_at_the_byte_cap_and_counted() -> None:
     with _server("million") as url:
         tracemalloc.start()
@@ -268,6 +269,7 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.process
 def test_every_way_a_scrape_fails_is_a_record_and_a_count_never_an_exception() -> None:
     health = ScrapeHealth()
     for mode, reason in (("html", "no_families"), ("error", "http"), ("garbage", "parse"), ("slow", "timeout")):

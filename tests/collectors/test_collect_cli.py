@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ import pytest
 from collectors.catalog import CATALOG, MEMINFO_FIELDS
 from collectors.recorder import FlightRecorder
 from tests.paths import EXTERNAL
+from tests.procs import poll_until
 
 FIXTURES = EXTERNAL
 NODE_EXPORTER = FIXTURES / "node_exporter"
@@ -53,6 +55,7 @@ def once_output(tmp_path_factory: pytest.TempPathFactory) -> str:
     return proc.stdout
 
 
+@pytest.mark.process
 def test_once_matches_node_exporter_pressure(once_output: str) -> None:
     ours, theirs = _parse_exposition(once_output), _expected()
     pairs = {
@@ -66,6 +69,7 @@ def test_once_matches_node_exporter_pressure(once_output: str) -> None:
         assert ours[mine] == pytest.approx(theirs[node], rel=1e-12), mine
 
 
+@pytest.mark.process
 def test_once_matches_node_exporter_meminfo_and_vmstat(once_output: str) -> None:
     ours, theirs = _parse_exposition(once_output), _expected()
     assert ours["llmdiag_host_memory_total_bytes"] == theirs["node_memory_MemTotal_bytes"]
@@ -82,6 +86,7 @@ def test_once_matches_node_exporter_meminfo_and_vmstat(once_output: str) -> None
         assert ours[f"llmdiag_host_vmstat_{field}_total"] == value, field
 
 
+@pytest.mark.process
 def test_every_exported_name_is_in_the_catalog(once_output: str) -> None:
     names = {key.split("{", 1)[0] for key in _parse_exposition(once_output)}
     assert names, "nothing exported"
@@ -89,6 +94,7 @@ def test_every_exported_name_is_in_the_catalog(once_output: str) -> None:
     assert not unknown, f"metric names spelled outside the catalog: {unknown}"
 
 
+@pytest.mark.process
 def test_bad_arguments_fail_with_a_clear_message(tmp_path: Path) -> None:
     cases = [
         (["collect", "--interval", "soon"], "not a duration"),
@@ -166,6 +172,7 @@ def test_every_option_is_checked_before_work_and_inapplicable_ones_are_refused(t
     assert not any((tmp_path / f"b{i}").exists() for i in (1, 2, 3, 4, 5)), "--out is created only once all is valid"
 
 
+@pytest.mark.process
 def test_bundle_creates_an_out_folder_that_does_not_exist_yet(tmp_path: Path) -> None:
     out = tmp_path / "new" / "deeper"
     proc = subprocess.run([*DIAG, "bundle", "--out", str(out), "--no-gpu", "--no-tar", "--recorder", str(tmp_path / "none.db"),
@@ -175,6 +182,7 @@ def test_bundle_creates_an_out_folder_that_does_not_exist_yet(tmp_path: Path) ->
     assert (root / "manifest.json").is_file() and f"Bundle: {root}" in proc.stdout
 
 
+@pytest.mark.process
 def test_snapshot_says_which_targets_do_not_exist_and_where_it_looked() -> None:
     proc = subprocess.run([*DIAG, "snapshot", "--no-gpu", "--pid", "999999", "--cgroup", "/nope"], capture_output=True,
                           text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
@@ -192,6 +200,7 @@ def test_snapshot_says_which_targets_do_not_exist_and_where_it_looked() -> None:
     assert scope["resolved_pids"] == [os.getpid()] and scope["missing"][0].startswith("cgroup /nope: not found under")
 
 
+@pytest.mark.process
 def test_collect_warns_about_a_missing_target_once_and_records_the_watch_scope(tmp_path: Path) -> None:
     recorder = tmp_path / "r.db"
     proc = subprocess.run(
@@ -214,6 +223,16 @@ def test_collect_warns_about_a_missing_target_once_and_records_the_watch_scope(t
     assert metrics['llmdiag_watch_targets{kind="pid"}'] == 2 and metrics['llmdiag_watch_targets_found{kind="pid"}'] == 1
 
 
+def _host_rows(path: Path) -> int:
+    """Host samples committed in a recorder an agent is writing (0 while it is not created or not readable yet)."""
+    try:
+        with FlightRecorder(path, readonly=True) as rec:
+            return rec.count("host")
+    except (OSError, sqlite3.Error):
+        return 0
+
+
+@pytest.mark.process
 def test_a_corrupt_recorder_is_named_by_analyze_and_set_aside_by_collect(tmp_path: Path) -> None:
     recorder = tmp_path / "recorder.db"
     junk = os.urandom(8192)
@@ -242,7 +261,7 @@ def test_a_corrupt_recorder_is_named_by_analyze_and_set_aside_by_collect(tmp_pat
                 break
             time.sleep(0.1)
         assert metrics['llmdiag_recorder_resets_total{reason="corrupt"}'] == 1
-        time.sleep(0.5)
+        assert poll_until(lambda: _host_rows(recorder) >= 2, 20), "the fresh recorder never got two host samples"
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
@@ -254,6 +273,7 @@ def test_a_corrupt_recorder_is_named_by_analyze_and_set_aside_by_collect(tmp_pat
     assert subprocess.run([*DIAG, "analyze", "--recorder", str(recorder)], capture_output=True, timeout=60).returncode == 0
 
 
+@pytest.mark.process
 def test_snapshot_json_on_this_host() -> None:
     proc = subprocess.run([*DIAG, "snapshot", "--json", "--pid", str(os.getpid())], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -265,6 +285,7 @@ def test_snapshot_json_on_this_host() -> None:
     assert any(p["pid"] == os.getpid() for p in doc["processes"]), "a --pid process is always listed"
 
 
+@pytest.mark.process
 def test_snapshot_table_renders() -> None:
     proc = subprocess.run([*DIAG, "snapshot"], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0, proc.stderr
@@ -272,6 +293,7 @@ def test_snapshot_table_renders() -> None:
         assert heading in proc.stdout
 
 
+@pytest.mark.process
 def test_agent_serves_records_and_stops_cleanly(tmp_path: Path) -> None:
     recorder = tmp_path / "r.db"
     proc = subprocess.Popen(
@@ -295,7 +317,8 @@ def test_agent_serves_records_and_stops_cleanly(tmp_path: Path) -> None:
         metrics = _parse_exposition(body)
         assert metrics["llmdiag_host_memory_total_bytes"] > 0
         assert metrics["llmdiag_agent_resident_memory_bytes"] > 0
-        time.sleep(1.0)
+        # A few committed samples, so the SIGTERM below lands on an agent that has been writing.
+        assert poll_until(lambda: _host_rows(recorder) >= 3, 20), "the agent never recorded three host samples"
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         code = proc.wait(timeout=15)

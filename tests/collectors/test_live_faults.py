@@ -115,6 +115,7 @@ FULL = "llmdiag_recorder_disk_full_total"
 ERRORS = "llmdiag_recorder_write_errors_total"
 
 
+@pytest.mark.slow
 @pytest.mark.live
 def test_a_full_disk_costs_the_oldest_rows_never_the_agent(tmp_path: Path) -> None:
     _require_mount()
@@ -246,6 +247,7 @@ def _churner(tmp_path: Path) -> Path:
     return exe
 
 
+@pytest.mark.process
 def test_processes_appearing_and_vanishing_by_the_thousand_cost_no_sample(tmp_path: Path) -> None:
     """Every process read in full (top = all), while thousands start and exit per second, for a bounded time."""
     churn_s = 6.0

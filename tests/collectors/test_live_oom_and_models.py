@@ -115,6 +115,7 @@ def model_file(tmp_path: Path) -> Iterator[str]:
     yield os.path.realpath(path)
 
 
+@pytest.mark.process
 def test_processes_mapping_or_holding_a_model_are_counted(model_file: str) -> None:
     procs: list[subprocess.Popen[bytes]] = []
     try:

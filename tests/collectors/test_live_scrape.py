@@ -28,6 +28,8 @@ from diag.sources.recorder import load_recorder
 from tests.promserver import free_port
 from tests.vllm_wire import VllmMetrics, serve
 
+pytestmark = pytest.mark.process
+
 DIAG = [sys.executable, "-m", "diag.cli"]
 
 
@@ -58,6 +60,7 @@ def _wait(check, timeout_s: float, what: str) -> None:  # type: ignore[no-untype
     raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
+@pytest.mark.slow
 def test_an_uninstrumented_vllm_host_is_scraped_counted_analysed_and_bundled(tmp_path: Path) -> None:
     rec = tmp_path / "rec.db"
     listen = free_port()
@@ -115,6 +118,7 @@ def test_an_uninstrumented_vllm_host_is_scraped_counted_analysed_and_bundled(tmp
     assert "aggregated.queue_vs_thrash" in json.loads(bundled.stdout)["evaluated"]
 
 
+@pytest.mark.slow
 def test_scrape_auto_finds_the_reference_backend_by_its_weights_file(tmp_path: Path) -> None:
     rec = tmp_path / "rec.db"
     srv = start_demo(workers=1, weights_mb=8, weights_dir=tmp_path / "w", log_dir=tmp_path)

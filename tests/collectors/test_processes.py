@@ -23,7 +23,7 @@ from collectors.processes import (
     parse_stat,
     split_cmdline,
 )
-from collectors.records import ProcessSample, record_from_json
+from collectors.records import record_from_json
 from tests.collectors.proc_builders import make_proc
 from tests.collectors.proc_builders import maps_line as _maps_line
 from tests.collectors.proc_builders import rollup as _rollup
@@ -71,7 +71,7 @@ def test_procfs_fixture_parses_to_its_known_values() -> None:
     assert "No such file" in s.missing["memory_cgroup"]
     assert s.model_files == []
     assert "model_files" in s.missing
-    assert isinstance(record_from_json(s.to_json()), ProcessSample)
+    assert record_from_json(s.to_json()) == s  # the recorder's JSON round trip keeps every field
 
 
 # --------------------------------------------------------------------------- pure parsers
@@ -305,6 +305,7 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
         proc.wait(timeout=10)
 
 
+@pytest.mark.process
 def test_real_watched_process(sleeper: subprocess.Popen[bytes]) -> None:
     sampler = ProcessSampler(top_n=0, watch_pids=[sleeper.pid, os.getpid()])
     deadline = time.monotonic() + 5

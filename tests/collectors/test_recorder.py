@@ -133,6 +133,7 @@ _WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("round_", range(3))
 @pytest.mark.parametrize("during", ["write", "trim"])
 def test_kill_9_mid_write_or_trim_loses_nothing_committed(tmp_path: Path, round_: int, during: str) -> None:
@@ -162,6 +163,7 @@ def test_kill_9_mid_write_or_trim_loses_nothing_committed(tmp_path: Path, round_
         assert sum(1 for _ in rec.read()) == rec.count()
 
 
+@pytest.mark.process
 def test_kill_9_of_the_agent_loses_no_committed_sample_and_the_next_start_recovers(tmp_path: Path) -> None:
     recorder = tmp_path / "r.db"
     argv = [sys.executable, "-m", "diag.cli", "collect", "--interval", "50ms", "--listen", "off", "--recorder",

@@ -22,6 +22,7 @@ from diag.cli.collect import _scrape_targets
 DIAG = [sys.executable, "-m", "diag.cli", "collect"]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -72,6 +73,7 @@ def test_listening_sockets_and_which_are_reachable_over_loopback() -> None:
     assert reach[2003] == (None, 8006)  # 2001:db8::1
 
 
+@pytest.mark.process
 def test_this_process_listening_socket_is_found_through_proc() -> None:
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))

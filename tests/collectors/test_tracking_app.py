@@ -33,6 +33,8 @@ from collectors.records import REQUEST_OUTCOMES, LoaderEvent, RequestTiming
 from collectors.tracking import AdmissionConfig, RequestTracker, instrument_fastapi
 from tests.collectors.registry_samples import sample_value
 
+pytestmark = pytest.mark.process
+
 # --------------------------------------------------------------------------- the test app
 
 

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collectors import catalog
@@ -100,6 +101,7 @@ def _samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
     return out
 
 
+@pytest.mark.process
 def test_metrics_sum_over_two_worker_processes(tmp_path: Path) -> None:
     with workers(tmp_path, 2, LLMDIAG_TEST_MAX_CONCURRENCY="3", LLMDIAG_TEST_QUEUE_SIZE="5") as (base, _proc):
         sent = 0
@@ -126,6 +128,7 @@ def test_metrics_sum_over_two_worker_processes(tmp_path: Path) -> None:
     assert {r.pid for r in rows} == pids
 
 
+@pytest.mark.process
 def test_dead_workers_live_gauges_are_swept(tmp_path: Path) -> None:
     """A worker killed without cleanup (OOM kill) must not keep reporting its last queue depth."""
     prom = tmp_path / "prom"

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import ClassVar
 
+import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,6 +49,7 @@ _CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.process
 def test_spans_go_to_the_otlp_endpoint_from_the_environment() -> None:
     _Receiver.bodies = []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
@@ -87,6 +89,7 @@ def test_spans_go_to_the_otlp_endpoint_from_the_environment() -> None:
     assert inference["gen_ai.usage.output_tokens"].int_value == 5
 
 
+@pytest.mark.process
 def test_an_application_provider_wins_over_the_environment() -> None:
     child = textwrap.dedent(
         """

@@ -33,7 +33,7 @@ from dashboards.promql import metric_names, series_known
 from dashboards.synthetic import exposition
 from tests import procs
 from tests.livecg import memory_cgroup
-from tests.promserver import PromServer, free_port, require_prometheus
+from tests.promserver import PromServer, free_port, require_prometheus, rules_evaluated_after
 
 REPO = Path(__file__).resolve().parents[2]
 DIAG = [sys.executable, "-m", "diag.cli"]
@@ -207,7 +207,10 @@ def live_stack(load_s: float = 40.0) -> Iterator[Live]:
                 stop.set()
                 for c in clients:
                     c.join(timeout=35)
-            time.sleep(5)  # the last scrapes and rule evaluations land
+            # The last scrapes and rule evaluations land: a scrape of the agent after the load, then every group evaluated.
+            load_end = time.time()
+            landed = prom.wait_for(f'timestamp(up{{job="llmdiag-agent"}}) > {load_end}', bool, 30)
+            assert landed and procs.poll_until(lambda: rules_evaluated_after(prom.url, load_end + 1), 30), prom.log_tail()
             yield Live(prom, live_start, time.time(), backfill_start, backfill_end, node is not None, rules, families)
     finally:
         shutil.rmtree(work, ignore_errors=True)

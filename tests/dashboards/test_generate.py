@@ -189,6 +189,7 @@ def test_a_panel_naming_an_unknown_metric_fails_generation_with_its_name() -> No
         check_dashboard(board)
 
 
+@pytest.mark.process
 def test_the_cli_reports_an_unknown_metric_in_one_line(tmp_path: Path) -> None:
     script = (
         "import sys\nfrom dashboards import definitions, generate\nfrom dashboards.promql import q\n"
@@ -286,6 +287,7 @@ def test_the_slo_dashboard_answers_per_slo_and_model(boards: dict[str, dict[str,
             assert 'slo=~"$slo"' in t["expr"] and 'model=~"$model"' in t["expr"], (p["title"], t["expr"])
 
 
+@pytest.mark.process
 def test_one_provisioning_path_everywhere() -> None:
     """The generated provisioning.yaml, `diag dashboards --help` and the README name one directory."""
     provisioning = yaml.safe_load((DEFAULT_OUT / "provisioning.yaml").read_text())
@@ -298,6 +300,7 @@ def test_one_provisioning_path_everywhere() -> None:
         assert set(re.findall(r"/[\w/.-]*grafana/dashboards[\w/.-]*", text)) == {GRAFANA_DASHBOARDS_DIR}
 
 
+@pytest.mark.process
 def test_committed_json_is_fresh_and_the_check_fails_when_stale(tmp_path: Path) -> None:
     assert stale(DEFAULT_OUT) == []
     ok = subprocess.run([*DIAG, "dashboards", "--check"], capture_output=True, text=True, timeout=120)
@@ -319,6 +322,7 @@ def test_committed_json_is_fresh_and_the_check_fails_when_stale(tmp_path: Path) 
         assert (out / name).read_text() == text == (DEFAULT_OUT / name).read_text()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [

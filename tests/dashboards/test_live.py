@@ -89,6 +89,7 @@ def backfill_window(live: Live, expr: str) -> list[dict[str, Any]]:
     return query_range(live, expr, live.backfill_start, live.backfill_end, 15.0, 60.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("uid", "title"), OTHER_PANELS, ids=[f"{u}:{t}" for u, t in OTHER_PANELS])
 def test_every_panel_query_returns_data(live: Live, uid: str, title: str) -> None:
     check_panel(live, uid, title)
@@ -169,6 +170,7 @@ def test_every_variable_offers_values_over_the_live_stack(live: Live) -> None:
             assert found - {None, ""}, (d.uid, var["name"], var["query"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("uid", "title"), PERIOD_PANELS, ids=[f"{u}:{t}" for u, t in PERIOD_PANELS])
 def test_every_slo_period_panel_query_returns_data(live: Live, uid: str, title: str) -> None:
     check_panel(live, uid, title)
@@ -187,6 +189,7 @@ def _chromium(page: Path, profile: Path) -> tuple[str, list[str]]:
     return proc.stdout, [m.group("message") for line in proc.stderr.splitlines() if (m := CONSOLE_RE.search(line))]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian chromium")
 def test_preview_page_has_one_chart_per_panel_and_no_console_errors(live: Live, tmp_path: Path) -> None:
     out = tmp_path / "preview.html"

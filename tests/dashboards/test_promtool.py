@@ -56,6 +56,7 @@ def promtool(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(PROMTOOL), "check", "rules", str(path)], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.process
 def test_every_expression_parses_with_promtool(tmp_path: Path) -> None:
     items = expressions()
     assert len(items) > 60
@@ -64,6 +65,7 @@ def test_every_expression_parses_with_promtool(tmp_path: Path) -> None:
     assert f"SUCCESS: {len(items)} rules found" in proc.stdout
 
 
+@pytest.mark.process
 def test_promtool_rejects_a_broken_expression(tmp_path: Path) -> None:
     where, expr = expressions()[0]
     proc = promtool(rules_file([(where, expr + "]]")], tmp_path))

@@ -19,6 +19,8 @@ from dashboards.definitions import all_dashboards
 from tests.promserver import PromServer, ScrapeJob, prometheus, require_prometheus
 from tests.vllm_wire import VllmMetrics, serve
 
+pytestmark = pytest.mark.process
+
 ALL = ".+"  # what Grafana substitutes for an "All" multi-value variable
 
 

@@ -88,6 +88,7 @@ def agent_runs(argv: list[str], tmp: Path) -> list[str]:
 # --------------------------------------------------------------------------- systemd unit
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("which", sorted(UNITS))
 def test_unit_passes_systemd_analyze_verify(tmp_path: Path, which: str) -> None:
     tool = _analyze()
@@ -97,6 +98,7 @@ def test_unit_passes_systemd_analyze_verify(tmp_path: Path, which: str) -> None:
     assert out.returncode == 0 and ours == [], out.stdout + out.stderr
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("which", sorted(UNITS))
 def test_verify_is_a_real_check_a_broken_unit_fails(tmp_path: Path, which: str) -> None:
     tool = _analyze()
@@ -111,6 +113,7 @@ def test_verify_is_a_real_check_a_broken_unit_fails(tmp_path: Path, which: str) 
 EXPOSURE_CEILING = {"agent": 3.5, "triage": 2.5}
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("which", sorted(UNITS))
 def test_unit_exposure_stays_low(tmp_path: Path, which: str) -> None:
     tool = _analyze()
@@ -165,6 +168,8 @@ def test_triage_unit_is_hardened_and_shares_the_agents_user_and_state() -> None:
     assert triage["EnvironmentFile"] == ["-/etc/llm-diag/triage.env"]
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_the_triage_units_command_line_runs_on_the_agents_recorder(tmp_path: Path) -> None:
     """Both ExecStart lines as shipped, %S mapped to one temp dir: the agent writes the recorder, the receiver
     starts on it, takes a delivery on the page route the generated Alertmanager config uses, and stops on SIGTERM."""
@@ -205,6 +210,7 @@ def test_the_triage_units_command_line_runs_on_the_agents_recorder(tmp_path: Pat
     assert proc.returncode == 0, log.read_text(errors="replace")[-2000:]
 
 
+@pytest.mark.process
 def test_the_units_command_line_runs(tmp_path: Path) -> None:
     """ExecStart as shipped (binary and %S mapped to this checkout and a temp dir, a free port)."""
     argv = shlex.split(unit_settings(UNIT.read_text())["[Service]ExecStart"][0])
@@ -312,6 +318,7 @@ def _answers(url: str) -> bool:
 # --------------------------------------------------------------------------- Prometheus
 
 
+@pytest.mark.process
 def test_scrape_config_passes_promtool() -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
@@ -346,6 +353,7 @@ def running_agent(tmp: Path) -> Iterator[int]:
                 proc.wait(5)
 
 
+@pytest.mark.process
 def test_the_shipped_host_job_scrapes_a_real_agent(tmp_path: Path) -> None:
     """The example's host job, targets pointed at a live agent, in a real Prometheus: up, and only our families kept."""
     require_prometheus()
@@ -366,6 +374,8 @@ def test_the_shipped_host_job_scrapes_a_real_agent(tmp_path: Path) -> None:
             assert labels.get("cluster") == "inference-eu1"
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_the_shipped_jobs_feed_the_rules_and_tie_agent_and_backend_by_host(tmp_path: Path) -> None:
     """The shipped host and backend jobs in a real Prometheus with the committed rules loaded: targets pointed at a
     real agent, the real reference backend (our tracker's families) and a vLLM /metrics at the wire (tests/vllm_wire.py);
@@ -442,6 +452,7 @@ def test_daemonset_mounts_host_proc_and_sys_read_only_and_points_the_agent_at_th
     assert dns["port"] == agent["ports"][0]["containerPort"] == int(args["listen"].rsplit(":", 1)[1])
 
 
+@pytest.mark.process
 def test_daemonset_agent_arguments_run(tmp_path: Path) -> None:
     """The pod's args, with the mount points mapped back to the host paths they mount."""
     ds, _ = _daemonset()
@@ -451,6 +462,7 @@ def test_daemonset_agent_arguments_run(tmp_path: Path) -> None:
     assert {"host", "process"} <= set(agent_runs(argv, tmp_path))
 
 
+@pytest.mark.process
 def test_containerfile_runs_the_agent_on_the_hosts_proc_and_sys(tmp_path: Path) -> None:
     argv = containerfile_argv()
     assert argv[:2] == ["/opt/llm-diag/bin/diag", "collect"]
@@ -463,6 +475,7 @@ def test_containerfile_runs_the_agent_on_the_hosts_proc_and_sys(tmp_path: Path) 
     assert {"host", "process"} <= set(agent_runs(run, tmp_path))
 
 
+@pytest.mark.process
 def test_container_image_builds_where_an_engine_runs(tmp_path: Path) -> None:
     engine = next((e for e in ("podman", "docker") if shutil.which(e)), None)
     if engine is None:

@@ -169,6 +169,8 @@ def test_the_check_catches_an_agent_without_the_live_diagnosis(tmp_path: Path) -
     assert not agent_exports([*argv, "--no-gpu"], family("llmdiag_gpu_memory_used_bytes")[1])
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_the_units_command_line_exports_the_live_diagnosis(tmp_path: Path) -> None:
     """ExecStart as shipped (binary and recorder mapped to this checkout and a temp dir, a free port): after one
     diagnosis interval the incident series the LLMDiagIncident alert reads are on /metrics, one per class."""

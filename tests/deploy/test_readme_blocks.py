@@ -47,6 +47,7 @@ def test_the_quickstart_is_make_run_and_make_test_and_ci_runs_make_test() -> Non
     assert re.search(r"^make test$", ci, re.M), "CI must run the README's `make test`"
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_make_run_takes_a_bundle_of_this_host(tmp_path: Path) -> None:
     """`make run` as the README gives it: the install is up to date (this suite runs after `make install`), then the
@@ -65,6 +66,7 @@ def test_make_run_takes_a_bundle_of_this_host(tmp_path: Path) -> None:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_install_and_run_as_a_service_blocks(tmp_path: Path) -> None:
     """The install block into a fresh venv (at a temporary /opt/llm-diag), the unit-install block into a temporary

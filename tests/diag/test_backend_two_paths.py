@@ -28,6 +28,8 @@ from diag.sources.recorder import load_recorder
 from diag.timeline import Timeline
 from tests.promserver import prometheus, require_prometheus
 
+pytestmark = pytest.mark.process
+
 STEPS = 300
 PHASE = 100
 LABEL_VALUES = {  # values of the labels each dialect's families carry

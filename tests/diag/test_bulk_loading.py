@@ -145,6 +145,7 @@ def test_bulk_equals_per_row(clean: Path, recorder: Path) -> None:
     _assert_same(reference, loaders.load_recorder(recorder, workers=1))
 
 
+@pytest.mark.process
 def test_small_batches_and_parallel_parts_equal_per_row(recorder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     reference = _per_row(recorder)
     monkeypatch.setattr(loaders, "BATCH_ROWS", 7)  # many batches, odd rows land in different ones
@@ -171,6 +172,7 @@ def test_a_readers_builder_crosses_the_pipe_whole_and_writable(clean: Path) -> N
     _assert_same(loaders._read_part(clean, None, None, "x").build(), got.build())
 
 
+@pytest.mark.process
 def test_since_window_is_respected(recorder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(loaders, "PARALLEL_MIN_ROWS", 10)
     until = T0 + 300

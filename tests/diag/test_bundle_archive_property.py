@@ -199,6 +199,7 @@ def test_bad_record_rows_are_counted_never_fatal(tmp_path_factory, rows: list[by
     assert tl.counts.get("host", 0) >= 5
 
 
+@pytest.mark.process
 def test_diag_analyze_refuses_a_hostile_archive_in_one_line(tmp_path: Path) -> None:
     archive = _archive(tmp_path / "b.tar.gz", [GOOD, ("../../evil", b"x", {})])
     diag = Path(sys.executable).with_name("diag")
@@ -210,6 +211,7 @@ def test_diag_analyze_refuses_a_hostile_archive_in_one_line(tmp_path: Path) -> N
     assert not (tmp_path.parent / "evil").exists()
 
 
+@pytest.mark.process
 def test_diag_analyze_reads_a_real_archive(tmp_path: Path) -> None:
     folder = _bundle_folder(tmp_path, n=120)
     with tarfile.open(tmp_path / "b.tar.gz", "w:gz") as tar:

@@ -19,6 +19,8 @@ from collectors.recorder import FlightRecorder
 from collectors.records import RequestTiming
 from diag.demo.harness import post_all, sample_sum, scrape, start_demo
 
+pytestmark = pytest.mark.process
+
 RID = catalog.REQUESTS.name
 REJECTIONS = catalog.ADMISSION_REJECTIONS.name
 

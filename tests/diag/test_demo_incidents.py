@@ -17,6 +17,8 @@ import pytest
 from collectors.recorder import FlightRecorder
 from diag.demo.harness import post_all, start_demo
 
+pytestmark = pytest.mark.process
+
 
 @pytest.fixture(scope="module")
 def wdir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -31,6 +32,7 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
 
 
+@pytest.mark.process
 def test_two_workers_count_every_request_once_and_stop_cleanly(tmp_path: Path) -> None:
     rec = tmp_path / "rec.db"
     srv = start_demo(
@@ -99,6 +101,7 @@ def _hwm(pid: int) -> int:
     raise KeyError("VmHWM")
 
 
+@pytest.mark.process
 def test_long_context_raises_worker_memory_and_sigint_stops_it(tmp_path: Path) -> None:
     """An unbounded prompt limit lets one long prompt lift the worker's peak memory (KV cache + activations)."""
     srv = start_demo(["--max-prompt-tokens", "0"], workers=1, weights_mb=16, weights_dir=tmp_path / "w", log_dir=tmp_path)

@@ -15,6 +15,8 @@ import pytest
 from collectors.processes import ProcessSampler, model_process_counts
 from diag.demo.harness import DemoServer, post_all, start_demo
 
+pytestmark = pytest.mark.process
+
 WEIGHTS_MB = 32
 MB = 1024 * 1024
 

@@ -120,6 +120,7 @@ def _analyze(recorder: Path, scope: WatchScope, keep: list[str], name: str, extr
     return analysis
 
 
+@pytest.mark.slow
 def test_thrashing_and_explicit_scope_without_request_rows(tmp_path: Path) -> None:
     """One run, two operators: the thrashing group named as the service is thrashing; the calm group named as
     the service, next to that thrashing neighbour which maps a ``.bin`` file, is a noisy-neighbour victim."""
@@ -143,6 +144,7 @@ def test_thrashing_and_explicit_scope_without_request_rows(tmp_path: Path) -> No
     assert not any(f.cls == "thrashing" and f.confidence >= 0.3 for f in as_svc.findings)
 
 
+@pytest.mark.slow
 def test_duplicate_copies_that_hold_no_file(tmp_path: Path) -> None:
     ckpt = _cold_file(tmp_path / "checkpoint.pt", 80 * MIB)
     recorder = tmp_path / "agent.db"

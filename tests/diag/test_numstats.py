@@ -346,6 +346,7 @@ print(json.dumps({"scipy": sorted(m for m in sys.modules if m == "scipy" or m.st
 """
 
 
+@pytest.mark.process
 def test_rules_engine_runs_every_fixture_without_importing_scipy() -> None:
     """A fresh interpreter: import the engine, analyze every replay fixture (every rule family runs), no scipy loaded."""
     out = subprocess.run(

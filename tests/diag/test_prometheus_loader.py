@@ -28,10 +28,11 @@ import pytest
 from collectors import catalog as cat
 from collectors.recorder import FlightRecorder
 from collectors.records import CgroupSnapshot, HostSnapshot
+from diag.rules.classes import CLASSES, HEALTHY, INCONCLUSIVE
 from diag.rules.engine import analyze
 from diag.sources.prometheus import _ooms_from, _Result, default_step, load_prometheus
 from tests import procs
-from tests.livecg import LiveGroup, live_selected, memory_cgroup, skip_reason
+from tests.livecg import LiveGroup, memory_cgroup
 from tests.promserver import PromServer, ScrapeJob, free_port, prometheus, require_prometheus
 
 DIAG = [sys.executable, "-m", "diag.cli"]
@@ -137,13 +138,12 @@ def _samples(prom: PromServer, expr: str) -> float:
     return float(result[0]["value"][1]) if result else 0.0
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Stack]:
+@contextlib.contextmanager
+def _stack(tmp: Path, live: bool) -> Iterator[Stack]:
+    """The agent, the apps and Prometheus; with ``live``, the agent also watches a real cgroup with an OOM kill in it."""
     require_prometheus()
-    tmp = tmp_path_factory.mktemp("prom-loader")
-    live = live_selected(request)  # a real group and OOM kill only when the live test of this module runs
     with contextlib.ExitStack() as stack:
-        group = stack.enter_context(memory_cgroup(CGROUP_LIMIT, shared=True)) if live else None
+        group = stack.enter_context(memory_cgroup(CGROUP_LIMIT)) if live else None
         if group is not None:
             # A resident member, as a service group has: on a hybrid host whose own v1 and v2 paths differ, the agent
             # finds an explicit group's cgroup2 twin through a member's 0:: line, so an empty group has no PSI.
@@ -199,6 +199,20 @@ def stack(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
         yield Stack(prom, recorder, agent_port, group, victims, node is not None)
 
 
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The stack without cgroups: the same whichever tests of the module were selected."""
+    with _stack(tmp_path_factory.mktemp("prom-loader"), live=False) as built:
+        yield built
+
+
+@pytest.fixture
+def live_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A stack of its own for the live test: a real memory cgroup and a kernel OOM kill in it (root only)."""
+    with _stack(tmp_path_factory.mktemp("prom-loader-live"), live=True) as built:
+        yield built
+
+
 def _load(stack: Stack, selector: str = SELECTOR, **kw: object) -> object:
     return load_prometheus(stack.prom.url, selector=selector, since_s=kw.pop("since_s", 300), **kw)  # type: ignore[arg-type]
 
@@ -211,6 +225,8 @@ def _recorded_hosts(path: Path) -> list[HostSnapshot]:
 # --------------------------------------------------------------------------- host
 
 
+@pytest.mark.slow
+@pytest.mark.process
 def test_host_memory_is_what_the_recorder_holds(stack: Stack) -> None:
     tl = _load(stack)
     hosts = _recorded_hosts(stack.recorder)
@@ -222,6 +238,7 @@ def test_host_memory_is_what_the_recorder_holds(stack: Stack) -> None:
     assert scraped and scraped <= recorded, sorted(scraped - recorded)[:5]
 
 
+@pytest.mark.process
 def test_one_point_per_scrape_by_default(stack: Stack) -> None:
     tl = _load(stack)
     spacing = np.diff(tl.host["memory.total"].ts)
@@ -229,6 +246,7 @@ def test_one_point_per_scrape_by_default(stack: Stack) -> None:
     assert default_step(86_400, 1.0) == pytest.approx(8.64)  # a day stays under Prometheus' 11 000 points
 
 
+@pytest.mark.process
 def test_psi_and_vmstat_counters_are_present_and_monotonic(stack: Stack) -> None:
     tl = _load(stack)
     for key in ("psi.memory.some.total_s", "psi.memory.full.total_s", "psi.cpu.some.total_s", "psi.io.some.total_s",
@@ -243,6 +261,7 @@ def test_psi_and_vmstat_counters_are_present_and_monotonic(stack: Stack) -> None
     assert len(avg) >= 10 and np.all((avg.values >= 0) & (avg.values <= 100))  # percent, as in the recorder
 
 
+@pytest.mark.process
 def test_processes_and_model_counts(stack: Stack) -> None:
     tl = _load(stack)
     assert tl.processes, "the agent exports its top processes"
@@ -254,9 +273,9 @@ def test_processes_and_model_counts(stack: Stack) -> None:
 
 
 @pytest.mark.live
-def test_live_cgroup_and_oom_kill(stack: Stack) -> None:
-    if stack.group is None:
-        pytest.skip(skip_reason() or "no live cgroup")
+def test_live_cgroup_and_oom_kill(live_stack: Stack) -> None:
+    stack = live_stack
+    assert stack.group is not None and stack.oom_victims == 1
     tl = _load(stack)
     series = tl.cgroups[stack.group.path]
     assert set(series["limit"].values) == {float(CGROUP_LIMIT)}
@@ -290,6 +309,7 @@ def test_counter_increases_become_events_counting_through_a_reset() -> None:
     assert {(e.constraint, e.source) for e in events} == {("CONSTRAINT_NONE", "prometheus")}
 
 
+@pytest.mark.process
 def test_without_kills_no_synthetic_oom(stack: Stack) -> None:
     tl = _load(stack, until=time.time(), since_s=3)  # a window after the kill: counters flat
     assert "ooms" in tl.signals() and tl.ooms == []
@@ -298,6 +318,7 @@ def test_without_kills_no_synthetic_oom(stack: Stack) -> None:
 # --------------------------------------------------------------------------- service
 
 
+@pytest.mark.process
 def test_service_series_from_the_tracker(stack: Stack) -> None:
     tl = _load(stack)
     svc = tl.service
@@ -319,6 +340,7 @@ def test_service_series_from_the_tracker(stack: Stack) -> None:
 # --------------------------------------------------------------------------- external exporters
 
 
+@pytest.mark.process
 def test_node_exporter_fallback(stack: Stack) -> None:
     if not stack.node_exporter:
         pytest.skip(f"{NODE_EXPORTER} is not installed (Debian package prometheus-node-exporter)")
@@ -331,6 +353,7 @@ def test_node_exporter_fallback(stack: Stack) -> None:
     assert len(avg) >= 3 and np.all((avg.values >= 0) & (avg.values <= 100))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("fmt", ["openmetrics", "text"])
 def test_vllm_cadvisor_dcgm_fallbacks(stack: Stack, fmt: str) -> None:
     tl = _load(stack, selector=f'job="ext-app-{fmt}"')
@@ -351,6 +374,7 @@ def test_vllm_cadvisor_dcgm_fallbacks(stack: Stack, fmt: str) -> None:
 # --------------------------------------------------------------------------- selectors and hosts
 
 
+@pytest.mark.process
 def test_selector_filters(stack: Stack) -> None:
     app_only = _load(stack, selector='job="llm-app"')
     assert app_only.host == {} and app_only.processes == {} and "throughput_rps" in app_only.service
@@ -359,6 +383,7 @@ def test_selector_filters(stack: Stack) -> None:
     assert nothing.signals() == set()
 
 
+@pytest.mark.process
 def test_several_hosts_use_one_and_say_so(stack: Stack) -> None:
     tl = _load(stack, selector='job=~"llm-host|mirror"')
     assert "2 hosts matched" in tl.source
@@ -369,6 +394,7 @@ def test_several_hosts_use_one_and_say_so(stack: Stack) -> None:
 # --------------------------------------------------------------------------- errors
 
 
+@pytest.mark.process
 def test_errors_are_value_errors_with_a_reason(stack: Stack) -> None:
     with pytest.raises(ValueError, match="cannot reach Prometheus"):
         load_prometheus(f"http://127.0.0.1:{free_port()}", since_s=60, timeout_s=5)
@@ -383,6 +409,7 @@ def test_errors_are_value_errors_with_a_reason(stack: Stack) -> None:
 # --------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.process
 def test_diag_analyze_prometheus_json(stack: Stack) -> None:
     out = subprocess.run(
         [*DIAG, "analyze", "--prometheus", stack.prom.url, "--selector", SELECTOR, "--since", "5m", "--json"],
@@ -390,7 +417,7 @@ def test_diag_analyze_prometheus_json(stack: Stack) -> None:
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    assert isinstance(doc["verdict"]["primary"], str)
+    assert doc["verdict"]["primary"] in {c.name for c in CLASSES} | {HEALTHY, INCONCLUSIVE}
     assert doc["source"].startswith(f"prometheus:{stack.prom.url}")
     lacking = {entry["rule"]: entry["missing"] for entry in doc["not_evaluated"]}
     # Prometheus has no per-request rows, MoE routing or loader events: those rules say so

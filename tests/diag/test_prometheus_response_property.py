@@ -122,6 +122,7 @@ def hostile_server() -> Iterator[tuple[str, dict]]:
         thread.join(timeout=10)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("name", list(HOSTILE))
 @pytest.mark.parametrize("status", [200, 500])
 def test_hostile_replies_give_a_timeline_or_one_clear_error(hostile_server: tuple[str, dict], name: str, status: int) -> None:

@@ -60,7 +60,7 @@ def test_healthy_run_from_histograms_finds_nothing() -> None:
 def test_a_few_steps_are_too_little_data() -> None:
     tl = _as_fleet("queue")
     tl.service = {k: Series(s.ts[:3], s.values[:3]) for k, s in tl.service.items()}
-    assert isinstance(queue_vs_thrash(tl), TooLittleData)
+    assert queue_vs_thrash(tl) == TooLittleData(have="3 steps with requests", needed="5 steps with requests")
 
 
 def test_a_wait_that_dwarfs_a_doubled_inference_is_a_backlog_from_histograms() -> None:

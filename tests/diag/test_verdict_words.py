@@ -129,6 +129,7 @@ def test_a_named_verdict_keeps_its_plain_words() -> None:
     assert verdict_headline("healthy") == PLAIN["healthy"]
 
 
+@pytest.mark.process
 def test_analyze_on_a_two_sample_recorder_says_it_had_too_little_data(tmp_path: Path) -> None:
     """The reported case: the real agent records two samples, ``diag analyze`` reads them."""
     recorder = tmp_path / "two.db"

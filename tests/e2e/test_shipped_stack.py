@@ -217,6 +217,7 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
     yield result  # ScenarioCgroups killed what was left in the group by PID and removed it
 
 
+@pytest.mark.slow
 def test_a_queue_overload_is_one_paging_incident_diagnosed_as_a_queue_backlog(outcome: Outcome) -> None:
     snap = outcome.queue
     assert snap is not None

@@ -48,7 +48,7 @@ RECORD_ENV = "LLMDIAG_RECORD_SCENARIO_FIXTURES"
 SHARED_RUNS = {"leak": "leak_scenario"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def weights_dir(scenario_weights: Path) -> Path:
     return scenario_weights
 
@@ -91,6 +91,7 @@ def _explain(result: ScenarioResult) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.slow
 @pytest.mark.live
 @pytest.mark.parametrize("name", SCENARIO_NAMES)
 def test_scenario_reproduces_its_incident(name: str, weights_dir: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
@@ -131,6 +132,7 @@ def test_scenario_reproduces_its_incident(name: str, weights_dir: Path, tmp_path
         shutil.copyfile(export, FIXTURES / f"{name}.jsonl.gz")
 
 
+@pytest.mark.slow
 @pytest.mark.live
 def test_sigterm_mid_scenario_removes_every_process_and_group(tmp_path: Path) -> None:
     """``kill <pid>`` while the load runs: exit 130, and nothing of the scenario is left."""

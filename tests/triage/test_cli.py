@@ -103,6 +103,7 @@ def test_readers_on_a_file_that_is_not_a_store_say_so_in_one_line(tmp_path, comm
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["triage.db"]
 
 
+@pytest.mark.process
 def test_serve_moves_a_damaged_store_aside_and_starts_afresh(tmp_path):
     path = tmp_path / "triage.db"
     path.write_bytes(NOISE)
@@ -127,6 +128,7 @@ def test_serve_refuses_another_programs_database(tmp_path):
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["recorder.db"]
 
 
+@pytest.mark.process
 def test_no_diagnosis_is_said_on_startup_incident_ticket_and_page(tmp_path):
     github = GitHub()
     path = tmp_path / "triage.db"

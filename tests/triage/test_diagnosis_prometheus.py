@@ -22,6 +22,8 @@ from diag.triage.store import connect
 from tests.promserver import ScrapeJob, free_port, prometheus, require_prometheus
 from tests.triage.helpers import REPO, alert, body
 
+pytestmark = pytest.mark.process
+
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
@@ -60,6 +62,7 @@ def diagnosed(rx: Receiver, alertname: str, timeout_s: float = 180) -> dict:
     raise AssertionError(f"{alertname}: no diagnosis within {timeout_s}s")
 
 
+@pytest.mark.slow
 def test_selector_from_alert_labels_drives_the_prometheus_diagnosis(fleet):
     rx, port = fleet
     url = f"http://127.0.0.1:{rx.port}/webhook"

@@ -28,6 +28,8 @@ from hypothesis import strategies as st
 from diag.triage.asgi import MAX_HEADER_BYTES
 from tests.triage.helpers import REPO, alert, body
 
+pytestmark = pytest.mark.process
+
 REQUEST_TIMEOUT_S = 2.0
 IDLE_TIMEOUT_S = 3.0
 MAX_BODY = 64 * 1024

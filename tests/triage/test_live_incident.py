@@ -41,6 +41,7 @@ def fault(tmp_path_factory, leak_scenario):
     return tmp_path_factory.mktemp("live"), run.recorder, run.started, run.finished
 
 
+@pytest.mark.slow
 def test_live_fault_alert_delivered_and_diagnosed_as_the_scenario_class(fault):
     folder, recorder, started, finished = fault
     rx = ReceiverProcess(folder / "triage.db", "--recorder", str(recorder)).start()

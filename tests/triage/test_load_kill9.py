@@ -16,8 +16,11 @@ import time
 from collections import defaultdict
 
 import httpx
+import pytest
 
 from tests.triage.helpers import FakeTracker, ReceiverProcess, alert, body
+
+pytestmark = pytest.mark.process
 
 GROUPS = 300
 TOTAL = 5000
@@ -45,6 +48,7 @@ def plan(seed: int = 7) -> tuple[list[dict], dict[str, set[str]]]:
     return deliveries, expected
 
 
+@pytest.mark.slow
 def test_5000_deliveries_kill9_restart_nothing_lost_nothing_duplicated(tmp_path):
     deliveries, expected = plan()
     tracker = FakeTracker()

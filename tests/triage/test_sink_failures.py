@@ -34,6 +34,8 @@ from tests.triage.wire_github import GitHub
 from tests.triage.wire_gitlab import GitLab
 from tests.triage.wire_jira import JiraCloud, JiraDataCenter
 
+pytestmark = pytest.mark.process
+
 runner = CliRunner()
 
 

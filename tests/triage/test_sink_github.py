@@ -16,6 +16,8 @@ from diag.triage.store import transaction
 from tests.triage.ticketkit import drain, fire, outbox, resolve, store
 from tests.triage.wire_github import GitHub
 
+pytestmark = pytest.mark.process
+
 
 @pytest.fixture
 def github():

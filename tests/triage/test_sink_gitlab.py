@@ -12,6 +12,8 @@ from diag.triage.sinks.text import para, text
 from tests.triage.ticketkit import drain, fire, outbox, resolve, store
 from tests.triage.wire_gitlab import GitLab
 
+pytestmark = pytest.mark.process
+
 
 @pytest.fixture
 def gitlab():

@@ -19,6 +19,8 @@ from diag.triage.store import get_incident
 from tests.triage.ticketkit import Crash, DiesAfterCreate, drain, fire, outbox, resolve, store, wait_until
 from tests.triage.wire_jira import JiraCloud, JiraDataCenter, adf_problems, adf_text
 
+pytestmark = pytest.mark.process
+
 EMAIL, CLOUD_TOKEN = "bot@example.com", "cloud-token"
 
 

@@ -25,6 +25,7 @@ def hook():
     server.close()
 
 
+@pytest.mark.process
 def test_one_post_per_action_with_the_documented_body(tmp_path, hook):
     db, policy, path = store(tmp_path, ("webhook",))
     sink = WebhookSink(f"{hook.url}{hook.path}", "hook-token")
@@ -53,6 +54,7 @@ def test_one_post_per_action_with_the_documented_body(tmp_path, hook):
     db.close()
 
 
+@pytest.mark.process
 def test_a_retry_carries_the_same_idempotency_key(tmp_path, hook):
     hook.fail(503, times=2)
     db, policy, path = store(tmp_path, ("webhook",))

@@ -18,6 +18,8 @@ from tests.triage.helpers import FakeTracker, alert, body
 from tests.triage.ticketkit import apply, drain
 from tests.triage.wire_jira import JiraDataCenter
 
+pytestmark = pytest.mark.process
+
 LABELS = {"alertname": "KVCachePressure", "job": "llm", "instance": "10.0.0.5:8000"}
 
 

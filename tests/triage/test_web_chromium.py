@@ -63,6 +63,7 @@ def page(tmp_path_factory):
     rx.close()
 
 
+@pytest.mark.process
 def test_console_detector_sees_errors(tmp_path):
     probe = tmp_path / "probe.html"
     probe.write_text(
@@ -74,6 +75,7 @@ def test_console_detector_sees_errors(tmp_path):
     assert any("llmdiag-probe" in m for m in console)
 
 
+@pytest.mark.process
 def test_incident_list_and_detail_render_cleanly_in_chromium(page, tmp_path):
     url, _ = page
     dom, console = chromium(f"{url}/", tmp_path / "p1")

@@ -21,6 +21,8 @@ from diag.triage.server import Receiver, ReceiverConfig
 from diag.triage.store import connect
 from tests.triage.helpers import FIXTURE, ReceiverProcess, alert, body
 
+pytestmark = pytest.mark.process
+
 TOKEN = "s3cret-token"
 
 
@@ -376,6 +378,7 @@ def test_sigterm_stops_diag_triage_serve_cleanly(tmp_path):
     assert "diag triage: stopped" in proc.log.read_text() and "Traceback" not in proc.log.read_text()
 
 
+@pytest.mark.slow
 def test_store_locked_is_a_503_with_retry_after_and_the_retry_records_it(tmp_path):
     """Transient failure (another process holds the store's write lock past the timeouts): 503, nothing lost."""
     import sqlite3
