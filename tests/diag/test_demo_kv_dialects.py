@@ -91,6 +91,7 @@ def test_settings_refuse_a_budget_smaller_than_one_request_and_dialects_on_sever
         DemoSettings(metrics_dialect="sglang")
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("dialect", ["vllm", "tgi", "llamacpp"])
 def test_the_server_speaks_the_dialect_from_its_live_state(tmp_path: Path, dialect: str) -> None:
     args = ["--metrics-dialect", dialect, "--kv-cache-tokens", "800", "--max-prompt-tokens", "256",

@@ -23,6 +23,7 @@ from tests.promserver import prometheus, require_prometheus
 RUNS = {"scenarios/kv-saturation.jsonl.gz": "kv_cache_saturation", "dialects/queue-vllm.jsonl.gz": "queue_backlog"}
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("path", sorted(RUNS))
 def test_the_prometheus_path_gives_the_recorders_class(path: str, tmp_path: Path) -> None:
     require_prometheus()
