@@ -42,6 +42,12 @@ TRACKER_ONLY = {
     "unsafe-config": "the configuration record",
     "duplicate-models": "several workers (an engine's dialect runs one)",
 }
+# A dialect's gap the rules cannot yet bridge, shown in every run (strict: the day it passes, this fails
+# and the entry goes). llama.cpp's server exports request counts and mean token times but no latency
+# histograms: the queue rules have no queue wait to compare with inference, and a backlog reads healthy.
+KNOWN_GAPS = {
+    ("queue", "llamacpp"): "llama.cpp exports no request latency histograms: no queue wait to weigh against inference",
+}
 KV_DIALECTS = {"vllm"}  # the engines whose pinned /metrics carry KV usage and preemptions
 
 
@@ -78,12 +84,17 @@ def _problems(name: str, dialect: str, result: ScenarioResult) -> list[str]:
 
 @pytest.mark.parametrize("dialect", DIALECTS)
 @pytest.mark.parametrize("name", SCENARIO_NAMES)
-def test_scenario_in_an_engines_dialect(name: str, dialect: str, weights_dir: Path, tmp_path: Path) -> None:
+def test_scenario_in_an_engines_dialect(
+    name: str, dialect: str, weights_dir: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     if name in TRACKER_ONLY:
         pytest.skip(f"{name}: its class needs {TRACKER_ONLY[name]}, which no engine's /metrics carries")
     require_live()
+    gap = KNOWN_GAPS.get((name, dialect))
+    if gap:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=gap))
     problems: list[str] = []
-    for attempt in range(1, ATTEMPTS + 1):
+    for attempt in range(1, (1 if gap else ATTEMPTS) + 1):
         t0 = time.monotonic()
         result = run_scenario(name, weights_dir=weights_dir, dialect=dialect,
                               progress=lambda m, t0=t0: print(f"[{time.monotonic() - t0:5.1f}] {m}"))  # fmt: skip
