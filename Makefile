@@ -23,12 +23,18 @@ PIP := python -m pip install --quiet --disable-pip-version-check
 # Re-install whenever pyproject.toml or the pins change.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) | sha1sum | cut -c1-12)
 LOWEST_STAMP := $(LOWEST_VENV)/.installed-$(shell cat pyproject.toml $(LOWEST) | sha1sum | cut -c1-12)
+# The engines extra (llama-cpp-python's server, gguf) for `make test` only: `make check` never needs the engine.
+ENGINES_STAMP := $(VENV)/.engines-$(shell cat pyproject.toml $(LOCK) | sha1sum | cut -c1-12)
+# llama.cpp is compiled here from source. GGML_NATIVE=OFF: pip's wheel cache is keyed by the source archive, not
+# by these flags, so a -march=native wheel (AVX-512 on this host) cached here and reused on an older CPU would die
+# with SIGILL; without it the build targets AVX2/FMA/F16C, which every x86-64 CPU since 2015 has.
+ENGINES_CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 # Debian packages the tests and benchmarks drive for real: wrk (bench/overhead.py), prometheus
 # (the fleet-scale loader test, diag alerts), prometheus-alertmanager (amtool + the live alert and triage tests),
 # chromium (report.html in a real browser), sosreport (bench/bundle.py), systemd (systemd-analyze verifies the shipped agent unit).
 DEB_PACKAGES := wrk prometheus prometheus-alertmanager prometheus-node-exporter chromium sosreport systemd
 
-.PHONY: help install install-lowest system-deps run check test test-lowest lint bench lock lock-lowest clean
+.PHONY: help install install-engines install-lowest system-deps run check test test-lowest lint bench lock lock-lowest clean
 
 # The tiers (marks registered in pyproject.toml): `live` needs root and real cgroups, `process` starts a
 # process or a server (enforced by tests/tiers.py), `slow` takes over 10 s. `make check` leaves all three out.
@@ -59,6 +65,13 @@ $(STAMP): pyproject.toml $(LOCK)
 
 install: $(STAMP)
 
+$(ENGINES_STAMP): $(STAMP)
+	CMAKE_ARGS="$(ENGINES_CMAKE_ARGS)" $(BIN)/$(PIP) -c $(LOCK) -e '.[dev,engines]' 2>&1 | { grep -v 'is ignored' || true; }; exit $${PIPESTATUS[0]}
+	@$(BIN)/python -c "import llama_cpp.server, gguf" || { echo "engines install failed"; exit 1; }
+	@rm -f $(VENV)/.engines-*; touch $@
+
+install-engines: $(ENGINES_STAMP)
+
 # The lowest set: the package with the lower bound of every range, and the test tools. pip check and
 # tests/test_dependencies.py (run first in test-lowest) prove it is consistent and installed as pinned.
 $(LOWEST_STAMP): pyproject.toml $(LOWEST)
@@ -84,7 +97,7 @@ run: install
 # The lowest set's tracking tests run first (a minute); a failure there fails `make test`, after the
 # whole suite has still run.
 TEST_LOWEST := LLMDIAG_CONSTRAINTS=$(LOWEST) $(LOWEST_BIN)/python -m pytest -q -m "not live" $(LOWEST_TESTS)
-test: install install-lowest system-deps
+test: install install-engines install-lowest system-deps
 	$(BIN)/ruff check .
 	@echo "the tracking tests on the lowest versions the ranges allow ($(LOWEST)), then the whole suite ($(WORKERS) workers)"
 	status=0; $(TEST_LOWEST) || status=$$?; $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadgroup --durations=25 || status=$$?; exit $$status
