@@ -1,0 +1,74 @@
+"""A queue behind llama-cpp-python's model lock, seen from outside only, is diagnosed as ``queue_backlog``.
+
+Why: the server serialises every request through one model (a two-level anyio lock, first come first
+served); under more concurrent requests than it can decode, they wait in that queue while the model is
+busy -- the most common incident on a single-model engine. Nothing in the server is instrumented: the
+agent watches its cgroup and process, and the request rows are what the load generator saw (arrival,
+first streamed token, last token: ``diag/demo/engine/client.py`` says what ``start`` means there).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from collectors.records import WatchScope
+from diag.demo.engine.client import drive
+from diag.demo.engine.model import WrittenModel
+from diag.demo.engine.server import EngineServer, EngineSettings
+from diag.demo.scenarios.cgroups import ScenarioCgroups
+from diag.demo.scenarios.recording import AgentThread, scenario_records
+from diag.rules.engine import analyze
+from diag.timeline import timeline_from_records
+from tests.livecg import require_live
+from tests.procs import poll_until
+
+pytestmark = [pytest.mark.live, pytest.mark.process, pytest.mark.slow]
+MIB = 1 << 20
+REQUESTS, CONCURRENCY, TOKENS = 48, 8, 24
+
+
+def test_overload_behind_the_model_lock_is_a_queue_backlog(tmp_path: Path, engine_model: WrittenModel) -> None:
+    require_live()
+    recorder = tmp_path / "agent.db"
+    made = ScenarioCgroups(prefix="llmdiag-engine")
+    try:
+        group = made.create("queue", 1024 * MIB)
+        settings = EngineSettings(model=engine_model.path, n_ctx=256, n_threads=1)
+        with EngineServer(settings, tmp_path / "server.log", group=group) as server:
+            agent = AgentThread(recorder, cgroups=[group.path], pids=[server.pid], interval_s=1.0, kmsg=False).start()
+            try:
+                t0 = time.time()
+                prompts = [f"request {i}: why is the service slow?" for i in range(REQUESTS)]
+                rows = drive(server.url, prompts, concurrency=CONCURRENCY, max_tokens=TOKENS, pid=server.pid)
+                seen = agent.samples
+                assert poll_until(lambda: agent.samples >= seen + 2, 15.0)  # the agent's samples cover the last request
+            finally:
+                agent.stop()
+            pid = server.pid
+        records = [r.to_dict() for r in rows]
+        scope = WatchScope(ts=t0, pids=[pid], cgroups=[group.path], resolved_pids=[pid], resolved_cgroups=[group.path])
+        timeline = timeline_from_records([*scenario_records(recorder, [group.path], [pid]), scope.to_dict(), *records])
+    finally:
+        made.close()
+    assert not made.leftovers
+    assert all(r.outcome == "ok" and r.output_tokens == TOKENS for r in rows), [r.to_dict() for r in rows[:3]]
+    assert len(timeline.cgroups) == 1  # the agent watched the engine's own group
+    held = {f for track in timeline.processes.values() for f in track.model_files}
+    assert str(engine_model.path) in held, held  # and saw the engine map the .gguf
+    analysis = analyze(timeline)
+    print(analysis.primary, [(f.rule, round(f.confidence, 2), f.summary) for f in analysis.findings])
+    ratios = sorted(r.queue_wait_s / r.inference_s for r in rows if r.inference_s)
+    backlog = next((f for f in analysis.findings if f.rule == "requests.queue_backlog"), None)
+    assert backlog is not None and backlog.confidence >= 0.6, (analysis.to_dict()["findings"], "wait/inference", ratios[:10])
+    if analysis.primary == "noisy_neighbour":
+        # Another job on a shared host raised the *host's* memory pressure during the run while the engine's own group
+        # stayed calm: the placement rule ranks that level with the backlog. Accepted only in that measured case,
+        # with the backlog standing beside it (as asserted above).
+        neighbour = next(f for f in analysis.findings if f.rule == "placement.noisy_neighbour")
+        assert "host memory PSI" in neighbour.summary and "service's stays at 0.0 %" in neighbour.summary, neighbour.summary
+    else:
+        assert analysis.primary == "queue_backlog", analysis.to_dict()["findings"]
+    assert max(r.finish for r in rows) - t0 < 45
