@@ -10,6 +10,7 @@ import pytest
 
 from diag.demo.engine.model import MIB, WrittenModel, write_model
 from diag.demo.engine.server import unavailable_reason
+from tests.livecg import require_live
 
 MODEL_MIB = 64
 MODEL_SEED = 7
@@ -17,6 +18,7 @@ MODEL_SEED = 7
 
 @pytest.fixture(scope="session")
 def engine_model(tmp_path_factory: pytest.TempPathFactory) -> WrittenModel:
+    require_live()  # first: without root there is nothing to write the model for
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
