@@ -22,6 +22,7 @@ Entry points: the live tests in ``tests/engine/`` (``pytest tests/engine``; root
 and the ``engines`` extra: ``pip install -c constraints.txt '.[engines]'``, which ``make test`` installs).
 A minimal session::
 
+    from pathlib import Path
     from diag.demo.engine.model import write_model
     from diag.demo.engine.server import EngineServer, EngineSettings
     from diag.demo.engine.client import drive

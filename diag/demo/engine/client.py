@@ -35,7 +35,7 @@ class Streamed:
     finish: float
     chunks: int
     finish_reason: str | None = None
-    raw_events: list[str] = field(default_factory=list)
+    raw_events: list[str] = field(default_factory=list)  # the ``data:`` payloads as sent: for comparisons to the byte
 
     def row(self, *, route: str, pid: int | None, model: str = "") -> RequestTiming:
         """The request row any client could record (see the module doc for what ``start`` means here)."""
