@@ -18,7 +18,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from collectors.records import RequestOutcome
+from collectors.records import REQUEST_OUTCOMES, RequestOutcome
 from collectors.tracking import spans as sp
 from collectors.tracking.admission import AdmissionRejected, InferenceTimeout, QueueFull, QueueTimeout
 from collectors.tracking.queueing import AdmissionControl
@@ -189,6 +189,14 @@ class TrackedRequest:
 
     def set_output_tokens(self, n: int) -> None:
         self.output_tokens = int(n)
+
+    def mark_outcome(self, outcome: RequestOutcome) -> None:
+        """Set the outcome a layer outside the handler observed (e.g. the HTTP status of a response the tracker did
+        not produce: ``diag wrap``); an outcome admission decided already (rejected, timed out) is kept."""
+        if outcome not in REQUEST_OUTCOMES:
+            raise ValueError(f"unknown outcome {outcome!r}; one of {', '.join(REQUEST_OUTCOMES)}")
+        if self._state != _FINISHED and self._outcome is None:
+            self._outcome = outcome
 
     def first_token(self) -> None:
         """Mark the first streamed token (only the first call counts)."""

@@ -36,6 +36,7 @@ def _register_subcommands() -> None:
     from diag.cli.demo import register as register_demo
     from diag.cli.snapshot import register as register_snapshot
     from diag.cli.triage import register as register_triage
+    from diag.cli.wrap import register as register_wrap
 
     register_snapshot(app)
     register_collect(app)
@@ -45,6 +46,7 @@ def _register_subcommands() -> None:
     register_demo(app)
     register_dashboards(app)
     register_triage(app)
+    register_wrap(app)
 
 
 _register_subcommands()

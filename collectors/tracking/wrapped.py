@@ -1,0 +1,204 @@
+"""Tracking applied from outside to an ASGI app someone else wrote (``diag wrap -- COMMAND``).
+
+Why from outside: most inference servers (llama-cpp-python's, a team's own FastAPI service they may not
+edit mid-incident) build their app themselves; asking their owners to call ``instrument_fastapi`` first
+means no data when it is needed. ``diag wrap`` starts the command with this module installed (the
+``boot`` directory's ``sitecustomize`` calls :func:`install_from_env`), and the first Starlette app the
+process serves answers through :class:`WrappedApp`, its outermost layer:
+
+- each HTTP request is a :class:`TrackedRequest` from arrival (before the app's own middleware) to the
+  last byte sent; its outcome comes from the status the app answered (5xx error, 429 rejected);
+- the start of inference is marked where the server takes its model (an engine adapter in
+  ``engine_locks``, e.g. llama-cpp-python's model lock), so the queue wait in front of that lock is
+  measured; without an adapter the start is unknown and the rows say so (no start) rather than guess;
+- the first body chunk of a streamed response is the time to first token;
+- ``GET <metrics_path>`` is answered here with the tracker's Prometheus exposition (no route is added
+  to the app, so its own routing and responses stay exactly as they were).
+
+Nothing of a request's body is read or kept: prompts never reach the recorder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from collectors.tracking.request import TrackedRequest
+
+ENV_CONFIG = "LLMDIAG_WRAP"
+
+Scope = dict[str, Any]
+
+# The request the current task serves (the engine adapters mark its start from inside the app).
+CURRENT_REQUEST: contextvars.ContextVar[TrackedRequest | None] = contextvars.ContextVar("llmdiag_wrapped", default=None)
+
+
+@dataclass(frozen=True)
+class WrapConfig:
+    """What ``diag wrap`` passes to the wrapped process (as JSON in ``$LLMDIAG_WRAP``)."""
+
+    model: str = "wrapped"
+    recorder: str | None = None  # None: no flight recorder (metrics only)
+    span_sample_ratio: float = 0.1
+    metrics_path: str | None = "/metrics"
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_env(cls, text: str) -> WrapConfig:
+        raw = json.loads(text)
+        if not isinstance(raw, dict):
+            raise ValueError("not a JSON object")
+        known = {k: raw[k] for k in ("model", "recorder", "span_sample_ratio", "metrics_path") if k in raw}
+        return cls(**known)
+
+
+def outcome_of(status: int) -> str:
+    """The request outcome an HTTP status says: the server's errors, its refusals, or served."""
+    if status == 429:
+        return "rejected"
+    if status >= 500:
+        return "error"
+    return "ok"
+
+
+def _route_of(scope: Scope, app: Any) -> str:
+    """A bounded route label: the matched route's template, never the raw path (ids in paths would explode it).
+
+    ``app``: the app whose routes to match -- the one Starlette put in the scope when it called us, else the one
+    we wrap."""
+    from starlette.routing import Match
+
+    app = scope.get("app", app)
+    for candidate in getattr(app, "routes", None) or ():
+        try:
+            match, _ = candidate.matches(scope)
+        except Exception:  # a route type we do not know how to match: skip it, do not fail the request
+            continue
+        if match == Match.FULL:
+            return str(getattr(candidate, "path", "") or "other")
+    return "other"
+
+
+class WrappedApp:
+    """Pure ASGI layer around a whole app: one :class:`TrackedRequest` per HTTP request (see the module doc)."""
+
+    def __init__(self, app: Any, tracker: Any, config: WrapConfig) -> None:
+        self.app = app
+        self.tracker = tracker
+        self.config = config
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or CURRENT_REQUEST.get() is not None:  # a mounted sub-app: tracked already
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        if self.config.metrics_path and path == self.config.metrics_path and scope.get("method") == "GET":
+            await self._metrics(send)
+            return
+        req = self.tracker.request(_route_of(scope, self.app))
+        token = CURRENT_REQUEST.set(req)
+        state = {"status": 500, "streaming": False, "first": False}
+
+        async def tracked_send(message: dict[str, Any]) -> None:
+            kind = message["type"]
+            if kind == "http.response.start":
+                state["status"] = int(message.get("status", 500))
+                for name, value in message.get("headers") or ():
+                    if name.lower() == b"content-type" and value.lower().startswith(b"text/event-stream"):
+                        state["streaming"] = True
+            elif kind == "http.response.body" and not state["first"] and message.get("body"):
+                state["first"] = True
+                if state["streaming"] or message.get("more_body", False):
+                    req.first_token()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked_send)
+        except BaseException as exc:
+            req.finish(exc)
+            raise
+        else:
+            req.mark_outcome(outcome_of(state["status"]))
+            req.finish()
+        finally:
+            CURRENT_REQUEST.reset(token)
+
+    async def _metrics(self, send: Any) -> None:
+        import anyio
+
+        from collectors.tracking.metrics import metrics_response
+
+        body, content_type = await anyio.to_thread.run_sync(metrics_response)  # reads files in multiprocess mode
+        headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def mark_current_start() -> None:
+    """The request this task serves has got the model: inference starts now (called by the engine adapters)."""
+    req = CURRENT_REQUEST.get()
+    if req is not None:
+        with contextlib.suppress(Exception):  # never let tracking fail the server's own request
+            req.acquire_sync()  # no admission limits here: takes a free slot at once, marks the start
+
+
+_TRACKER: Any = None
+
+
+def _tracker(config: WrapConfig) -> Any:
+    """One tracker per process, made on first use (after a fork: each worker its own)."""
+    global _TRACKER
+    if _TRACKER is None:
+        from collectors.tracking.tracker import RequestTracker
+
+        recorder: Any = config.recorder if config.recorder else False
+        _TRACKER = RequestTracker(config.model, recorder=recorder, span_sample_ratio=config.span_sample_ratio)
+    return _TRACKER
+
+
+def install(config: WrapConfig) -> None:
+    """Make every Starlette app this process serves answer through :class:`WrappedApp` (its outermost layer).
+
+    Why ``__call__`` and not ``build_middleware_stack``: FastAPI overrides the latter, and both build the stack
+    lazily on the first request; wrapping the stack the first call builds works for Starlette, FastAPI and their
+    subclasses alike, after the app's own middleware is all added."""
+    from starlette.applications import Starlette
+
+    from collectors.tracking import engine_locks
+
+    original = Starlette.__call__
+    if getattr(original, "_llmdiag_wrapped", False):
+        return
+
+    async def __call__(self: Any, scope: Scope, receive: Any, send: Any) -> None:
+        if self.middleware_stack is None:
+            engine_locks.instrument_loaded_engines()  # the server's modules are imported by the time it serves
+            self.middleware_stack = WrappedApp(self.build_middleware_stack(), _tracker(config), config)
+        await original(self, scope, receive, send)
+
+    __call__._llmdiag_wrapped = True  # type: ignore[attr-defined]
+    Starlette.__call__ = __call__  # type: ignore[method-assign]
+
+
+def install_from_env() -> None:
+    """The boot hook's entry: install when ``$LLMDIAG_WRAP`` holds a configuration; a bad one stops the process.
+
+    Why stop rather than run untracked: the operator asked for tracking; a server that silently runs without
+    it gives an incident with no data and no word why.
+    """
+    text = os.environ.get(ENV_CONFIG)
+    if not text:
+        return
+    try:
+        config = WrapConfig.from_env(text)
+        install(config)
+    except Exception as exc:
+        print(f"diag wrap: cannot apply tracking in {sys.executable}: {exc}", file=sys.stderr, flush=True)
+        os._exit(2)  # at start-up an exception (SystemExit too) becomes a traceback and status 1: leave plainly

@@ -1,0 +1,253 @@
+"""``diag wrap``: tracking applied from outside to an ASGI server we did not write.
+
+In process (fast): :class:`WrappedApp` around a plain FastAPI app through httpx's ASGI transport -- a model
+lock wrapped by ``engine_locks.StartMarkingLock`` splits each request's time into queue wait and inference,
+status codes become outcomes, a streamed body gives the time to first token, mounted sub-apps are not
+counted twice. As a process: the real command (``diag wrap -- python -m uvicorn module:app``), answering
+byte for byte as the same server started without it, writing its rows to a real flight recorder and
+serving /metrics; and the start-up hook stopping a process it cannot configure, saying why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from collectors.recorder import FlightRecorder
+from collectors.tracking import engine_locks
+from collectors.tracking.wrapped import CURRENT_REQUEST, WrapConfig, WrappedApp, outcome_of
+from tests.procs import stop, wait_http
+from tests.promserver import free_port
+
+INFERENCE_S = 0.05
+
+
+def _app(lock: Any) -> Any:
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse, StreamingResponse
+
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def complete(body: dict) -> Any:
+        async with lock:
+            await asyncio.sleep(INFERENCE_S)
+        return {"text": "x" * int(body.get("max_tokens", 1))}
+
+    @app.get("/busy")
+    async def busy() -> Any:
+        return JSONResponse({"error": "busy"}, status_code=429)
+
+    @app.get("/boom")
+    async def boom() -> Any:
+        return JSONResponse({"error": "boom"}, status_code=500)
+
+    @app.get("/stream")
+    async def stream() -> Any:
+        async def chunks() -> Any:
+            for i in range(3):
+                await asyncio.sleep(0.03)
+                yield f"data: {i}\n\n"
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    return app
+
+
+def _tracker(tmp_path: Path) -> Any:
+    from prometheus_client import CollectorRegistry
+
+    from collectors.tracking.tracker import RequestTracker
+
+    return RequestTracker("m", recorder=tmp_path / "rows.db", registry=CollectorRegistry(), span_sample_ratio=0.0)
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    with FlightRecorder(path, readonly=True) as rec:
+        return sorted((r.to_dict() for r in rec.read(["request"])), key=lambda r: r["arrival"])
+
+
+async def _drive(app: Any, calls: list[tuple[str, str, dict[str, Any] | None]]) -> list[httpx.Response]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        return list(await asyncio.gather(*(client.request(m, p, json=b) for m, p, b in calls)))
+
+
+def test_queue_wait_is_split_at_the_model_lock_and_statuses_become_outcomes(tmp_path: Path) -> None:
+    tracker = _tracker(tmp_path)
+    app = WrappedApp(_app(engine_locks.StartMarkingLock(asyncio.Lock())), tracker, WrapConfig(metrics_path="/metrics"))
+    calls = [("POST", "/v1/completions", {"max_tokens": 2})] * 6 + [("GET", "/busy", None), ("GET", "/boom", None)]
+    responses = asyncio.run(_drive(app, calls))
+    assert [r.status_code for r in responses] == [200] * 6 + [429, 500]
+    tracker.close()
+    rows = _rows(tmp_path / "rows.db")
+    completions = [r for r in rows if r["route"] == "/v1/completions"]
+    assert len(completions) == 6 and all(r["outcome"] == "ok" for r in completions)
+    # one lock, six requests at once: each waits for those before it, and its own inference is the sleep
+    waits = sorted(r["start"] - r["arrival"] for r in completions)
+    inference = [r["finish"] - r["start"] for r in completions]
+    assert waits[0] < INFERENCE_S / 2 and waits[-1] >= 4 * INFERENCE_S, waits
+    assert all(INFERENCE_S * 0.8 <= s < INFERENCE_S * 4 for s in inference), inference
+    others = {r["route"]: r for r in rows if r["route"] != "/v1/completions"}
+    assert others["/busy"]["outcome"] == "rejected" and others["/boom"]["outcome"] == "error"
+    assert others["/busy"]["start"] is None  # no model lock taken: the start is unknown, not guessed
+
+
+def test_a_streamed_response_gives_the_time_to_first_token_and_metrics_are_served_in_place(tmp_path: Path) -> None:
+    tracker = _tracker(tmp_path)
+    app = WrappedApp(_app(asyncio.Lock()), tracker, WrapConfig(metrics_path="/metrics"))
+    stream, metrics = asyncio.run(_drive(app, [("GET", "/stream", None), ("GET", "/metrics", None)]))
+    assert stream.text == "data: 0\n\ndata: 1\n\ndata: 2\n\n"
+    tracker.close()
+    (row,) = _rows(tmp_path / "rows.db")  # the /metrics request is not a request of the service
+    e2e = row["finish"] - row["arrival"]
+    assert 0.02 <= row["ttft_s"] < e2e - 0.04, row
+    assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
+
+
+def test_metrics_off_leaves_the_path_to_the_app(tmp_path: Path) -> None:
+    tracker = _tracker(tmp_path)
+    app = WrappedApp(_app(asyncio.Lock()), tracker, WrapConfig(metrics_path=None))
+    (resp,) = asyncio.run(_drive(app, [("GET", "/metrics", None)]))
+    tracker.close()
+    assert resp.status_code == 404  # the app's own answer
+    assert [r["route"] for r in _rows(tmp_path / "rows.db")] == ["other"]  # unmatched paths: one bounded label
+
+
+def test_the_start_marking_lock_marks_nothing_outside_a_request_and_keeps_the_locks_behaviour() -> None:
+    assert CURRENT_REQUEST.get() is None
+    lock = engine_locks.StartMarkingLock(threading.Lock())
+    assert lock.acquire() is True and lock.locked()
+    assert lock.acquire(blocking=False) is False  # a plain Lock's answer, forwarded
+    lock.release()
+    assert not lock.locked()
+    with lock:
+        assert lock.locked()
+
+
+@pytest.mark.parametrize(
+    ("status", "outcome"), [(200, "ok"), (204, "ok"), (404, "ok"), (429, "rejected"), (500, "error"), (503, "error")]
+)
+def test_outcomes_from_statuses(status: int, outcome: str) -> None:
+    assert outcome_of(status) == outcome
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        ([], "Missing argument"),
+        (["--span-sample-ratio", "2", "--", "python"], "--span-sample-ratio 2: from 0 to 1"),
+        (["--metrics-path", "metrics", "--", "python"], "--metrics-path 'metrics': a path starting with /"),
+        (["--recorder", "/tmp/x.db", "--no-recorder", "--", "python"], "--recorder cannot be used with --no-recorder"),
+        (["--", "surely-no-such-command-here"], "no such command"),
+    ],
+)
+def test_bad_options_are_refused_before_anything_runs(args: list[str], said: str) -> None:
+    from diag.cli.main import app
+
+    result = CliRunner().invoke(app, ["wrap", *args])
+    assert result.exit_code == 2 and said in result.output, result.output
+
+
+SERVICE = textwrap.dedent("""
+    import asyncio
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    app = FastAPI()
+    lock = asyncio.Lock()
+
+    @app.post("/v1/completions")
+    async def complete(body: dict):
+        async with lock:
+            await asyncio.sleep(0.02)
+        return {"id": "c1", "text": "y" * int(body.get("max_tokens", 1))}
+
+    @app.get("/stream")
+    async def stream():
+        async def chunks():
+            for i in range(3):
+                yield f"data: {i}\\n\\n"
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+""")
+
+
+def _serve(tmp_path: Path, wrapped: bool, recorder: Path) -> tuple[subprocess.Popen[bytes], str]:
+    (tmp_path / "service_app.py").write_text(SERVICE)
+    port = free_port()
+    server = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "service_app:app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+    argv = (
+        [sys.executable, "-m", "diag.cli", "wrap", "--recorder", str(recorder), "--model", "svc", "--", *server]
+        if wrapped
+        else server
+    )
+    log = tmp_path / f"server-{wrapped}.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/docs", proc, log=log)
+    return proc, url
+
+
+def _exchange(url: str) -> list[tuple[int, list[tuple[str, str]], bytes]]:
+    out = []
+    with httpx.Client(base_url=url, trust_env=False, timeout=30) as client:
+        for _ in range(3):
+            r = client.post("/v1/completions", json={"prompt": "secret prompt text", "max_tokens": 5})
+            out.append((r.status_code, sorted((k, v) for k, v in r.headers.items() if k != "date"), r.content))
+        r = client.get("/stream")
+        out.append((r.status_code, sorted((k, v) for k, v in r.headers.items() if k != "date"), r.content))
+    return out
+
+
+@pytest.mark.process
+def test_the_wrapped_server_answers_byte_for_byte_and_records_every_request(tmp_path: Path) -> None:
+    recorder = tmp_path / "recorder.db"
+    plain, url = _serve(tmp_path, False, recorder)
+    try:
+        expected = _exchange(url)
+    finally:
+        stop(plain)
+    wrapped, url = _serve(tmp_path, True, recorder)
+    try:
+        assert _exchange(url) == expected
+        metrics = httpx.get(f"{url}/metrics", trust_env=False, timeout=30).text
+    finally:
+        stop(wrapped)  # SIGTERM: the tracker's writer flushes on the way out
+    assert wrapped.returncode == plain.returncode  # the same exit as the server alone (exec: no layer between)
+    assert 'llmdiag_requests_total{model="svc",outcome="ok",route="/v1/completions"} 3.0' in metrics
+    rows = [r for r in _rows(recorder) if r["route"] != "/docs"]  # the readiness probe's requests count too
+    assert [r["route"] for r in rows] == ["/v1/completions"] * 3 + ["/stream"] and all(r["outcome"] == "ok" for r in rows)
+    assert all(r["start"] is None and r["finish"] > r["arrival"] for r in rows)  # no engine adapter: no start, not a guess
+    assert b"secret prompt text" not in recorder.read_bytes()
+
+
+@pytest.mark.process
+def test_a_configuration_the_hook_cannot_apply_stops_the_process_saying_why(tmp_path: Path) -> None:
+    from collectors.tracking import boot
+
+    env = {**os.environ, "LLMDIAG_WRAP": "not json", "PYTHONPATH": str(Path(boot.__file__).parent)}
+    proc = subprocess.run([sys.executable, "-c", "print('ran')"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "ran" not in proc.stdout
+    assert "diag wrap: cannot apply tracking" in proc.stderr
