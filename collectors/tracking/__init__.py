@@ -19,7 +19,8 @@ Modules: ``tracker`` (RequestTracker: wires the two parts below and hands each r
 ``metrics`` (catalog-built Prometheus families, multiprocess /metrics), ``spans`` (OTel spans,
 sampling, OTLP from env), ``asgi`` (FastAPI integration), ``batches`` (batch / MoE routing stats),
 ``loader`` (loader events), ``buffer`` (batched hand-off to the recorder), ``torch_memory`` (CUDA
-allocator snapshot, CUDA OOM parser).
+allocator snapshot, CUDA OOM parser), ``wrapped`` + ``engine_locks`` + ``boot`` (the same tracking applied
+from outside to a server we did not write: ``diag wrap``).
 
 Imports run one way: tracker -> request -> queueing, recording -> the leaf modules; ``loader``
 and ``asgi``'s middleware need no tracker (they are given what they use).

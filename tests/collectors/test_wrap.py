@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -26,6 +27,7 @@ from typer.testing import CliRunner
 from collectors.recorder import FlightRecorder
 from collectors.tracking import engine_locks
 from collectors.tracking.wrapped import CURRENT_REQUEST, WrapConfig, WrappedApp, outcome_of
+from tests.deploy.test_readme_blocks import block_under
 from tests.procs import stop, wait_http
 from tests.promserver import free_port
 
@@ -182,32 +184,28 @@ SERVICE = textwrap.dedent("""
 """)
 
 
-def _serve(tmp_path: Path, wrapped: bool, recorder: Path) -> tuple[subprocess.Popen[bytes], str]:
-    (tmp_path / "service_app.py").write_text(SERVICE)
+def _readme_wrap_lines(port: int) -> tuple[list[str], str]:
+    """The README's `diag wrap` block, as written but for the port: the server command and the metrics check."""
+    serve, check = block_under("`diag wrap`")
+    assert serve.startswith("diag wrap ") and "my_service:app" in serve and "--port 8000" in serve, serve
+    return shlex.split(serve.replace("--port 8000", f"--port {port}")), check.replace(":8000/", f":{port}/")
+
+
+def _serve(tmp_path: Path, wrapped: bool, recorder: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+    """The README's server: ``diag wrap ... -- uvicorn my_service:app`` (or the same uvicorn alone), on a free port."""
+    (tmp_path / "my_service.py").write_text(SERVICE)
     port = free_port()
-    server = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "service_app:app",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-    ]
-    argv = (
-        [sys.executable, "-m", "diag.cli", "wrap", "--recorder", str(recorder), "--model", "svc", "--", *server]
-        if wrapped
-        else server
-    )
+    argv, check = _readme_wrap_lines(port)
+    if not wrapped:
+        argv = argv[argv.index("--") + 1 :]
     log = tmp_path / f"server-{wrapped}.log"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    bin_dir = str(Path(sys.executable).parent)  # `diag` and `uvicorn` as a shell in this environment finds them
+    env = {**os.environ, "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]), "LLMDIAG_RECORDER": str(recorder),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}  # fmt: skip
     proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/docs", proc, log=log)
-    return proc, url
+    return proc, url, check
 
 
 def _exchange(url: str) -> list[tuple[int, list[tuple[str, str]], bytes]]:
@@ -222,21 +220,21 @@ def _exchange(url: str) -> list[tuple[int, list[tuple[str, str]], bytes]]:
 
 
 @pytest.mark.process
-def test_the_wrapped_server_answers_byte_for_byte_and_records_every_request(tmp_path: Path) -> None:
+def test_the_readmes_wrapped_server_answers_byte_for_byte_and_records_every_request(tmp_path: Path) -> None:
     recorder = tmp_path / "recorder.db"
-    plain, url = _serve(tmp_path, False, recorder)
+    plain, url, _ = _serve(tmp_path, False, recorder)
     try:
         expected = _exchange(url)
     finally:
         stop(plain)
-    wrapped, url = _serve(tmp_path, True, recorder)
+    wrapped, url, check = _serve(tmp_path, True, recorder)
     try:
         assert _exchange(url) == expected
-        metrics = httpx.get(f"{url}/metrics", trust_env=False, timeout=30).text
+        shown = subprocess.run(check, shell=True, capture_output=True, text=True, timeout=60)  # the README's curl | grep
     finally:
         stop(wrapped)  # SIGTERM: the tracker's writer flushes on the way out
     assert wrapped.returncode == plain.returncode  # the same exit as the server alone (exec: no layer between)
-    assert 'llmdiag_requests_total{model="svc",outcome="ok",route="/v1/completions"} 3.0' in metrics
+    assert 'llmdiag_requests_total{model="my-svc",outcome="ok",route="/v1/completions"} 3.0' in shown.stdout, shown
     rows = [r for r in _rows(recorder) if r["route"] != "/docs"]  # the readiness probe's requests count too
     assert [r["route"] for r in rows] == ["/v1/completions"] * 3 + ["/stream"] and all(r["outcome"] == "ok" for r in rows)
     assert all(r["start"] is None and r["finish"] > r["arrival"] for r in rows)  # no engine adapter: no start, not a guess
