@@ -3,7 +3,7 @@
 An ASGI layer sees a request arrive and its response leave, not the moment the server's model becomes
 free for it; for a server with one model behind a lock, that moment is the whole difference between
 queue wait and inference time. An adapter here wraps such a lock so that acquiring it marks the current
-request's start (``wrapped.mark_current_start``). The lock's own behaviour (blocking, fairness,
+request's start (``current.mark_current_start``). The lock's own behaviour (blocking, fairness,
 ``locked()``) is untouched: the proxy forwards every call.
 
 Adapters:
@@ -21,7 +21,7 @@ import inspect
 import sys
 from typing import Any
 
-from collectors.tracking.wrapped import mark_current_start
+from collectors.tracking.current import mark_current_start
 
 
 class StartMarkingLock:

@@ -20,22 +20,18 @@ Nothing of a request's body is read or kept: prompts never reach the recorder.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import json
 import os
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from collectors.tracking.request import TrackedRequest
+from collectors.tracking import engine_locks
+from collectors.tracking.current import CURRENT_REQUEST
 
 ENV_CONFIG = "LLMDIAG_WRAP"
 
 Scope = dict[str, Any]
-
-# The request the current task serves (the engine adapters mark its start from inside the app).
-CURRENT_REQUEST: contextvars.ContextVar[TrackedRequest | None] = contextvars.ContextVar("llmdiag_wrapped", default=None)
 
 
 @dataclass(frozen=True)
@@ -141,14 +137,6 @@ class WrappedApp:
         await send({"type": "http.response.body", "body": body})
 
 
-def mark_current_start() -> None:
-    """The request this task serves has got the model: inference starts now (called by the engine adapters)."""
-    req = CURRENT_REQUEST.get()
-    if req is not None:
-        with contextlib.suppress(Exception):  # never let tracking fail the server's own request
-            req.acquire_sync()  # no admission limits here: takes a free slot at once, marks the start
-
-
 _TRACKER: Any = None
 
 
@@ -170,8 +158,6 @@ def install(config: WrapConfig) -> None:
     lazily on the first request; wrapping the stack the first call builds works for Starlette, FastAPI and their
     subclasses alike, after the app's own middleware is all added."""
     from starlette.applications import Starlette
-
-    from collectors.tracking import engine_locks
 
     original = Starlette.__call__
     if getattr(original, "_llmdiag_wrapped", False):

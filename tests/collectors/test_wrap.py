@@ -26,10 +26,11 @@ from typer.testing import CliRunner
 
 from collectors.recorder import FlightRecorder
 from collectors.tracking import engine_locks
-from collectors.tracking.wrapped import CURRENT_REQUEST, WrapConfig, WrappedApp, outcome_of
-from tests.deploy.test_readme_blocks import block_under
+from collectors.tracking.current import CURRENT_REQUEST
+from collectors.tracking.wrapped import WrapConfig, WrappedApp, outcome_of
 from tests.procs import stop, wait_http
 from tests.promserver import free_port
+from tests.readme import block_under
 
 INFERENCE_S = 0.05
 
