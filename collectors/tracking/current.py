@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+from typing import Protocol
 
-from collectors.tracking.request import TrackedRequest
 
-CURRENT_REQUEST: contextvars.ContextVar[TrackedRequest | None] = contextvars.ContextVar("llmdiag_wrapped", default=None)
+class RequestInApp(Protocol):
+    """What the ASGI layer keeps per request for the adapters: one call, at the start of inference."""
+
+    def mark_start(self) -> None: ...
+
+
+CURRENT_REQUEST: contextvars.ContextVar[RequestInApp | None] = contextvars.ContextVar("llmdiag_wrapped", default=None)
 
 
 def mark_current_start() -> None:
@@ -19,4 +25,4 @@ def mark_current_start() -> None:
     req = CURRENT_REQUEST.get()
     if req is not None:
         with contextlib.suppress(Exception):  # never let tracking fail the server's own request
-            req.acquire_sync()  # no admission limits here: takes a free slot at once, marks the start
+            req.mark_start()

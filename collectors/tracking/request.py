@@ -190,6 +190,13 @@ class TrackedRequest:
     def set_output_tokens(self, n: int) -> None:
         self.output_tokens = int(n)
 
+    def set_route(self, route: str) -> None:
+        """Name the route once routing knows it, before the start (a layer outside the app, ``diag wrap``, sees the
+        request arrive before the app's router has matched it); later calls are ignored."""
+        if self._state == _PENDING and route != self.route:
+            self.route = route
+            self._series = self._recording.series_for(route)
+
     def mark_outcome(self, outcome: RequestOutcome) -> None:
         """Set the outcome a layer outside the handler observed (e.g. the HTTP status of a response the tracker did
         not produce: ``diag wrap``); an outcome admission decided already (rejected, timed out) is kept."""

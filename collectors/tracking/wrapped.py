@@ -20,6 +20,7 @@ Nothing of a request's body is read or kept: prompts never reach the recorder.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -28,6 +29,7 @@ from typing import Any
 
 from collectors.tracking import engine_locks
 from collectors.tracking.current import CURRENT_REQUEST
+from collectors.tracking.request import TrackedRequest
 
 ENV_CONFIG = "LLMDIAG_WRAP"
 
@@ -64,22 +66,47 @@ def outcome_of(status: int) -> str:
     return "ok"
 
 
-def _route_of(scope: Scope, app: Any) -> str:
+def _matched_route(scope: Scope, app: Any) -> str:
     """A bounded route label: the matched route's template, never the raw path (ids in paths would explode it).
 
-    ``app``: the app whose routes to match -- the one Starlette put in the scope when it called us, else the one
+    FastAPI's router leaves the route it matched in the scope (``scope["route"]``), nested routers included; a
+    plain Starlette app's routes are matched here. ``app``: the one Starlette put in the scope, else the one
     we wrap."""
     from starlette.routing import Match
 
-    app = scope.get("app", app)
-    for candidate in getattr(app, "routes", None) or ():
+    matched = scope.get("route")
+    template = getattr(matched, "path_format", None) or getattr(matched, "path", None)
+    if template:
+        return str(template)
+    for candidate in getattr(scope.get("app", app), "routes", None) or ():
         try:
             match, _ = candidate.matches(scope)
         except Exception:  # a route type we do not know how to match: skip it, do not fail the request
             continue
         if match == Match.FULL:
-            return str(getattr(candidate, "path", "") or "other")
+            return str(getattr(candidate, "path_format", None) or getattr(candidate, "path", None) or "other")
     return "other"
+
+
+class _RequestInApp:
+    """One request on its way through the app: its :class:`TrackedRequest`, named by route once routing matched it."""
+
+    __slots__ = ("app", "named", "req", "scope")
+
+    def __init__(self, req: TrackedRequest, scope: Scope, app: Any) -> None:
+        self.req = req
+        self.scope = scope
+        self.app = app
+        self.named = False
+
+    def name(self) -> None:
+        if not self.named:
+            self.named = True
+            self.req.set_route(_matched_route(self.scope, self.app))
+
+    def mark_start(self) -> None:
+        self.name()
+        self.req.acquire_sync()  # no admission limits here: takes a free slot at once, marks the start
 
 
 class WrappedApp:
@@ -91,6 +118,9 @@ class WrappedApp:
         self.config = config
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, self._flushing_at_shutdown(send))
+            return
         if scope["type"] != "http" or CURRENT_REQUEST.get() is not None:  # a mounted sub-app: tracked already
             await self.app(scope, receive, send)
             return
@@ -98,8 +128,9 @@ class WrappedApp:
         if self.config.metrics_path and path == self.config.metrics_path and scope.get("method") == "GET":
             await self._metrics(send)
             return
-        req = self.tracker.request(_route_of(scope, self.app))
-        token = CURRENT_REQUEST.set(req)
+        req = self.tracker.request("other")  # arrival now; the route is named once the app's router has matched it
+        in_app = _RequestInApp(req, scope, self.app)
+        token = CURRENT_REQUEST.set(in_app)
         state = {"status": 500, "streaming": False, "first": False}
 
         async def tracked_send(message: dict[str, Any]) -> None:
@@ -118,13 +149,30 @@ class WrappedApp:
         try:
             await self.app(scope, receive, tracked_send)
         except BaseException as exc:
+            in_app.name()
             req.finish(exc)
             raise
         else:
+            in_app.name()
             req.mark_outcome(outcome_of(state["status"]))
             req.finish()
         finally:
             CURRENT_REQUEST.reset(token)
+
+    def _flushing_at_shutdown(self, send: Any) -> Any:
+        """``send`` for the lifespan: the last rows reach the recorder before the server says it has shut down.
+
+        Why here and not (only) at exit: uvicorn re-raises the SIGTERM it caught once it has shut down, and a
+        process ended by a signal runs no ``atexit`` handler -- the rows of the last second would be lost."""
+
+        async def send_after_flush(message: dict[str, Any]) -> None:
+            if message.get("type") in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+                import anyio
+
+                await anyio.to_thread.run_sync(self.tracker.flush)
+            await send(message)
+
+        return send_after_flush
 
     async def _metrics(self, send: Any) -> None:
         import anyio
@@ -148,6 +196,7 @@ def _tracker(config: WrapConfig) -> Any:
 
         recorder: Any = config.recorder if config.recorder else False
         _TRACKER = RequestTracker(config.model, recorder=recorder, span_sample_ratio=config.span_sample_ratio)
+        atexit.register(_TRACKER.close)  # a server run without lifespan events, or one that returns normally
     return _TRACKER
 
 
