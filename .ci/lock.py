@@ -123,7 +123,7 @@ def main() -> None:
         parser.error("--keep applies to 'tested' only")
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as seed:
         if args.which == "tested":
-            install = ["-e", ".[dev]"]
+            install = ["-e", ".[dev,engines]"]  # the real engine's pins too: make test installs them
             if args.keep:
                 install = ["-c", str(TESTED), *install]
         else:

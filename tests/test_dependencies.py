@@ -40,7 +40,18 @@ def runtime() -> list[Requirement]:
 
 
 def dev() -> list[Requirement]:
-    return [Requirement(r) for r in _pyproject()["project"]["optional-dependencies"]["dev"]]
+    """The extras this repository installs and tests: the test tools, and the real engine (``make test``)."""
+    extras = _pyproject()["project"]["optional-dependencies"]
+    return [Requirement(r) for name in ("dev", "engines") for r in extras[name]]
+
+
+def _engines_installed() -> bool:
+    """The ``engines`` extra is in this environment (``make test`` installs it; ``make check`` does not need it)."""
+    try:
+        metadata.version("llama-cpp-python")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def read_pins(text: str) -> dict[str, Version]:
@@ -146,7 +157,8 @@ def test_this_environment_is_installed_exactly_as_its_constraints_pin() -> None:
     """The suite runs on the set it claims to: every distribution the package (and, for the lowest set, the
     test tools) needs is pinned and installed at that pin -- none resolved freely, none left at another version."""
     path = REPO / os.environ.get("LLMDIAG_CONSTRAINTS", TESTED.name)
-    roots = ["llm-diag", *LOWEST_TOOLS] if path.name == LOWEST.name else ["llm-diag[dev]"]
+    tested = "llm-diag[dev,engines]" if _engines_installed() else "llm-diag[dev]"
+    roots = ["llm-diag", *LOWEST_TOOLS] if path.name == LOWEST.name else [tested]
     pins = read_pins(path.read_text())
     problems = []
     for name in sorted(required_distributions(roots) - {"llm-diag"}):
