@@ -2,9 +2,13 @@
 
 Why: the server serialises every request through one model (a two-level anyio lock, first come first
 served); under more concurrent requests than it can decode, they wait in that queue while the model is
-busy -- the most common incident on a single-model engine. Nothing in the server is instrumented: the
-agent watches its cgroup and process, and the request rows are what the load generator saw (arrival,
-first streamed token, last token: ``diag/demo/engine/client.py`` says what ``start`` means there).
+busy -- the most common incident on a single-model engine. Two attachments, one verdict:
+
+- outside: nothing in the server is instrumented; the agent watches its cgroup and process, and the request rows
+  are what the load generator saw (arrival, first streamed token, last token: ``diag/demo/engine/client.py`` says
+  what ``start`` means there);
+- wrapped: the same server under ``diag wrap``; the rows are the server's own, written to the agent's recorder,
+  with the start marked where the request takes the model lock.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from collectors.recorder import FlightRecorder
 from collectors.records import WatchScope
 from diag.demo.engine.client import drive
 from diag.demo.engine.model import WrittenModel
@@ -30,14 +35,16 @@ MIB = 1 << 20
 REQUESTS, CONCURRENCY, TOKENS = 48, 8, 24
 
 
-def test_overload_behind_the_model_lock_is_a_queue_backlog(tmp_path: Path, engine_model: WrittenModel) -> None:
+@pytest.mark.parametrize("attachment", ["outside", "wrapped"])
+def test_overload_behind_the_model_lock_is_a_queue_backlog(tmp_path: Path, engine_model: WrittenModel, attachment: str) -> None:
     require_live()
+    wrapped = attachment == "wrapped"
     recorder = tmp_path / "agent.db"
     made = ScenarioCgroups(prefix="llmdiag-engine")
     try:
         group = made.create("queue", 1024 * MIB)
         settings = EngineSettings(model=engine_model.path, n_ctx=256, n_threads=1)
-        with EngineServer(settings, tmp_path / "server.log", group=group) as server:
+        with EngineServer(settings, tmp_path / "server.log", group=group, wrap_recorder=recorder if wrapped else None) as server:
             agent = AgentThread(recorder, cgroups=[group.path], pids=[server.pid], interval_s=1.0, kmsg=False).start()
             try:
                 t0 = time.time()
@@ -48,7 +55,7 @@ def test_overload_behind_the_model_lock_is_a_queue_backlog(tmp_path: Path, engin
             finally:
                 agent.stop()
             pid = server.pid
-        records = [r.to_dict() for r in rows]
+        records = [] if wrapped else [r.to_dict() for r in rows]  # wrapped: the server's own rows are in the recorder
         scope = WatchScope(ts=t0, pids=[pid], cgroups=[group.path], resolved_pids=[pid], resolved_cgroups=[group.path])
         timeline = timeline_from_records([*scenario_records(recorder, [group.path], [pid]), scope.to_dict(), *records])
     finally:
@@ -58,6 +65,10 @@ def test_overload_behind_the_model_lock_is_a_queue_backlog(tmp_path: Path, engin
     assert len(timeline.cgroups) == 1  # the agent watched the engine's own group
     held = {f for track in timeline.processes.values() for f in track.model_files}
     assert str(engine_model.path) in held, held  # and saw the engine map the .gguf
+    if wrapped:  # the server's rows: every completion, each with the start its model lock marked
+        with FlightRecorder(recorder, readonly=True) as rec:
+            served = [r for r in rec.read(["request"]) if r.route == "/v1/completions"]
+        assert len(served) == REQUESTS and all(r.start is not None and r.start >= r.arrival for r in served)
     analysis = analyze(timeline)
     print(analysis.primary, [(f.rule, round(f.confidence, 2), f.summary) for f in analysis.findings])
     ratios = sorted(r.queue_wait_s / r.inference_s for r in rows if r.inference_s)

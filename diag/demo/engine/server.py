@@ -88,10 +88,15 @@ class EngineStartError(RuntimeError):
 class EngineServer:
     """One running llama-cpp-python server: its process, URL and log. A context manager: exit stops it by PID."""
 
-    def __init__(self, settings: EngineSettings, log_path: Path, group: MemoryGroup | None = None) -> None:
+    def __init__(
+        self, settings: EngineSettings, log_path: Path, group: MemoryGroup | None = None, *, wrap_recorder: Path | None = None
+    ) -> None:
+        """``wrap_recorder``: run the server under ``diag wrap`` (llm-diag's tracking applied from outside, the request
+        rows written to that flight recorder); the server keeps the PID ``diag wrap`` started with (it execs)."""
         self.settings = settings
         self.log_path = log_path
         self.group = group
+        self.wrap_recorder = wrap_recorder
         self.proc: subprocess.Popen[bytes] | None = None
         self.port: int | None = None
         self._log: TextIO | None = None
@@ -117,6 +122,9 @@ class EngineServer:
         self._log = self.log_path.open("w")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         argv = self.settings.argv()
+        if self.wrap_recorder is not None:
+            wrap = ["wrap", "--recorder", str(self.wrap_recorder), "--model", "engine", "--"]
+            argv = [sys.executable, "-m", "diag.cli", *wrap, *argv]
         kwargs = {"stdout": self._log, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL, "env": env}
         self.proc = self.group.spawn(argv, **kwargs) if self.group else subprocess.Popen(argv, **kwargs)
         try:
