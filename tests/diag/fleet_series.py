@@ -4,7 +4,8 @@ Why recordings: the fleet tests must show that the one-pass queries and the per-
 the verdict its own data supports, so every target's series are real -- a recorded run of ``diag demo
 --scenario`` turned into what a Prometheus scraping that machine would hold, through the product's own
 exporters (``diag.demo.scenarios.openmetrics``). A target is a machine: its agent on ``<name>:9464`` and its
-backend on ``<name>:8000``, both with the fleet's label ``cluster``. Every run is shifted to end at the same
+backend on ``<name>:8000``, both with the fleet's label ``cluster`` and ``host=<name>`` (as the shipped
+scrape config sets it). Every run is shifted to end at the same
 moment, as a fleet observed over one window. The documents are merged into one file (families grouped, one
 ``# EOF``) so promtool backfills the whole fleet in one run.
 """
@@ -28,11 +29,20 @@ def recording(scenario: str) -> list[dict[str, Any]]:
     return read_jsonl_gz(FIXTURES / "scenarios" / f"{scenario}.jsonl.gz")
 
 
+PLACEHOLDER = "llmdiag-fleet-target"  # the target's name in a rendered document, replaced per target
+
+
 def target_document(name: str, records: Sequence[dict[str, Any]], end: float) -> str:
     """One target's OpenMetrics: ``records`` shifted to end at ``end``, labelled as machine ``name``."""
+    return scenario_document(records, end).replace(PLACEHOLDER, name)
+
+
+def scenario_document(records: Sequence[dict[str, Any]], end: float) -> str:
+    """A recording rendered once for every target that replays it (targets differ only in their labels)."""
     shift = end - max(float(r["ts"]) for r in records)
-    return openmetrics(records, agent_labels={"job": "llm-diag-host", "instance": f"{name}:9464", "cluster": CLUSTER},
-                       backend_labels={"job": "llm", "instance": f"{name}:8000", "cluster": CLUSTER},
+    labels = {"cluster": CLUSTER, "host": PLACEHOLDER}
+    return openmetrics(records, agent_labels={"job": "llm-diag-host", "instance": f"{PLACEHOLDER}:9464", **labels},
+                       backend_labels={"job": "llm", "instance": f"{PLACEHOLDER}:8000", **labels},
                        shift_s=shift)  # fmt: skip
 
 
@@ -58,12 +68,14 @@ def merge(documents: Iterable[str]) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_fleet(plan: Sequence[tuple[str, str]], end: float, path: Path) -> Path:
-    """``plan``: (target name, scenario) pairs; the fleet's series written to ``path`` for promtool."""
-    cache: dict[str, list[dict[str, Any]]] = {}
+def write_fleet(plan: Sequence[tuple[str, Sequence[dict[str, Any]]]], end: float, path: Path) -> Path:
+    """``plan``: (target name, its records) pairs; the fleet's series written to ``path`` for promtool."""
+    rendered: dict[int, str] = {}
     docs = []
-    for name, scenario in plan:
-        records = cache.setdefault(scenario, recording(scenario))
-        docs.append(target_document(name, records, end))
+    for name, records in plan:
+        doc = rendered.get(id(records))
+        if doc is None:
+            doc = rendered[id(records)] = scenario_document(records, end)
+        docs.append(doc.replace(PLACEHOLDER, name))
     path.write_text(merge(docs))
     return path
