@@ -18,7 +18,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -119,7 +118,7 @@ class _Counting(BaseHTTPRequestHandler):
     count = 0
     lock = threading.Lock()
 
-    def do_POST(self) -> None:  # noqa: N802 - the http.server hook's name
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         with self.lock:
             type(self).count += 1
