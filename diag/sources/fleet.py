@@ -11,9 +11,12 @@ The number of queries depends on the catalog, never on the number of targets.
 
 The target is the value of the ``by`` label (default ``instance``). For ``instance`` the port is dropped
 (``10.0.0.5:9464`` -> ``10.0.0.5``), as the single-target path groups host series: the agent on :9464 and
-the inference engine on :8000 are one machine and one diagnosis. The request side gets the same key in
-PromQL through ``label_replace`` into ``llmdiag_target``. Any other label (the shipped scrape config's
-``host``) is taken as it is.
+the inference engine on :8000 are one machine and one diagnosis. The request side is aggregated by
+``instance`` and mapped to the host here, not with ``label_replace`` in PromQL (which runs its regex for
+every series at every step: measured 2-3x the cost of the quantile queries). Limitation: two backends on one
+machine, on two ports, give one target whose request side is the first backend's (a warning says so; a label
+naming each backend, with ``by``, keeps them apart). Any other label (the shipped scrape config's ``host``)
+is taken as it is.
 
 Fallback families (node_exporter, cAdvisor, DCGM) are queried even when ours were found -- some targets
 may have only those -- and chosen per target: ours where the target has them. Series without the label
@@ -44,8 +47,6 @@ from diag.sources.prometheus import (
 from diag.timeline import Series, Timeline
 from diag.timeline import signals as sig
 
-TARGET_LABEL = "llmdiag_target"  # the request side's target key when grouping by instance (host part only)
-_HOST_PART = "(.*?)(?::[0-9]+)?"  # label_replace anchors it: the instance without its port, as _host_of
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MIN_POINTS = 12  # a target whose longest series has fewer steps is "too little data" (3 rate windows of 4 steps)
 
@@ -125,6 +126,9 @@ def load_fleet(
         queries = prom.queries
     finally:
         prom.close()
+    if q.shadowed:
+        say(f"{len(q.shadowed)} targets have several backends (instances on one host); the first one's request side "
+            "was used for each: --by a label naming each backend keeps them apart")
     shares, unlabelled = _split(loaded, q.fallback, q.service_by_target, by)
     targets = [FleetTarget(name, share, url, _target_selector(prom.selector, by, name), start, end)
                for name, share in sorted(shares.items())]  # fmt: skip
@@ -146,7 +150,7 @@ class _FleetQueries(_Queries):
     def __init__(self, prom: _Prometheus, start: float, end: float, step: float, window: float, by: str) -> None:
         super().__init__(prom, start, end, step, window)
         self.by = by
-        self.key = TARGET_LABEL if by == "instance" else by
+        self.shadowed: set[str] = set()  # targets with a second backend whose request side was left out
         self.fallback = _Loaded()  # cAdvisor, DCGM, node_exporter's OOM counter: taken per target where ours lack
         self.service_by_target: dict[str, dict[str, Series]] = defaultdict(dict)
         self.seen: set[str] = set()
@@ -166,10 +170,8 @@ class _FleetQueries(_Queries):
     # ---- request side, per target
 
     def grouped(self, fn: str, inner: str, extra: Iterable[str] = ()) -> str:
-        """``fn by (extra, key) (inner)``; for ``instance`` the key is the host part, set by ``label_replace``."""
-        if self.by == "instance":
-            inner = f'label_replace({inner}, "{TARGET_LABEL}", "$1", "instance", "{_HOST_PART}")'
-        return f"{fn} by ({', '.join([*extra, self.key])}) ({inner})"
+        """``fn by (extra, by) (inner)``: the aggregation of the single path, kept per target."""
+        return f"{fn} by ({', '.join([*extra, self.by])}) ({inner})"
 
     def _rate_by(self, name: str, feed: bk.Feed) -> str:
         return self.grouped("sum", f"rate({self._selector(name, feed)}[{self.w}])")
@@ -177,9 +179,13 @@ class _FleetQueries(_Queries):
     def _per_target(self, query: str) -> dict[str, Series]:
         out: dict[str, Series] = {}
         for res in self.range(query):
-            target = res.labels.get(self.key)
-            if target and target not in out:
-                out[target] = _series(res)
+            target = _target_of(res, self.by)
+            if target is None:
+                continue
+            if target in out:
+                self.shadowed.add(target)
+                continue
+            out[target] = _series(res)
         return out
 
     def feed_by_target(self, feed: bk.Feed) -> dict[str, dict[str, Series]]:
