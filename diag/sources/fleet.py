@@ -25,11 +25,17 @@ are left out and counted (``Fleet.unlabelled``).
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import msgspec
+import numpy as np
 
 from collectors import backends as bk
 from diag.sources.prometheus import (
@@ -47,6 +53,7 @@ from diag.sources.prometheus import (
 from diag.timeline import Series, Timeline
 from diag.timeline import signals as sig
 
+log = logging.getLogger(__name__)
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MIN_POINTS = 12  # a target whose longest series has fewer steps is "too little data" (3 rate windows of 4 steps)
 
@@ -115,7 +122,7 @@ def load_fleet(
     say = progress or (lambda _msg: None)
     end = float(until) if until is not None else time.time()
     start = end - float(since_s)
-    prom = _Prometheus(url, selector, timeout_s)
+    prom = _LazyPrometheus(url, selector, timeout_s)
     try:
         step, window = _resolution(prom, end, since_s, step_s)
         q = _FleetQueries(prom, start, end, step, window, by)
@@ -127,8 +134,10 @@ def load_fleet(
     finally:
         prom.close()
     if q.shadowed:
-        say(f"{len(q.shadowed)} targets have several backends (instances on one host); the first one's request side "
-            "was used for each: --by a label naming each backend keeps them apart")
+        say(
+            f"{len(q.shadowed)} targets have several backends (instances on one host); the first one's request side "
+            "was used for each: --by a label naming each backend keeps them apart"
+        )
     shares, unlabelled = _split(loaded, q.fallback, q.service_by_target, by)
     targets = [FleetTarget(name, share, url, _target_selector(prom.selector, by, name), start, end)
                for name, share in sorted(shares.items())]  # fmt: skip
@@ -140,6 +149,65 @@ def _target_selector(selector: str, by: str, name: str) -> str:
     """What the target's Timeline says it was read with (the fleet's matchers plus the target's)."""
     own = f'instance=~"{re.escape(name)}(:[0-9]+)?"' if by == "instance" else f'{by}="{name}"'
     return ",".join(m for m in (selector, own) if m)
+
+
+class _Reply(msgspec.Struct):
+    """A Prometheus API reply with its series left undecoded (each is decoded on its own, see ``_LazyPrometheus``)."""
+
+    status: str = ""
+    data: dict[str, msgspec.Raw] = {}
+    errorType: str | None = None
+    error: str | None = None
+    warnings: list[str] = []
+
+
+class _RawSeries(msgspec.Struct):
+    metric: dict[str, str] = {}
+    values: list[tuple[float, str]] = []
+
+
+class _LazyPrometheus(_Prometheus):
+    """The query client, decoding a reply's series one at a time.
+
+    Why: a fleet's per-series queries answer with every target's series at once (200 machines' host memory
+    families: ~16 000 series of 720 points). Decoded whole, as ``json`` does, every point is a list, a float and a
+    string -- several GiB at that size; here the reply stays as bytes and each series becomes its two arrays before
+    the next is decoded. Same checks and errors as the single path's client.
+    """
+
+    def _decode(self, resp: httpx.Response) -> Any:
+        reply = msgspec.json.decode(resp.content, type=_Reply)
+        return {"status": reply.status, "data": reply.data, "errorType": reply.errorType, "error": reply.error,
+                "warnings": reply.warnings}  # fmt: skip
+
+    def range(self, query: str, start: float, end: float, step: float) -> list[_Result]:
+        params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        return _lazy_matrix(self._call("/api/v1/query_range", params))
+
+    def raw(self, query: str, at: float) -> list[_Result]:
+        return _lazy_matrix(self._call("/api/v1/query", {"query": query, "time": f"{at:.3f}"}))
+
+
+def _lazy_matrix(data: dict[str, msgspec.Raw]) -> list[_Result]:
+    """As ``prometheus._parse_matrix``, one series decoded at a time; a series in another shape is left out."""
+    try:
+        kind = msgspec.json.decode(data.get("resultType", b'""'))
+        items = msgspec.json.decode(data.get("result", b"[]"), type=list[msgspec.Raw]) if kind == "matrix" else []
+    except msgspec.DecodeError:
+        return []
+    out = []
+    for raw in items:
+        try:
+            item = msgspec.json.decode(raw, type=_RawSeries)
+            ts = np.fromiter((v[0] for v in item.values), dtype=np.float64, count=len(item.values))
+            vals = np.array([v[1] for v in item.values], dtype=np.float64)  # "NaN", "+Inf" parse as floats
+        except (msgspec.DecodeError, ValueError, OverflowError):
+            log.warning("Prometheus: a series in an unexpected shape was left out")
+            continue
+        keep = ~np.isnan(vals) & np.isfinite(ts)
+        if item.values and keep.any():
+            out.append(_Result(item.metric, ts[keep], vals[keep]))
+    return out
 
 
 class _FleetQueries(_Queries):

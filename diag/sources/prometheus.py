@@ -202,7 +202,7 @@ class _Prometheus:
         except httpx.HTTPError as exc:
             raise ValueError(f"cannot reach Prometheus at {self.base}: {exc}") from None
         try:
-            body = resp.json()
+            body = self._decode(resp)
         except (ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
             body = None
         if isinstance(body, dict) and body.get("status") == "error":
@@ -217,6 +217,10 @@ class _Prometheus:
         for warning in body.get("warnings") or ():
             log.warning("Prometheus: %s", warning)
         return body["data"]
+
+    def _decode(self, resp: httpx.Response) -> Any:
+        """The reply's JSON document (a subclass may decode it more lazily)."""
+        return resp.json()
 
     def range(self, query: str, start: float, end: float, step: float) -> list[_Result]:
         params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
