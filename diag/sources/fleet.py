@@ -147,7 +147,9 @@ def load_fleet(
 
 def _target_selector(selector: str, by: str, name: str) -> str:
     """What the target's Timeline says it was read with (the fleet's matchers plus the target's)."""
-    own = f'instance=~"{re.escape(name)}(:[0-9]+)?"' if by == "instance" else f'{by}="{name}"'
+    value = re.escape(name) + "(:[0-9]+)?" if by == "instance" else name
+    quoted = value.replace("\\", "\\\\").replace('"', '\\"')  # a PromQL string literal
+    own = f'{by}=~"{quoted}"' if by == "instance" else f'{by}="{quoted}"'
     return ",".join(m for m in (selector, own) if m)
 
 

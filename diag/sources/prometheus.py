@@ -67,6 +67,9 @@ by host (the ``instance`` label without its port, so the agent and a cAdvisor on
 combine); when the selector matches several hosts, the one with the most samples is used and
 ``timeline.source`` says so -- narrow ``--selector`` (``instance=~"10.0.0.5:.*"``) to choose.
 
+For every target at once (``diag analyze --fleet``), ``diag.sources.fleet`` runs this query set once for the
+whole fleet and splits the results per target, each assembled here.
+
 A series absent from Prometheus is absent from the Timeline (never zeros). An unreachable server,
 an HTTP error or a Prometheus ``status: error`` raises ``ValueError`` with a one-line reason.
 """
