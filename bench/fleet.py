@@ -10,7 +10,8 @@ Measured in a fresh child process per size: ``load_fleet`` (the queries, parsing
 (assembly and rules in ``--jobs`` forked workers) wall times, the queries issued, and the peak RSS of the child
 and of its largest worker (``getrusage``: the parent's own ``ru_maxrss`` and its children's).
 
-    .venv/bin/python bench/fleet.py [--targets 50,200] [--hours 1] [--step 5] [--jobs 2] [--keep DIR]
+    .venv/bin/python bench/fleet.py [--targets 50,200] [--hours 1] [--step 5] [--jobs 2] [--concurrency 1,3]
+                                    [--keep DIR]
 
 Prints figures; asserts nothing.
 """
@@ -32,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.diag.fleet_series import CLUSTER, PLACEHOLDER, SELECTOR, recording, scenario_document  # noqa: E402
+from tests.diag.fleet_series import PLACEHOLDER, SELECTOR, recording, scenario_document  # noqa: E402
 
 SICK_EVERY = 10
 SICK = ("queue", "leak", "host-oom")
@@ -83,13 +84,13 @@ def write_batch(path: Path, names: list[str], plan: dict[str, str], tiles: dict[
         fh.write("# EOF\n")
 
 
-def child(url: str, end: float, since: float, jobs: int) -> None:
+def child(url: str, end: float, since: float, jobs: int, concurrency: int) -> None:
     """One measured run, printed as JSON on stdout."""
     from diag.cli.fleet import judge_fleet
     from diag.sources.fleet import load_fleet
 
     t0 = time.perf_counter()
-    fleet = load_fleet(url, selector=SELECTOR, since_s=since, until=end, timeout_s=600)
+    fleet = load_fleet(url, selector=SELECTOR, since_s=since, until=end, timeout_s=600, concurrency=concurrency)
     t1 = time.perf_counter()
     rss_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     rows = judge_fleet(fleet.targets, jobs, lambda _m: None)
@@ -111,12 +112,13 @@ def main() -> None:
     ap.add_argument("--hours", type=float, default=1.0)
     ap.add_argument("--step", type=float, default=5.0)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--concurrency", default="3", help="queries in flight; several (1,3) are measured in turn")
     ap.add_argument("--keep", type=Path)
-    ap.add_argument("--child", nargs=4, metavar=("URL", "END", "SINCE", "JOBS"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=5, metavar=("URL", "END", "SINCE", "JOBS", "CONC"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        url, end, since, jobs = args.child
-        child(url, float(end), float(since), int(jobs))
+        url, end, since, jobs, conc = args.child
+        child(url, float(end), float(since), int(jobs), int(conc))
         return
     from tests.promserver import prometheus
 
@@ -153,19 +155,24 @@ def main() -> None:
             for p in files:
                 p.unlink()
             since = (points - 1) * args.step
-            cmd = [sys.executable, __file__, "--child", prom.url, str(end), str(since), str(args.jobs)]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=3600)
-            if out.returncode != 0:
-                print(out.stderr[-3000:])
-                continue
-            r = json.loads(out.stdout.strip().splitlines()[-1])
-            print(f"{n} targets ({CLUSTER}): {r['queries']} queries, step {r['step']:g} s; load {r['load_s']:.1f} s, "
-                  f"rules {r['judge_s']:.1f} s ({args.jobs} jobs), total {r['load_s'] + r['judge_s']:.1f} s; "
-                  f"peak RSS {r['rss_self_mib']:.0f} MiB (after load {r['rss_load_mib']:.0f}), "
-                  f"largest worker {r['rss_worker_mib']:.0f} MiB; verdicts {dict(r['verdicts'])}", flush=True)  # fmt: skip
+            for conc in args.concurrency.split(","):
+                cmd = [sys.executable, __file__, "--child", prom.url, str(end), str(since), str(args.jobs), conc]
+                out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=3600)
+                if out.returncode != 0:
+                    print(out.stderr[-3000:])
+                    continue
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                _report(n, conc, args.jobs, r)
         if not args.keep:
             shutil.rmtree(work.parent, ignore_errors=True)
 
+
+def _report(n: int, conc: str, jobs: int, r: dict) -> None:
+    """One measured run, one line."""
+    print(f"{n} targets, {conc} queries in flight: {r['queries']} queries, step {r['step']:g} s; "
+          f"load {r['load_s']:.1f} s, rules {r['judge_s']:.1f} s ({jobs} jobs), total {r['load_s'] + r['judge_s']:.1f} s; "
+          f"peak RSS {r['rss_self_mib']:.0f} MiB (after load {r['rss_load_mib']:.0f}), "
+          f"largest worker {r['rss_worker_mib']:.0f} MiB; verdicts {dict(r['verdicts'])}", flush=True)  # fmt: skip
 
 if __name__ == "__main__":
     main()

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +57,7 @@ from diag.timeline import signals as sig
 
 log = logging.getLogger(__name__)
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CONCURRENCY = 3  # queries in flight: enough to keep a 2-core Prometheus busy while replies are decoded
 MIN_POINTS = 12  # a target whose longest series has fewer steps is "too little data" (3 rate windows of 4 steps)
 
 Progress = Callable[[str], None]
@@ -112,8 +115,13 @@ def load_fleet(
     timeout_s: float = 60.0,
     until: float | None = None,
     progress: Progress | None = None,
+    concurrency: int = CONCURRENCY,
 ) -> Fleet:
     """Every target ``selector`` matches, over the last ``since_s`` seconds, split by label ``by``.
+
+    ``concurrency``: queries in flight at once (independent parts of the set, and a histogram's statistics):
+    Prometheus evaluates them on its own cores while this process decodes the previous replies. The queries
+    issued are the same whatever it is.
 
     Raises ValueError (one line) on a bad label, an unreachable server or a refused query.
     """
@@ -125,11 +133,15 @@ def load_fleet(
     prom = _LazyPrometheus(url, selector, timeout_s)
     try:
         step, window = _resolution(prom, end, since_s, step_s)
-        q = _FleetQueries(prom, start, end, step, window, by)
         loaded = _Loaded()
-        for part in ("host", "cgroups", "processes", "gpus", "ooms", "service"):
-            say(f"querying {part} series ({prom.queries} queries so far)")
-            getattr(q, part)(loaded)
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            q = _FleetQueries(prom, start, end, step, window, by, pool if concurrency > 1 else None)
+            say(f"querying host, cgroup, process, GPU and OOM series ({concurrency} at a time)")
+            # Each part fills its own lists of ``loaded`` (and of ``q.fallback``): they run side by side.
+            for future in [pool.submit(getattr(q, part), loaded) for part in ("host", "cgroups", "processes", "gpus", "ooms")]:
+                future.result()
+            say(f"querying the request side ({prom.queries} queries so far)")
+            q.service(loaded)
         queries = prom.queries
     finally:
         prom.close()
@@ -177,6 +189,14 @@ class _LazyPrometheus(_Prometheus):
     the next is decoded. Same checks and errors as the single path's client.
     """
 
+    def __init__(self, url: str, selector: str, timeout_s: float) -> None:
+        super().__init__(url, selector, timeout_s)
+        self._lock = threading.Lock()  # queries run on several threads (httpx's client is thread-safe)
+
+    def _count(self) -> None:
+        with self._lock:
+            self.queries += 1
+
     def _decode(self, resp: httpx.Response) -> Any:
         reply = msgspec.json.decode(resp.content, type=_Reply)
         return {"status": reply.status, "data": reply.data, "errorType": reply.errorType, "error": reply.error,
@@ -217,8 +237,10 @@ class _FleetQueries(_Queries):
 
     EVERY_FALLBACK = True
 
-    def __init__(self, prom: _Prometheus, start: float, end: float, step: float, window: float, by: str) -> None:
+    def __init__(self, prom: _Prometheus, start: float, end: float, step: float, window: float, by: str,
+                 pool: ThreadPoolExecutor | None = None) -> None:  # fmt: skip
         super().__init__(prom, start, end, step, window)
+        self.pool = pool
         self.by = by
         self.shadowed: set[str] = set()  # targets with a second backend whose request side was left out
         self.fallback = _Loaded()  # cAdvisor, DCGM, node_exporter's OOM counter: taken per target where ours lack
@@ -271,16 +293,19 @@ class _FleetQueries(_Queries):
             return _keyed(feed.signal, self._per_target(query))
         if feed.how == "sum_rate":
             return _keyed(feed.signal, self._per_target(self._rate_by(name + "_sum", feed)))
+        # The quantiles and the mean side by side (the single path asks the mean only once a quantile had data:
+        # here the three cost one round trip, and the mean is kept only for targets with quantiles).
+        rate = f"rate({self._selector(name + '_bucket', feed)}[{self.w}])"
+        queries = [f"histogram_quantile({q}, {self.grouped('sum', rate, ['le'])})" for q, _ in _QUANTILES]
+        queries.append(f"{self._rate_by(name + '_sum', feed)} / {self._rate_by(name + '_count', feed)}")
+        *quantiles, means = self.pool.map(self._per_target, queries) if self.pool else map(self._per_target, queries)
         got: dict[str, dict[str, Series]] = defaultdict(dict)
-        for q, stat in _QUANTILES:
-            rate = f"rate({self._selector(name + '_bucket', feed)}[{self.w}])"
-            for target, series in self._per_target(f"histogram_quantile({q}, {self.grouped('sum', rate, ['le'])})").items():
+        for (_, stat), per_target in zip(_QUANTILES, quantiles, strict=True):
+            for target, series in per_target.items():
                 got[target][sig.latency(feed.signal, stat)] = series
-        if got:
-            query = f"{self._rate_by(name + '_sum', feed)} / {self._rate_by(name + '_count', feed)}"
-            for target, series in self._per_target(query).items():
-                if target in got:
-                    got[target][sig.latency(feed.signal, "mean")] = series
+        for target, series in means.items():
+            if target in got:
+                got[target][sig.latency(feed.signal, "mean")] = series
         # A target missing a quantile gets none of the stem (as the single path, which needs both to take a feed).
         return {t: s for t, s in got.items() if all(sig.latency(feed.signal, st) in s for _, st in _QUANTILES)}
 

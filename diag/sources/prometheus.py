@@ -195,8 +195,11 @@ class _Prometheus:
 
     # ---- HTTP
 
-    def _call(self, path: str, params: dict[str, Any]) -> Any:
+    def _count(self) -> None:
         self.queries += 1
+
+    def _call(self, path: str, params: dict[str, Any]) -> Any:
+        self._count()
         where = f"{self.base}{path}"
         try:
             resp = self.http.post(where, data=params)
