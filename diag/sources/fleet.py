@@ -57,7 +57,9 @@ from diag.timeline import signals as sig
 
 log = logging.getLogger(__name__)
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-CONCURRENCY = 3  # queries in flight: enough to keep a 2-core Prometheus busy while replies are decoded
+# Queries in flight. 1: bench/fleet.py measured no gain from 3 on a 2-core host whose Prometheus shares the cores
+# (it is CPU-bound evaluating and encoding), and 30 % more peak memory; a Prometheus on its own machine may differ.
+CONCURRENCY = 1
 MIN_POINTS = 12  # a target whose longest series has fewer steps is "too little data" (3 rate windows of 4 steps)
 
 Progress = Callable[[str], None]
@@ -119,9 +121,8 @@ def load_fleet(
 ) -> Fleet:
     """Every target ``selector`` matches, over the last ``since_s`` seconds, split by label ``by``.
 
-    ``concurrency``: queries in flight at once (independent parts of the set, and a histogram's statistics):
-    Prometheus evaluates them on its own cores while this process decodes the previous replies. The queries
-    issued are the same whatever it is.
+    ``concurrency``: queries in flight at once (independent parts of the set, and a histogram's statistics), for
+    a Prometheus with cores to spare; the queries issued are the same whatever it is.
 
     Raises ValueError (one line) on a bad label, an unreachable server or a refused query.
     """
