@@ -246,7 +246,6 @@ class _FleetQueries(_Queries):
         self.shadowed: set[str] = set()  # targets with a second backend whose request side was left out
         self.fallback = _Loaded()  # cAdvisor, DCGM, node_exporter's OOM counter: taken per target where ours lack
         self.service_by_target: dict[str, dict[str, Series]] = defaultdict(dict)
-        self.seen: set[str] = set()
 
     def cgroups(self, out: _Loaded) -> None:
         self.cgroups_ours(out)
@@ -300,15 +299,20 @@ class _FleetQueries(_Queries):
         queries = [f"histogram_quantile({q}, {self.grouped('sum', rate, ['le'])})" for q, _ in _QUANTILES]
         queries.append(f"{self._rate_by(name + '_sum', feed)} / {self._rate_by(name + '_count', feed)}")
         *quantiles, means = self.pool.map(self._per_target, queries) if self.pool else map(self._per_target, queries)
-        got: dict[str, dict[str, Series]] = defaultdict(dict)
-        for (_, stat), per_target in zip(_QUANTILES, quantiles, strict=True):
-            for target, series in per_target.items():
-                got[target][sig.latency(feed.signal, stat)] = series
-        for target, series in means.items():
-            if target in got:
-                got[target][sig.latency(feed.signal, "mean")] = series
-        # A target missing a quantile gets none of the stem (as the single path, which needs both to take a feed).
-        return {t: s for t, s in got.items() if all(sig.latency(feed.signal, st) in s for _, st in _QUANTILES)}
+        # Per target as the single path takes them: the quantiles up to the first one without data, and the mean
+        # where at least one quantile had data.
+        got: dict[str, dict[str, Series]] = {}
+        for target in set().union(*quantiles):
+            stats: dict[str, Series] = {}
+            for (_, stat), per_target in zip(_QUANTILES, quantiles, strict=True):
+                if target not in per_target:
+                    break
+                stats[sig.latency(feed.signal, stat)] = per_target[target]
+            if stats:
+                if target in means:
+                    stats[sig.latency(feed.signal, "mean")] = means[target]
+                got[target] = stats
+        return got
 
     def service(self, out: _Loaded) -> None:
         """Each signal from, per target, the first feed with data for it; the next feed only while a target lacks it."""
