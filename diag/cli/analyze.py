@@ -17,11 +17,41 @@ from diag.cli.errors import fail
 SINCE_EXAMPLES = ("30m", "2h", "1d")
 
 
+def _check_fleet(prometheus: str | None, selector: str | None, fleet: str | None, by: str | None,
+                 jobs: int | None, bundle: Path | None, recorder: Path | None) -> None:  # fmt: skip
+    """``--fleet`` only on the Prometheus path, instead of ``--selector``; ``--by`` a label name; ``--jobs`` in range."""
+    from diag.sources.fleet import check_label
+
+    if fleet is None:
+        opts.refuse({"--by": by is not None, "--jobs": jobs is not None}, "without --fleet (they shape a fleet analysis)")
+        return
+    opts.refuse({"--recorder": recorder is not None, "--bundle": bundle is not None},
+                "with --fleet (a fleet is read from Prometheus: give --prometheus URL)")  # fmt: skip
+    if prometheus is None:
+        raise opts.OptionError("--fleet needs --prometheus URL (the fleet's series are read from Prometheus)")
+    opts.refuse({"--selector": selector is not None}, "with --fleet (--fleet is the selector: every target it matches)")
+    if not fleet.strip().strip("{}").strip():
+        raise opts.OptionError("--fleet '': give label matchers for the fleet, e.g. 'job=\"llm\"'")
+    if by is not None:
+        try:
+            check_label(by)
+        except ValueError as exc:
+            raise opts.OptionError(f"{exc}; use e.g. instance or host") from None
+    if jobs is not None:
+        opts.number("--jobs", jobs, low=1, high=256, meaning="worker processes running the rules", examples=("1", "2"))
+
+
 def _analysis_source(
-    recorder: Path | None, bundle: Path | None, prometheus: str | None, selector: str | None, since: str | None
+    recorder: Path | None,
+    bundle: Path | None,
+    prometheus: str | None,
+    selector: str | None,
+    since: str | None,
+    fleet: tuple[str | None, str | None, int | None] = (None, None, None),
 ) -> tuple[str, float]:
     """Which source to read (checked: exactly one, each with only the options that apply to it) and the window."""
     try:
+        _check_fleet(prometheus, selector, *fleet, bundle, recorder)
         given = {"--recorder": recorder is not None, "--bundle": bundle is not None, "--prometheus": prometheus is not None}
         if sum(given.values()) > 1:
             got = ", ".join(k for k, v in given.items() if v)
@@ -55,6 +85,19 @@ def analyze(
         typer.Option(help='With --prometheus: label matchers for the service, e.g. \'job="llm",instance="10.0.0.5:9464"\'.'),
     ] = None,
     since: Annotated[str | None, typer.Option(help="How far back to look, e.g. 30m, 2h (default 1h; not with --bundle).")] = None,
+    fleet: Annotated[
+        str | None,
+        typer.Option(
+            help="With --prometheus: label matchers for a whole fleet, e.g. 'job=\"llm\"': "
+            "every target diagnosed in one pass, a ranked table."
+        ),
+    ] = None,
+    by: Annotated[
+        str | None, typer.Option(help="With --fleet: the label naming a target (default instance, its port dropped).")
+    ] = None,
+    jobs: Annotated[
+        int | None, typer.Option(help="With --fleet: worker processes running the rules (default: the CPUs available).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="The documented JSON document instead of text.")] = False,
 ) -> None:
     """Classify what the records show: the verdict first, findings with evidence, and what could not be evaluated.
@@ -76,17 +119,28 @@ def analyze(
     "evidence", "rules_out", "remediation", "start", "end"}],
     "not_evaluated": [{"rule", "class", "missing", "why"}]}
 
+    Fleet (--fleet): each signal is queried once for every matching target and split by the --by label; the
+    rules run per target in worker processes; the table ranks sick targets first, by confidence. A target
+    with too little data is listed as "too_little_data". JSON: {"selector", "by", "window", "step_s",
+    "queries", "source", "counts", "targets": [{"target", "verdict", "class", "confidence", "evidence",
+    "points", "analysis"}]}. Progress goes to stderr.
+
     Exit status: 0 analysed; 2 an option is invalid or cannot apply, or the source cannot be read (no
     recorder, a recorder file that is not a database, a folder that is not a bundle, Prometheus unreachable).
 
     Examples:\n
       diag analyze --since 30m\n
       diag analyze --bundle ./llm-diag-bundle-20261130T1200Z --json\n
-      diag analyze --prometheus http://127.0.0.1:9090 --selector 'job="llm-api"'
+      diag analyze --prometheus http://127.0.0.1:9090 --selector 'job="llm-api"'\n
+      diag analyze --prometheus http://127.0.0.1:9090 --fleet 'job="llm-api"' --by host
     """
     from diag.rules.engine import analyze as run_rules
 
-    kind, since_s = _analysis_source(recorder, bundle, prometheus, selector, since)
+    kind, since_s = _analysis_source(recorder, bundle, prometheus, selector, since, (fleet, by, jobs))
+    if fleet is not None:
+        assert prometheus is not None
+        _analyze_fleet(prometheus, fleet, by or "instance", jobs, since_s, as_json)
+        return
     timeline = _load_timeline(kind, recorder, bundle, prometheus, selector or "", since_s)
     result = run_rules(timeline)
     if as_json:
@@ -96,6 +150,28 @@ def analyze(
         from diag.views.analysis import render_analysis
 
         render_analysis(result)
+
+
+def _analyze_fleet(url: str, selector: str, by: str, jobs: int | None, since_s: float, as_json: bool) -> None:
+    """Every target of the fleet: one query set, the rules per target in worker processes, the ranked table."""
+    from diag.cli.fleet import default_jobs, judge_fleet, progress
+    from diag.sources.fleet import load_fleet
+    from diag.views.fleet import fleet_document, render_fleet
+
+    try:
+        fleet = load_fleet(url, selector=selector, by=by, since_s=since_s, progress=progress)
+    except ValueError as exc:
+        fail(str(exc))
+    if fleet.unlabelled:
+        progress(f"{fleet.unlabelled} series without the label {by!r} were left out")
+    rows = judge_fleet(fleet.targets, jobs or default_jobs(), progress)
+    meta = {"selector": fleet.selector, "by": by, "window": {"start": fleet.window[0], "end": fleet.window[1]},
+            "step_s": fleet.step, "queries": fleet.queries, "source": f"prometheus:{url}"}  # fmt: skip
+    if as_json:
+        json.dump(fleet_document(rows, meta), sys.stdout, indent=2, allow_nan=False, default=str)
+        sys.stdout.write("\n")
+    else:
+        render_fleet(rows, meta)
 
 
 def _load_timeline(kind: str, recorder: Path | None, bundle: Path | None, prometheus: str | None, selector: str,

@@ -3,6 +3,7 @@
     flight recorder (SQLite, one host) --- recorder.load_recorder ---\
     incident bundle (timeline/*.jsonl) --- bundle.load_bundle -------+--> diag.timeline.Timeline --> diag.rules.engine.analyze
     Prometheus (query_range, the fleet) -- prometheus.load_prometheus /
+    a whole fleet in one pass ------------ fleet.load_fleet: one share per target, each assembled as above
 
 Sources only read and reshape; they never judge.
 """

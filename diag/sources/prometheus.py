@@ -67,6 +67,9 @@ by host (the ``instance`` label without its port, so the agent and a cAdvisor on
 combine); when the selector matches several hosts, the one with the most samples is used and
 ``timeline.source`` says so -- narrow ``--selector`` (``instance=~"10.0.0.5:.*"``) to choose.
 
+For every target at once (``diag analyze --fleet``), ``diag.sources.fleet`` runs this query set once for the
+whole fleet and splits the results per target, each assembled here.
+
 A series absent from Prometheus is absent from the Timeline (never zeros). An unreachable server,
 an HTTP error or a Prometheus ``status: error`` raises ``ValueError`` with a one-line reason.
 """
@@ -192,8 +195,11 @@ class _Prometheus:
 
     # ---- HTTP
 
-    def _call(self, path: str, params: dict[str, Any]) -> Any:
+    def _count(self) -> None:
         self.queries += 1
+
+    def _call(self, path: str, params: dict[str, Any]) -> Any:
+        self._count()
         where = f"{self.base}{path}"
         try:
             resp = self.http.post(where, data=params)
@@ -202,7 +208,7 @@ class _Prometheus:
         except httpx.HTTPError as exc:
             raise ValueError(f"cannot reach Prometheus at {self.base}: {exc}") from None
         try:
-            body = resp.json()
+            body = self._decode(resp)
         except (ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
             body = None
         if isinstance(body, dict) and body.get("status") == "error":
@@ -217,6 +223,10 @@ class _Prometheus:
         for warning in body.get("warnings") or ():
             log.warning("Prometheus: %s", warning)
         return body["data"]
+
+    def _decode(self, resp: httpx.Response) -> Any:
+        """The reply's JSON document (a subclass may decode it more lazily)."""
+        return resp.json()
 
     def range(self, query: str, start: float, end: float, step: float) -> list[_Result]:
         params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
@@ -287,18 +297,12 @@ def load_prometheus(
     raw samples), coarsened so no series exceeds ~10 000 points. Raises ValueError when Prometheus
     cannot be reached or refuses a query; a selector that matches nothing gives an empty Timeline.
     """
-    if since_s <= 0:
-        raise ValueError("since must be positive")
-    if step_s is not None and step_s <= 0:
-        raise ValueError("step must be positive")
+    _check_window(since_s, step_s)
     end = float(until) if until is not None else time.time()
     start = end - float(since_s)
     prom = _Prometheus(url, selector, timeout_s)
     try:
-        scrape_s = _scrape_interval(prom, end, min(since_s, PROBE_WINDOW_S))
-        step = step_s if step_s is not None else default_step(since_s, scrape_s)
-        step = max(step, since_s / (MAX_POINTS - 1))
-        window = max(4 * step, 4 * scrape_s)
+        step, window = _resolution(prom, end, since_s, step_s)
         q = _Queries(prom, start, end, step, window)
         loaded = _Loaded()
         q.host(loaded)
@@ -315,6 +319,21 @@ def load_prometheus(
     return timeline
 
 
+def _check_window(since_s: float, step_s: float | None) -> None:
+    if since_s <= 0:
+        raise ValueError("since must be positive")
+    if step_s is not None and step_s <= 0:
+        raise ValueError("step must be positive")
+
+
+def _resolution(prom: _Prometheus, end: float, since_s: float, step_s: float | None) -> tuple[float, float]:
+    """(step, rate window) of the range queries: ``step_s`` or one point per measured scrape, within MAX_POINTS."""
+    scrape_s = _scrape_interval(prom, end, min(since_s, PROBE_WINDOW_S))
+    step = step_s if step_s is not None else default_step(since_s, scrape_s)
+    step = max(step, since_s / (MAX_POINTS - 1))
+    return step, max(4 * step, 4 * scrape_s)
+
+
 def _scrape_interval(prom: _Prometheus, end: float, window_s: float) -> float:
     """Median spacing of raw samples of a few always-present series (``up``, host memory, request counter)."""
     names = [cat.PROMETHEUS_UP.name, cat.HOST_MEMORY["total"].name, cat.NODE_MEMORY["total"].name, cat.REQUESTS.name,
@@ -325,6 +344,14 @@ def _scrape_interval(prom: _Prometheus, end: float, window_s: float) -> float:
 
 
 class _Queries:
+    """The query set of one Timeline; each method fills its part of a ``_Loaded``.
+
+    ``EVERY_FALLBACK``: query an exporter's fallback family even where ours was found (the fleet path, where some
+    targets may have ours and others only node_exporter; ours still wins, being merged first).
+    """
+
+    EVERY_FALLBACK = False
+
     def __init__(self, prom: _Prometheus, start: float, end: float, step: float, window: float) -> None:
         self.prom, self.start, self.end, self.step = prom, start, end, step
         self.w = _fmt_duration(window)
@@ -369,7 +396,7 @@ class _Queries:
             node[fam.name] = sig.psi(r, "full", sig.PSI_TOTAL)
         for f, fam in cat.NODE_VMSTAT.items():
             node[fam.name] = sig.HOST_VMSTAT + f
-        wanted = {name: key for name, key in node.items() if key not in found}
+        wanted = {name: key for name, key in node.items() if key not in found or self.EVERY_FALLBACK}
         if wanted:
             for res in self.names(wanted):
                 if res.name in wanted:
@@ -380,7 +407,7 @@ class _Queries:
             for r, fam in families.items():
                 ours_total = cat.HOST_PSI_WAITING.get(r) if kind == "some" else cat.HOST_PSI_STALLED.get(r)
                 key = sig.psi(r, kind, sig.PSI_AVG10)
-                if key in found or sig.psi(r, kind, sig.PSI_TOTAL) not in found:
+                if (key in found and not self.EVERY_FALLBACK) or sig.psi(r, kind, sig.PSI_TOTAL) not in found:
                     continue
                 for name in (ours_total.name if ours_total else None, fam.name):
                     if name is None:
@@ -389,11 +416,19 @@ class _Queries:
                     if got:
                         out.host.extend((res, key, 1.0) for res in got)
                         found.add(key)
-                        break
+                        if not self.EVERY_FALLBACK:
+                            break
 
     # ---- cgroups
 
     def cgroups(self, out: _Loaded) -> None:
+        """Our cgroup families; cAdvisor's only where ours are absent."""
+        self.cgroups_ours(out)
+        if out.cgroups:
+            return
+        self.cgroups_cadvisor(out)
+
+    def cgroups_ours(self, out: _Loaded) -> None:
         simple = {
             cat.CGROUP_USAGE.name: sig.CG_USAGE, cat.CGROUP_WORKING_SET.name: sig.CG_WORKING_SET,
             cat.CGROUP_LIMIT.name: sig.CG_LIMIT, cat.CGROUP_HIGH.name: sig.CG_HIGH, cat.CGROUP_PEAK.name: sig.CG_PEAK,
@@ -416,7 +451,8 @@ class _Queries:
                 out.cgroups.append((res, path, simple[res.name], 1.0))
         if out.cgroups:
             self._cgroup_psi_avg(out, "cgroup", cat.CGROUP_PSI_WAITING.name, cat.CGROUP_PSI_STALLED.name)
-            return
+
+    def cgroups_cadvisor(self, out: _Loaded) -> None:
         cadvisor = {fam.name: _CADVISOR_KEYS[key] for key, fam in cat.CADVISOR_MEMORY.items()}
         cadvisor[cat.CADVISOR_PSI_WAITING.name] = sig.psi("memory", "some", sig.PSI_TOTAL)
         cadvisor[cat.CADVISOR_PSI_STALLED.name] = sig.psi("memory", "full", sig.PSI_TOTAL)
@@ -464,6 +500,13 @@ class _Queries:
     # ---- GPUs
 
     def gpus(self, out: _Loaded) -> None:
+        """Our GPU families; DCGM's framebuffer only where ours are absent."""
+        self.gpus_ours(out)
+        if out.gpus:
+            return
+        self.gpus_dcgm(out)
+
+    def gpus_ours(self, out: _Loaded) -> None:
         parts = {spec.name: _GPU_MEMORY_KEYS[part] for part, spec in cat.GPU_MEMORY.items()}
         extra = [cat.GPU_UTILIZATION.name, cat.GPU_AVAILABLE.name, cat.GPU_PROCESS_MEMORY.name]
         for res in self.names([*parts, *extra]):
@@ -482,8 +525,8 @@ class _Queries:
                     out.gpus.append((res, index, key, 1.0))
             elif res.name in parts:
                 out.gpus.append((res, index, parts[res.name], 1.0))
-        if out.gpus:
-            return
+
+    def gpus_dcgm(self, out: _Loaded) -> None:
         dcgm = {cat.DCGM_FB_USED.name: sig.GPU_USED, cat.DCGM_FB_FREE.name: sig.GPU_FREE}
         for res in self.names(dcgm):
             index = _int(res.labels.get("gpu"))
@@ -493,10 +536,17 @@ class _Queries:
     # ---- OOM kills
 
     def ooms(self, out: _Loaded) -> None:
-        for res in self.range(self.prom.sel(cat.OOM_KILLS.name)):
-            out.ooms.append((res, res.labels.get("constraint") or None))
+        """Our OOM-kill counter; node_exporter's ``oom_kill`` only where ours is absent."""
+        self.ooms_ours(out)
         if out.ooms:
             return
+        self.ooms_node(out)
+
+    def ooms_ours(self, out: _Loaded) -> None:
+        for res in self.range(self.prom.sel(cat.OOM_KILLS.name)):
+            out.ooms.append((res, res.labels.get("constraint") or None))
+
+    def ooms_node(self, out: _Loaded) -> None:
         for res in self.range(self.prom.sel(cat.NODE_VMSTAT["oom_kill"].name)):
             out.ooms.append((res, None))
 

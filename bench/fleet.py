@@ -1,0 +1,178 @@
+"""Benchmark: ``diag analyze --fleet`` over N targets x 1 h at 5 s resolution, from a real Prometheus.
+
+Data: each target is a recorded scenario run (``tests/fixtures/scenarios``) rendered through the product's
+exporters (``tests/diag/fleet_series.py``) -- about 190 series per machine (agent and tracker) -- and tiled to
+fill the hour: the run's samples, in order, one every 5 s, repeated (counters restart at each repeat, which
+``rate()`` reads as a reset). Most targets replay ``healthy``; every tenth a queue, leak or host-OOM run.
+Backfilled with promtool (one file per 25 targets), served by a real Prometheus on 127.0.0.1.
+
+Measured in a fresh child process per size: ``load_fleet`` (the queries, parsing, split) and ``judge_fleet``
+(assembly and rules in ``--jobs`` forked workers) wall times, the queries issued, and the peak RSS of the child
+and of its largest worker (``getrusage``: the parent's own ``ru_maxrss`` and its children's).
+
+    .venv/bin/python bench/fleet.py [--targets 50,200] [--hours 1] [--step 5] [--jobs 2] [--concurrency 1,3]
+                                    [--keep DIR]
+
+Prints figures; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.diag.fleet_series import PLACEHOLDER, SELECTOR, recording, scenario_document  # noqa: E402
+
+SICK_EVERY = 10
+SICK = ("queue", "leak", "host-oom")
+BATCH = 25
+_LINE = re.compile(r"^(\S+\{.*\}|\S+) (\S+) (\S+)$")
+
+
+def _tile(scenario: str) -> tuple[dict[str, list[tuple[str, str]]], int]:
+    """The scenario's rendered series: family -> [(series, values by sample index)]; and the number of samples."""
+    doc = scenario_document(recording(scenario), 0.0)
+    families: dict[str, dict[str, list[str]]] = defaultdict(dict)
+    times: set[str] = set()
+    family = ""
+    for line in doc.splitlines():
+        if line.startswith("# TYPE "):
+            family = line.split(" ")[2]
+            continue
+        m = _LINE.match(line)
+        if m is None:
+            continue
+        series, value, ts = m.groups()
+        families[family].setdefault(series, []).append(value)
+        times.add(ts)
+    n = len(times)
+    tiles = {fam: [(s, v) for s, v in series.items()] for fam, series in families.items()}
+    return tiles, n  # type: ignore[return-value]
+
+
+def _types(scenario: str) -> dict[str, str]:
+    doc = scenario_document(recording(scenario), 0.0)
+    return {line.split(" ")[2]: line.split(" ")[3] for line in doc.splitlines() if line.startswith("# TYPE ")}
+
+
+def write_batch(path: Path, names: list[str], plan: dict[str, str], tiles: dict[str, tuple[dict, int]],
+                types: dict[str, str], start: float, points: int, step: float) -> None:  # fmt: skip
+    """Targets ``names`` as one OpenMetrics file: families grouped, every series ``points`` samples ``step`` apart."""
+    stamps = [f"{start + k * step:.3f}" for k in range(points)]
+    with path.open("w") as fh:
+        for family, kind in types.items():
+            fh.write(f"# TYPE {family} {'unknown' if kind == 'untyped' else kind}\n")
+            for name in names:
+                fams, _n = tiles[plan[name]]
+                for series, values in fams.get(family, ()):
+                    head = series.replace(PLACEHOLDER, name)
+                    # Values repeat the run in order; a value the run did not have at some sample ("NaN") stays NaN.
+                    reps = values * (points // len(values) + 1)
+                    fh.write("".join(f"{head} {reps[k]} {stamps[k]}\n" for k in range(points)))
+        fh.write("# EOF\n")
+
+
+def child(url: str, end: float, since: float, jobs: int, concurrency: int) -> None:
+    """One measured run, printed as JSON on stdout."""
+    from diag.cli.fleet import judge_fleet
+    from diag.sources.fleet import load_fleet
+
+    t0 = time.perf_counter()
+    fleet = load_fleet(url, selector=SELECTOR, since_s=since, until=end, timeout_s=600, concurrency=concurrency)
+    t1 = time.perf_counter()
+    rss_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rows = judge_fleet(fleet.targets, jobs, lambda _m: None)
+    t2 = time.perf_counter()
+    verdicts: dict[str, int] = defaultdict(int)
+    for r in rows:
+        verdicts[r["verdict"]] += 1
+    print(json.dumps({
+        "targets": len(fleet.targets), "queries": fleet.queries, "step": fleet.step, "load_s": t1 - t0,
+        "judge_s": t2 - t1, "rss_load_mib": rss_load / 1024,
+        "rss_self_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_worker_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, "verdicts": verdicts,
+    }))  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--targets", default="50,200")
+    ap.add_argument("--hours", type=float, default=1.0)
+    ap.add_argument("--step", type=float, default=5.0)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--concurrency", default="3", help="queries in flight; several (1,3) are measured in turn")
+    ap.add_argument("--keep", type=Path)
+    ap.add_argument("--child", nargs=5, metavar=("URL", "END", "SINCE", "JOBS", "CONC"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        url, end, since, jobs, conc = args.child
+        child(url, float(end), float(since), int(jobs), int(conc))
+        return
+    from tests.promserver import prometheus
+
+    sizes = [int(x) for x in args.targets.split(",")]
+    points = int(args.hours * 3600 / args.step)
+    end = float(int(time.time() - 900) // 300 * 300)
+    start = end - (points - 1) * args.step
+    scenarios = ("healthy", *SICK)
+    t = time.perf_counter()
+    tiles = {s: _tile(s) for s in scenarios}
+    types: dict[str, str] = {}
+    for s in scenarios:
+        for fam, kind in _types(s).items():
+            types.setdefault(fam, kind)
+    print(f"rendered {len(scenarios)} runs in {time.perf_counter() - t:.1f} s; "
+          f"{sum(len(v) for v in tiles['healthy'][0].values())} series per healthy target, {points} points each")  # fmt: skip
+    for n in sizes:
+        work = Path(args.keep or tempfile.mkdtemp(prefix="llmdiag-bench-fleet-")) / f"n{n}"
+        work.mkdir(parents=True, exist_ok=True)
+        names = [f"node{i:04d}" for i in range(n)]
+        plan = {name: (SICK[(i // SICK_EVERY) % len(SICK)] if i % SICK_EVERY == 3 else "healthy")
+                for i, name in enumerate(names)}  # fmt: skip
+        t = time.perf_counter()
+        files = []
+        for b in range(0, n, BATCH):
+            path = work / f"batch{b // BATCH:03d}.om"
+            write_batch(path, names[b : b + BATCH], plan, tiles, types, start, points, args.step)
+            files.append(path)
+        size = sum(p.stat().st_size for p in files)
+        print(f"{n} targets: wrote {size / 2**20:.0f} MiB of OpenMetrics in {time.perf_counter() - t:.1f} s", flush=True)
+        t = time.perf_counter()
+        with prometheus([], backfill=files, ready_timeout_s=300) as prom:
+            print(f"{n} targets: backfilled and ready in {time.perf_counter() - t:.1f} s", flush=True)
+            for p in files:
+                p.unlink()
+            since = (points - 1) * args.step
+            for conc in args.concurrency.split(","):
+                cmd = [sys.executable, __file__, "--child", prom.url, str(end), str(since), str(args.jobs), conc]
+                out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=3600)
+                if out.returncode != 0:
+                    print(out.stderr[-3000:])
+                    continue
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                _report(n, conc, args.jobs, r)
+        if not args.keep:
+            shutil.rmtree(work.parent, ignore_errors=True)
+
+
+def _report(n: int, conc: str, jobs: int, r: dict) -> None:
+    """One measured run, one line."""
+    print(f"{n} targets, {conc} queries in flight: {r['queries']} queries, step {r['step']:g} s; "
+          f"load {r['load_s']:.1f} s, rules {r['judge_s']:.1f} s ({jobs} jobs), total {r['load_s'] + r['judge_s']:.1f} s; "
+          f"peak RSS {r['rss_self_mib']:.0f} MiB (after load {r['rss_load_mib']:.0f}), "
+          f"largest worker {r['rss_worker_mib']:.0f} MiB; verdicts {dict(r['verdicts'])}", flush=True)  # fmt: skip
+
+if __name__ == "__main__":
+    main()

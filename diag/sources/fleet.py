@@ -1,0 +1,389 @@
+"""A whole fleet from one Prometheus in one pass: each signal queried once for every target, split per target.
+
+Why: asked "which of my 200 nodes are sick, and why?", running ``load_prometheus`` once per target costs N
+query sets (about 60 range queries each) and N scrape-interval probes. Here the same query set runs once
+with the fleet's selector: the per-series queries (host, cgroups, processes, GPUs, OOM counters) already
+return one series per target, with its labels, and the request side's aggregations keep the target label
+(``sum by (<label>) (...)``, ``sum by (le, <label>)`` under ``histogram_quantile``). The results are then
+split by that label into one ``_Loaded`` per target and each is assembled by the single-target path's own
+``_assemble``, so a target's Timeline is built as ``load_prometheus`` would build it for that target alone.
+The number of queries depends on the catalog, never on the number of targets.
+
+The target is the value of the ``by`` label (default ``instance``). For ``instance`` the port is dropped
+(``10.0.0.5:9464`` -> ``10.0.0.5``), as the single-target path groups host series: the agent on :9464 and
+the inference engine on :8000 are one machine and one diagnosis. The request side is aggregated by
+``instance`` and mapped to the host here, not with ``label_replace`` in PromQL (which runs its regex for
+every series at every step: measured 2-3x the cost of the quantile queries). Limitation: two backends on one
+machine, on two ports, give one target whose request side is the first backend's (a warning says so; a label
+naming each backend, with ``by``, keeps them apart). Any other label (the shipped scrape config's ``host``)
+is taken as it is.
+
+Fallback families (node_exporter, cAdvisor, DCGM) are queried even when ours were found -- some targets
+may have only those -- and chosen per target: ours where the target has them. Series without the label
+are left out and counted (``Fleet.unlabelled``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import msgspec
+import numpy as np
+
+from collectors import backends as bk
+from diag.sources.prometheus import (
+    _QUANTILES,
+    _assemble,
+    _check_window,
+    _host_of,
+    _Loaded,
+    _Prometheus,
+    _Queries,
+    _resolution,
+    _Result,
+    _series,
+)
+from diag.timeline import Series, Timeline
+from diag.timeline import signals as sig
+
+log = logging.getLogger(__name__)
+_LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Queries in flight. 1: bench/fleet.py measured no gain from 3 on a 2-core host whose Prometheus shares the cores
+# (it is CPU-bound evaluating and encoding), and 30 % more peak memory; a Prometheus on its own machine may differ.
+CONCURRENCY = 1
+MIN_POINTS = 12  # a target whose longest series has fewer steps is "too little data" (3 rate windows of 4 steps)
+
+Progress = Callable[[str], None]
+
+
+def check_label(label: str) -> str:
+    """A Prometheus label name to group by; ValueError (one line) otherwise. ``__name__`` and the like are refused."""
+    if not _LABEL_NAME.match(label) or label.startswith("__"):
+        raise ValueError(f"--by {label!r}: not a label name (letters, digits and _, not starting with a digit or __)")
+    return label
+
+
+@dataclass
+class FleetTarget:
+    """One target's share of the fleet's results: picklable, so its Timeline can be assembled in a worker process."""
+
+    name: str
+    loaded: _Loaded
+    url: str
+    selector: str
+    start: float
+    end: float
+
+    @property
+    def points(self) -> int:
+        """Steps in the target's longest series: how much there is to judge."""
+        lengths = [len(s) for s in self.loaded.service.values()] + [len(r.ts) for r in _results(self.loaded)]
+        return max(lengths, default=0)
+
+    def timeline(self) -> Timeline:
+        """Assembled exactly as ``load_prometheus`` assembles one selector's results."""
+        return _assemble(self.loaded, self.url, self.selector, self.start, self.end)
+
+
+@dataclass
+class Fleet:
+    """Every target's share, and what it cost."""
+
+    targets: list[FleetTarget]
+    by: str
+    selector: str
+    queries: int
+    step: float
+    window: tuple[float, float]
+    unlabelled: int = 0  # series without the grouping label, left out
+
+
+def load_fleet(
+    url: str,
+    *,
+    selector: str,
+    by: str = "instance",
+    since_s: float = 3600,
+    step_s: float | None = None,
+    timeout_s: float = 60.0,
+    until: float | None = None,
+    progress: Progress | None = None,
+    concurrency: int = CONCURRENCY,
+) -> Fleet:
+    """Every target ``selector`` matches, over the last ``since_s`` seconds, split by label ``by``.
+
+    ``concurrency``: queries in flight at once (independent parts of the set, and a histogram's statistics), for
+    a Prometheus with cores to spare; the queries issued are the same whatever it is.
+
+    Raises ValueError (one line) on a bad label, an unreachable server or a refused query.
+    """
+    check_label(by)
+    _check_window(since_s, step_s)
+    say = progress or (lambda _msg: None)
+    end = float(until) if until is not None else time.time()
+    start = end - float(since_s)
+    prom = _LazyPrometheus(url, selector, timeout_s)
+    try:
+        step, window = _resolution(prom, end, since_s, step_s)
+        loaded = _Loaded()
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            q = _FleetQueries(prom, start, end, step, window, by, pool if concurrency > 1 else None)
+            say(f"querying host, cgroup, process, GPU and OOM series ({concurrency} at a time)")
+            # Each part fills its own lists of ``loaded`` (and of ``q.fallback``): they run side by side.
+            for future in [pool.submit(getattr(q, part), loaded) for part in ("host", "cgroups", "processes", "gpus", "ooms")]:
+                future.result()
+            say(f"querying the request side ({prom.queries} queries so far)")
+            q.service(loaded)
+        queries = prom.queries
+    finally:
+        prom.close()
+    if q.shadowed:
+        say(
+            f"{len(q.shadowed)} targets have several backends (instances on one host); the first one's request side "
+            "was used for each: --by a label naming each backend keeps them apart"
+        )
+    shares, unlabelled = _split(loaded, q.fallback, q.service_by_target, by)
+    targets = [FleetTarget(name, share, url, _target_selector(prom.selector, by, name), start, end)
+               for name, share in sorted(shares.items())]  # fmt: skip
+    say(f"{len(targets)} targets from {queries} queries (step {step:g} s)")
+    return Fleet(targets, by, prom.selector, queries, step, (start, end), unlabelled)
+
+
+def _target_selector(selector: str, by: str, name: str) -> str:
+    """What the target's Timeline says it was read with (the fleet's matchers plus the target's)."""
+    value = re.escape(name) + "(:[0-9]+)?" if by == "instance" else name
+    quoted = value.replace("\\", "\\\\").replace('"', '\\"')  # a PromQL string literal
+    own = f'{by}=~"{quoted}"' if by == "instance" else f'{by}="{quoted}"'
+    return ",".join(m for m in (selector, own) if m)
+
+
+class _Reply(msgspec.Struct):
+    """A Prometheus API reply with its series left undecoded (each is decoded on its own, see ``_LazyPrometheus``)."""
+
+    status: str = ""
+    data: dict[str, msgspec.Raw] = {}
+    errorType: str | None = None
+    error: str | None = None
+    warnings: list[str] = []
+
+
+class _RawSeries(msgspec.Struct):
+    metric: dict[str, str] = {}
+    values: list[tuple[float, str]] = []
+
+
+class _LazyPrometheus(_Prometheus):
+    """The query client, decoding a reply's series one at a time.
+
+    Why: a fleet's per-series queries answer with every target's series at once (200 machines' host memory
+    families: ~16 000 series of 720 points). Decoded whole, as ``json`` does, every point is a list, a float and a
+    string -- several GiB at that size; here the reply stays as bytes and each series becomes its two arrays before
+    the next is decoded. Same checks and errors as the single path's client.
+    """
+
+    def __init__(self, url: str, selector: str, timeout_s: float) -> None:
+        super().__init__(url, selector, timeout_s)
+        self._lock = threading.Lock()  # queries run on several threads (httpx's client is thread-safe)
+
+    def _count(self) -> None:
+        with self._lock:
+            self.queries += 1
+
+    def _decode(self, resp: httpx.Response) -> Any:
+        reply = msgspec.json.decode(resp.content, type=_Reply)
+        return {"status": reply.status, "data": reply.data, "errorType": reply.errorType, "error": reply.error,
+                "warnings": reply.warnings}  # fmt: skip
+
+    def range(self, query: str, start: float, end: float, step: float) -> list[_Result]:
+        params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        return _lazy_matrix(self._call("/api/v1/query_range", params))
+
+    def raw(self, query: str, at: float) -> list[_Result]:
+        return _lazy_matrix(self._call("/api/v1/query", {"query": query, "time": f"{at:.3f}"}))
+
+
+def _lazy_matrix(data: dict[str, msgspec.Raw]) -> list[_Result]:
+    """As ``prometheus._parse_matrix``, one series decoded at a time; a series in another shape is left out."""
+    try:
+        kind = msgspec.json.decode(data.get("resultType", b'""'))
+        items = msgspec.json.decode(data.get("result", b"[]"), type=list[msgspec.Raw]) if kind == "matrix" else []
+    except msgspec.DecodeError:
+        return []
+    out = []
+    for raw in items:
+        try:
+            item = msgspec.json.decode(raw, type=_RawSeries)
+            ts = np.fromiter((v[0] for v in item.values), dtype=np.float64, count=len(item.values))
+            vals = np.array([v[1] for v in item.values], dtype=np.float64)  # "NaN", "+Inf" parse as floats
+        except (msgspec.DecodeError, ValueError, OverflowError):
+            log.warning("Prometheus: a series in an unexpected shape was left out")
+            continue
+        keep = ~np.isnan(vals) & np.isfinite(ts)
+        if item.values and keep.any():
+            out.append(_Result(item.metric, ts[keep], vals[keep]))
+    return out
+
+
+class _FleetQueries(_Queries):
+    """The single-target query set, with the fallbacks always queried and the request side kept per target."""
+
+    EVERY_FALLBACK = True
+
+    def __init__(self, prom: _Prometheus, start: float, end: float, step: float, window: float, by: str,
+                 pool: ThreadPoolExecutor | None = None) -> None:  # fmt: skip
+        super().__init__(prom, start, end, step, window)
+        self.pool = pool
+        self.by = by
+        self.shadowed: set[str] = set()  # targets with a second backend whose request side was left out
+        self.fallback = _Loaded()  # cAdvisor, DCGM, node_exporter's OOM counter: taken per target where ours lack
+        self.service_by_target: dict[str, dict[str, Series]] = defaultdict(dict)
+
+    def cgroups(self, out: _Loaded) -> None:
+        self.cgroups_ours(out)
+        self.cgroups_cadvisor(self.fallback)
+
+    def gpus(self, out: _Loaded) -> None:
+        self.gpus_ours(out)
+        self.gpus_dcgm(self.fallback)
+
+    def ooms(self, out: _Loaded) -> None:
+        self.ooms_ours(out)
+        self.ooms_node(self.fallback)
+
+    # ---- request side, per target
+
+    def grouped(self, fn: str, inner: str, extra: Iterable[str] = ()) -> str:
+        """``fn by (extra, by) (inner)``: the aggregation of the single path, kept per target."""
+        return f"{fn} by ({', '.join([*extra, self.by])}) ({inner})"
+
+    def _rate_by(self, name: str, feed: bk.Feed) -> str:
+        return self.grouped("sum", f"rate({self._selector(name, feed)}[{self.w}])")
+
+    def _per_target(self, query: str) -> dict[str, Series]:
+        out: dict[str, Series] = {}
+        for res in self.range(query):
+            target = _target_of(res, self.by)
+            if target is None:
+                continue
+            if target in out:
+                self.shadowed.add(target)
+                continue
+            out[target] = _series(res)
+        return out
+
+    def feed_by_target(self, feed: bk.Feed) -> dict[str, dict[str, Series]]:
+        """What one feed gives each target, by service key: one range query per statistic, whatever the fleet size."""
+        name = feed.family.name
+        if feed.how == "gauge":
+            return _keyed(feed.signal, self._per_target(self.grouped(feed.combine, self._selector(name, feed))))
+        if feed.how == "rate":
+            return _keyed(feed.signal, self._per_target(self._rate_by(name, feed)))
+        if feed.how == "ratio":
+            assert feed.per is not None
+            query = f"{self._rate_by(name, feed)} / {self._rate_by(feed.per.name, feed)}"
+            return _keyed(feed.signal, self._per_target(query))
+        if feed.how == "sum_rate":
+            return _keyed(feed.signal, self._per_target(self._rate_by(name + "_sum", feed)))
+        # The quantiles and the mean side by side (the single path asks the mean only once a quantile had data:
+        # here the three cost one round trip, and the mean is kept only for targets with quantiles).
+        rate = f"rate({self._selector(name + '_bucket', feed)}[{self.w}])"
+        queries = [f"histogram_quantile({q}, {self.grouped('sum', rate, ['le'])})" for q, _ in _QUANTILES]
+        queries.append(f"{self._rate_by(name + '_sum', feed)} / {self._rate_by(name + '_count', feed)}")
+        *quantiles, means = self.pool.map(self._per_target, queries) if self.pool else map(self._per_target, queries)
+        # Per target as the single path takes them: the quantiles up to the first one without data, and the mean
+        # where at least one quantile had data.
+        got: dict[str, dict[str, Series]] = {}
+        for target in set().union(*quantiles):
+            stats: dict[str, Series] = {}
+            for (_, stat), per_target in zip(_QUANTILES, quantiles, strict=True):
+                if target not in per_target:
+                    break
+                stats[sig.latency(feed.signal, stat)] = per_target[target]
+            if stats:
+                if target in means:
+                    stats[sig.latency(feed.signal, "mean")] = means[target]
+                got[target] = stats
+        return got
+
+    def service(self, out: _Loaded) -> None:
+        """Each signal from, per target, the first feed with data for it; the next feed only while a target lacks it."""
+        known = {t for t in (_target_of(r, self.by) for r in [*_results(out), *_results(self.fallback)]) if t}
+        for signal in bk.signals():
+            have: set[str] = set()
+            for feed in bk.feeds_of(signal):
+                for target, series in self.feed_by_target(feed).items():
+                    if target in have:
+                        continue
+                    have.add(target)
+                    known.add(target)
+                    mine = self.service_by_target[target]
+                    for key, values in series.items():
+                        mine.setdefault(key, values)
+                if known and known <= have:
+                    break
+
+
+def _keyed(signal: str, per_target: dict[str, Series]) -> dict[str, dict[str, Series]]:
+    return {target: {signal: series} for target, series in per_target.items()}
+
+
+def _target_of(res: _Result, by: str) -> str | None:
+    if by == "instance":
+        return _host_of(res.labels.get("instance", "")) or None
+    return res.labels.get(by) or None
+
+
+def _results(loaded: _Loaded) -> Iterable[_Result]:
+    yield from (r for r, *_ in loaded.host)
+    yield from (r for r, *_ in loaded.cgroups)
+    yield from (r for r, _ in loaded.processes)
+    yield from (r for r, *_ in loaded.gpus)
+    yield from (r for r, _ in loaded.ooms)
+    yield from loaded.model_processes
+    yield from loaded.gpu_available
+    yield from loaded.gpu_processes
+
+
+@dataclass
+class _Splitter:
+    by: str
+    shares: dict[str, _Loaded] = field(default_factory=lambda: defaultdict(_Loaded))
+    unlabelled: int = 0
+
+    def put(self, part: str, entries: Iterable[object]) -> None:
+        for entry in entries:
+            res = entry[0] if isinstance(entry, tuple) else entry
+            assert isinstance(res, _Result)
+            target = _target_of(res, self.by)
+            if target is None:
+                self.unlabelled += 1
+                continue
+            getattr(self.shares[target], part).append(entry)
+
+
+def _split(loaded: _Loaded, fallback: _Loaded, service: dict[str, dict[str, Series]],
+           by: str) -> tuple[dict[str, _Loaded], int]:  # fmt: skip
+    """One ``_Loaded`` per target; a fallback family's series only for a target without ours."""
+    main, spare = _Splitter(by), _Splitter(by)
+    for part in ("host", "cgroups", "processes", "gpus", "gpu_available", "gpu_processes", "ooms", "model_processes"):
+        main.put(part, getattr(loaded, part))
+    for part in ("cgroups", "gpus", "ooms"):
+        spare.put(part, getattr(fallback, part))
+    shares = main.shares
+    for target, extra in spare.shares.items():
+        share = shares[target]
+        for part in ("cgroups", "gpus", "ooms"):
+            if not getattr(share, part):
+                setattr(share, part, getattr(extra, part))
+    for target, series in service.items():
+        shares[target].service.update(series)
+    return dict(shares), main.unlabelled + spare.unlabelled
