@@ -28,11 +28,18 @@ def default_jobs() -> int:
 
 
 def judge_target(target: FleetTarget) -> dict[str, Any]:
-    """One target: its Timeline assembled, the rules run, its row (top level, so a worker process can run it)."""
-    from diag.rules.engine import analyze
-    from diag.views.fleet import fleet_row
+    """One target: its Timeline assembled, the rules run, its row (top level, so a worker process can run it).
 
-    return fleet_row(target.name, target.points, MIN_POINTS, analyze(target.timeline()))
+    A target whose data breaks the assembly or the rules is a row saying so, with the error: one odd target
+    (a series no other has, a bug met only there) must not cost the answer for the other hundreds."""
+    from diag.rules.engine import analyze
+    from diag.views.fleet import failed_row, fleet_row
+
+    try:
+        analysis = analyze(target.timeline())
+    except Exception as exc:
+        return failed_row(target.name, target.points, f"{type(exc).__name__}: {exc}")
+    return fleet_row(target.name, target.points, MIN_POINTS, analysis)
 
 
 def judge_fleet(targets: Sequence[FleetTarget], jobs: int, say: Callable[[str], None]) -> list[dict[str, Any]]:

@@ -21,7 +21,9 @@ from diag.rules.engine import Analysis
 from diag.views.analysis import verdict_headline
 
 TOO_LITTLE_DATA = "too_little_data"  # the fleet table's status for a target with fewer steps than the fleet minimum
-_RANK = {INCONCLUSIVE: 1, TOO_LITTLE_DATA: 2, HEALTHY: 3}  # every incident class ranks 0: sick first
+NOT_ANALYSED = "not_analysed"  # a target whose analysis failed: listed with the error, the rest of the fleet goes on
+_STYLE = {HEALTHY: "green", INCONCLUSIVE: "yellow", TOO_LITTLE_DATA: "yellow", NOT_ANALYSED: "yellow"}
+_RANK = {NOT_ANALYSED: 1, INCONCLUSIVE: 2, TOO_LITTLE_DATA: 3, HEALTHY: 4}  # every incident class ranks 0: sick first
 
 
 def fleet_row(target: str, points: int, min_points: int, analysis: Analysis) -> dict[str, Any]:
@@ -59,8 +61,15 @@ def fleet_row(target: str, points: int, min_points: int, analysis: Analysis) -> 
     }
 
 
+def failed_row(target: str, points: int, error: str) -> dict[str, Any]:
+    """The row of a target whose Timeline or rules failed: the error in the evidence column, never a silent gap."""
+    return {"target": target, "verdict": NOT_ANALYSED, "class": "", "confidence": 0.0,
+            "evidence": f"analysis failed: {error}", "points": points, "analysis": None}  # fmt: skip
+
+
 def ranked(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """Sick first (any incident class), then inconclusive, too little data, healthy; by confidence, then name."""
+    """Sick first (any incident class), then not analysed, inconclusive, too little data, healthy; by confidence, then
+    name."""
     return sorted(rows, key=lambda r: (_RANK.get(str(r["verdict"]), 0), -float(r["confidence"]), str(r["target"])))
 
 
@@ -82,12 +91,14 @@ def render_fleet(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], con
         table.add_column(name, **kw)  # type: ignore[arg-type]
     for row in ranked(rows):
         verdict = str(row["verdict"])
-        style = {HEALTHY: "green", INCONCLUSIVE: "yellow", TOO_LITTLE_DATA: "yellow"}.get(verdict, "bold red")
+        style = _STYLE.get(verdict, "bold red")
         conf = f"{float(row['confidence']):.2f}" if row["class"] else ""
         cells = (str(row["target"]), verdict, str(row["class"]), conf, str(row["evidence"]))  # plain text, never markup
         table.add_row(*(Text(c, style=style if i == 1 else "") for i, c in enumerate(cells)))
     console.print(table)
     sick = sum(1 for r in rows if _RANK.get(str(r["verdict"]), 0) == 0)
-    said = (f"{len(rows)} targets, {sick} sick; {meta.get('queries')} queries, step {meta.get('step_s')} s, "
+    failed = sum(1 for r in rows if r["verdict"] == NOT_ANALYSED)
+    not_analysed = f", {failed} not analysed" if failed else ""
+    said = (f"{len(rows)} targets, {sick} sick{not_analysed}; {meta.get('queries')} queries, step {meta.get('step_s')} s, "
             f"from {meta.get('source')}")  # fmt: skip
     console.print(Text(said, style="dim"))
