@@ -136,6 +136,14 @@ PRECEDENCE: tuple[Precedence, ...] = (
         why="the same as for the per-request backlog, on aggregated histograms (the Prometheus and --scrape paths)",
     ),
     Precedence(
+        rule="aggregated.queue_from_gauges",
+        yields_to="kv_cache.saturation",
+        firm_at=KV_FIRM,
+        step=Ceiling(BACKLOG_UNDER_KV),
+        note="the KV cache is full and the engine preempts: the wait is for KV blocks, see the KV-cache finding",
+        why="the same as for the per-request backlog, on the engine's waiting and running gauges (no latency histograms)",
+    ),
+    Precedence(
         rule="kv_cache.saturation",
         yields_to="oom.gpu",
         firm_at=CUDA_OOM_FIRM,

@@ -26,6 +26,7 @@ CLASS_OF = {
     "oom.host": "host_oom",
     "requests.queue_backlog": "queue_backlog",
     "aggregated.queue_vs_thrash": "queue_backlog",
+    "aggregated.queue_from_gauges": "queue_backlog",
     "kv_cache.saturation": "kv_cache_saturation",
     "oom.gpu": "gpu_oom",
 }
@@ -94,6 +95,15 @@ def test_aggregated_backlog_gives_way_to_a_firm_kv_saturation() -> None:
     assert found["aggregated.queue_vs_thrash"].confidence == 0.45
 
 
+def test_gauge_backlog_gives_way_to_a_firm_kv_saturation() -> None:
+    found = _found(**{"aggregated.queue_from_gauges": 0.6, "kv_cache.saturation": 0.75})
+    apply_precedence(found)
+    backlog = found["aggregated.queue_from_gauges"]
+    assert backlog.confidence == 0.45 and backlog.summary.endswith(f"; {KV_NOTE}")
+    weak = _found(**{"aggregated.queue_from_gauges": 0.6, "kv_cache.saturation": 0.45})
+    assert apply_precedence(weak) == [] and weak["aggregated.queue_from_gauges"].confidence == 0.6
+
+
 def test_kv_saturation_ranks_just_under_a_cuda_oom() -> None:
     found = _found(**{"kv_cache.saturation": 0.8, "oom.gpu": 0.7})
     apply_precedence(found)
@@ -104,6 +114,7 @@ def test_kv_saturation_ranks_just_under_a_cuda_oom() -> None:
 ENTRY_TESTS = {
     ("requests.queue_backlog", "kv_cache.saturation"): test_backlog_gives_way_to_a_firm_kv_saturation,
     ("aggregated.queue_vs_thrash", "kv_cache.saturation"): test_aggregated_backlog_gives_way_to_a_firm_kv_saturation,
+    ("aggregated.queue_from_gauges", "kv_cache.saturation"): test_gauge_backlog_gives_way_to_a_firm_kv_saturation,
     ("kv_cache.saturation", "oom.gpu"): test_kv_saturation_ranks_just_under_a_cuda_oom,
     ("memory.pressure", "stalls.thrashing"): test_pressure_gives_way_to_stall_thrashing_with_page_ins,
     ("memory.pressure", "oom.host"): test_pressure_ranks_just_under_a_firm_oom_kill_of_its_own,
