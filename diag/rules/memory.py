@@ -38,7 +38,7 @@ from diag.rules import levels, numstats, stats
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext, shared
 from diag.rules.stall_signals import FAULTS_UP, PSI_FULL_UP, PSI_SOME_UP
-from diag.rules.stats import LoadIndex, Scope, Trend
+from diag.rules.stats import EngineLoad, LoadIndex, Scope, Trend
 from diag.timeline import Series, Timeline
 from diag.units import format_bytes
 
@@ -92,6 +92,7 @@ class LoadCheck:
     trend: Trend | None = None
     rising: bool = False
     rho: float = math.nan  # Spearman of memory samples vs load at the same instants
+    follows: bool = False  # rho >= FOLLOWS_LOAD_RHO: memory tracks the load, so the climb is regressed on it
     residual: Trend | None = None
     explains: bool = False
 
@@ -150,7 +151,9 @@ def candidates(timeline: Timeline, scope: Scope) -> tuple[list[Candidate], list[
     return groups, procs
 
 
-def _load_check(cand: Candidate, tr: Series, raw_slope: float, edges: np.ndarray, load: LoadIndex | None) -> LoadCheck:
+def _load_check(
+    cand: Candidate, tr: Series, raw_slope: float, edges: np.ndarray, load: LoadIndex | EngineLoad | None
+) -> LoadCheck:
     """Did load rise with memory, and does the climb survive regressing the troughs on it?"""
     s = cand.series
     if load is None or not load.covers(float(s.ts[0]), float(s.ts[-1])):
@@ -165,7 +168,11 @@ def _load_check(cand: Candidate, tr: Series, raw_slope: float, edges: np.ndarray
     check.start, check.end = float(np.mean(wl[keep][:k])), float(np.mean(wl[keep][-k:]))
     check.trend = stats.trend(wl_ts[keep], wl[keep])
     check.rising = bool(check.trend and check.trend.p < P_LOAD_RISING and check.trend.slope > 0)
-    if check.rising:
+    # Memory that tracks the load sample by sample may owe its climb to it even when the window loads are no
+    # significant trend: a queue that builds in one step (flat, then dozens waiting) is one change point, which the
+    # autocorrelation correction rightly refuses to call a trend -- yet it is the load the memory rose with.
+    check.follows = math.isfinite(check.rho) and check.rho >= FOLLOWS_LOAD_RHO
+    if check.rising or check.follows:
         # troughs are stamped at window centres, as are the window loads: pair them by centre
         lookup = dict(zip(np.round(wl_ts, 6), wl, strict=True))
         x = np.array([lookup.get(round(float(t), 6), np.nan) for t in tr.ts])
@@ -180,7 +187,7 @@ def _load_check(cand: Candidate, tr: Series, raw_slope: float, edges: np.ndarray
     return check
 
 
-def assess(cand: Candidate, n_candidates: int, load: LoadIndex | None) -> Assessment:
+def assess(cand: Candidate, n_candidates: int, load: LoadIndex | EngineLoad | None) -> Assessment:
     """Everything both rules want to know about one candidate's troughs."""
     s = cand.series
     edges = stats.trough_edges(s)
@@ -254,7 +261,7 @@ def assess_service(timeline: Timeline, ac: AnalysisContext | None = None) -> Ser
 def _assess_service(timeline: Timeline, ac: AnalysisContext | None) -> ServiceMemory:
     scope = stats.service_scope(timeline, ac)
     groups, procs = candidates(timeline, scope)
-    load = LoadIndex(timeline.requests) if len(timeline.requests) else None
+    load = stats.load_index(timeline)
     if groups:
         decisive = [assess(c, len(groups), load) for c in groups]
         return ServiceMemory(scope, decisive, procs)
@@ -359,7 +366,7 @@ def memory_leak(timeline: Timeline, ac: AnalysisContext | None = None) -> Findin
                 f"{best.load.name}, window mean at start -> end", f"{best.load.start:.3g} -> {best.load.end:.3g}", "", start, end
             )
         )
-        if not best.load.rising:
+        if not (best.load.rising or best.load.follows):
             rules_out.append(
                 f"memory_pressure: memory does not return to baseline when load falls -- {best.load.name} "
                 f"{best.load.start:.3g} -> {best.load.end:.3g} (flat or falling) while the troughs rose {format_bytes(best.rise)}"
@@ -367,11 +374,12 @@ def memory_leak(timeline: Timeline, ac: AnalysisContext | None = None) -> Findin
         else:
             res = best.load.residual
             rules_out.append(
-                f"memory_pressure: load rose too, but the climb persists after regressing on {best.load.name} "
+                f"memory_pressure: {'load rose too' if best.load.rising else 'memory tracks the load'}, but the climb "
+                f"persists after regressing on {best.load.name} "
                 f"(residual slope {_rate(res.slope if res else 0.0)}, p={res.p if res else 1.0:.2g})"
             )
     else:
-        rules_out.append("memory_pressure: not checked against load -- no request records in the window")
+        rules_out.append("memory_pressure: not checked against load -- no request records or engine load gauges in the window")
     rules_out.append(f"warm-up/cache fill: no ramp-then-plateau; largest single step {best.step_share:.0%} of the rise")
     where = best.cand.label if best.cand.scoped else f"{best.cand.label} (not identified as the service: {scope.identified_by})"
     summary = f"{where} climbs {_rate(best.slope)} regardless of load (p={best.p_adj:.2g})"
@@ -545,7 +553,7 @@ def memory_pressure(timeline: Timeline, ac: AnalysisContext | None = None) -> Fi
     if not views:
         return None
     view = max(views, key=lambda v: len(v.indicators))
-    load = LoadIndex(timeline.requests) if len(timeline.requests) else None
+    load = stats.load_index(timeline)
     conf = 0.45 + 0.1 * (len(view.indicators) - 1)
     ev = list(view.evidence)
     notes: list[str] = []

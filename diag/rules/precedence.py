@@ -90,6 +90,16 @@ BACKLOG_UNDER_KV = 0.45  # a suspect at most: the wait is for KV blocks, not for
 CUDA_OOM_FIRM = 0.6  # the GPU OOM rule's confidence for a really full device
 UNDER_THE_CUDA_OOM = 0.05
 
+BACKLOG_FIRM = 0.55  # every backlog rule's confidence once the service time stayed flat or the wait dwarfs it (0.4: a symptom)
+UNDER_THE_BACKLOG = 0.05
+_NEIGHBOUR_UNDER_BACKLOG_WHY = (
+    "a neighbour's host pressure that did not stall the service (the neighbour rule's own condition) and a firm backlog "
+    "(service time flat, or the wait many times it) describe one window from two sides: the requests wait because the "
+    "slots are too few, not because the neighbour slowed the service, so the backlog is what to act on and the "
+    "neighbour stays contributing just under it; a backlog that is partly a symptom (0.4) changes nothing"
+)
+_NEIGHBOUR_NOTE = "requests wait for too few slots while the service's own speed held: see the queue-backlog finding"
+
 PRECEDENCE: tuple[Precedence, ...] = (
     Precedence(
         rule="memory.pressure",
@@ -134,6 +144,25 @@ PRECEDENCE: tuple[Precedence, ...] = (
         step=Ceiling(BACKLOG_UNDER_KV),
         note="the KV cache is full and the engine preempts: the wait is for KV blocks, see the KV-cache finding",
         why="the same as for the per-request backlog, on aggregated histograms (the Prometheus and --scrape paths)",
+    ),
+    Precedence(
+        rule="aggregated.queue_from_gauges",
+        yields_to="kv_cache.saturation",
+        firm_at=KV_FIRM,
+        step=Ceiling(BACKLOG_UNDER_KV),
+        note="the KV cache is full and the engine preempts: the wait is for KV blocks, see the KV-cache finding",
+        why="the same as for the per-request backlog, on the engine's waiting and running gauges (no latency histograms)",
+    ),
+    *(
+        Precedence(
+            rule="placement.noisy_neighbour",
+            yields_to=backlog,
+            firm_at=BACKLOG_FIRM,
+            step=JustUnder(UNDER_THE_BACKLOG),
+            note=_NEIGHBOUR_NOTE,
+            why=_NEIGHBOUR_UNDER_BACKLOG_WHY,
+        )
+        for backlog in ("requests.queue_backlog", "aggregated.queue_vs_thrash", "aggregated.queue_from_gauges")
     ),
     Precedence(
         rule="kv_cache.saturation",

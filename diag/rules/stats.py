@@ -489,6 +489,54 @@ class LoadIndex:
         return out
 
 
+class EngineLoad:
+    """Requests in the engine (running + waiting) from its own gauges, for a timeline without request rows.
+
+    Why: an engine read from its /metrics alone (vLLM, TGI, llama.cpp's server) leaves no request rows, yet it
+    says how many requests it holds -- ``requests_running`` and ``requests_waiting`` (vLLM's running/waiting,
+    TGI's batch size/queue size, llama.cpp's processing/deferred). A waiting request is held in memory too (its
+    prompt, its connection, its place in the scheduler), so memory that grows while a queue builds follows load;
+    without this index the leak rule had no load to weigh the growth against and called a backlog a leak.
+    Same interface as ``LoadIndex`` (``covers``, ``load``); each gauge holds its last value until the next sample.
+    """
+
+    NAME = "requests in the engine (running + waiting, its own gauges)"
+    SIGNALS = ("requests_running", "requests_waiting")
+
+    def __init__(self, timeline: Timeline) -> None:
+        parts = [timeline.service[k].valid() for k in self.SIGNALS if k in timeline.service]
+        self._parts = [p for p in parts if len(p)]
+        self.available = len(self._parts) == len(self.SIGNALS)  # running alone misses the queue: not the load
+        self.has_tokens = False
+
+    def covers(self, t0: float, t1: float) -> bool:
+        """Whether the gauges were sampled over some of ``t0``..``t1``."""
+        if not self.available:
+            return False
+        return min(float(p.ts[0]) for p in self._parts) <= t1 and max(float(p.ts[-1]) for p in self._parts) >= t0
+
+    def at(self, ts: np.ndarray) -> np.ndarray:
+        """Requests in the engine at each time (each gauge's last sample at or before it; 0 before its first)."""
+        ts = np.asarray(ts, dtype=np.float64)
+        out = np.zeros(ts.size)
+        for p in self._parts:
+            i = np.searchsorted(p.ts, ts, "right") - 1
+            out += np.where(i >= 0, p.values[np.clip(i, 0, None)], 0.0)
+        return out
+
+    def load(self, ts: np.ndarray, points: int = 8) -> tuple[str, np.ndarray]:
+        """The load at each sample time (the gauges are already a level, not events: no averaging needed)."""
+        return self.NAME, self.at(ts)
+
+
+def load_index(timeline: Timeline) -> LoadIndex | EngineLoad | None:
+    """The load memory should follow: the request rows when there are any, else the engine's own gauges, else None."""
+    if len(timeline.requests):
+        return LoadIndex(timeline.requests)
+    engine = EngineLoad(timeline)
+    return engine if engine.available else None
+
+
 # --------------------------------------------------------------------------- whose memory: the service
 
 

@@ -26,8 +26,10 @@ CLASS_OF = {
     "oom.host": "host_oom",
     "requests.queue_backlog": "queue_backlog",
     "aggregated.queue_vs_thrash": "queue_backlog",
+    "aggregated.queue_from_gauges": "queue_backlog",
     "kv_cache.saturation": "kv_cache_saturation",
     "oom.gpu": "gpu_oom",
+    "placement.noisy_neighbour": "noisy_neighbour",
 }
 KV_NOTE = "the KV cache is full and the engine preempts: the wait is for KV blocks, see the KV-cache finding"
 
@@ -94,6 +96,39 @@ def test_aggregated_backlog_gives_way_to_a_firm_kv_saturation() -> None:
     assert found["aggregated.queue_vs_thrash"].confidence == 0.45
 
 
+def test_gauge_backlog_gives_way_to_a_firm_kv_saturation() -> None:
+    found = _found(**{"aggregated.queue_from_gauges": 0.6, "kv_cache.saturation": 0.75})
+    apply_precedence(found)
+    backlog = found["aggregated.queue_from_gauges"]
+    assert backlog.confidence == 0.45 and backlog.summary.endswith(f"; {KV_NOTE}")
+    weak = _found(**{"aggregated.queue_from_gauges": 0.6, "kv_cache.saturation": 0.45})
+    assert apply_precedence(weak) == [] and weak["aggregated.queue_from_gauges"].confidence == 0.6
+
+
+BACKLOG_RULES = ("requests.queue_backlog", "aggregated.queue_vs_thrash", "aggregated.queue_from_gauges")
+
+
+@pytest.mark.parametrize("backlog", BACKLOG_RULES)
+def test_a_neighbour_ranks_just_under_a_firm_backlog(backlog: str) -> None:
+    found = _found(**{"placement.noisy_neighbour": 0.7, backlog: 0.55})
+    applied = apply_precedence(found)
+    neighbour = found["placement.noisy_neighbour"]
+    assert neighbour.confidence == pytest.approx(0.5) and "see the queue-backlog finding" in neighbour.summary
+    assert applied == [f"placement.noisy_neighbour gives way to {backlog} (from 0.55): just under it (0.05 below) when it "
+                       "would outrank it"]  # fmt: skip
+    # A backlog that is partly a symptom (0.4: the service slowed or stalled) leaves the neighbour as it is.
+    weak = _found(**{"placement.noisy_neighbour": 0.7, backlog: 0.4})
+    assert apply_precedence(weak) == [] and weak["placement.noisy_neighbour"].confidence == 0.7
+
+
+def test_a_neighbour_under_a_backlog_already_capped_by_kv_saturation_stays() -> None:
+    """The table is read top to bottom: a backlog that gave way to a full KV cache is no longer firm."""
+    found = _found(**{"placement.noisy_neighbour": 0.7, "aggregated.queue_vs_thrash": 0.65, "kv_cache.saturation": 0.75})
+    apply_precedence(found)
+    assert found["aggregated.queue_vs_thrash"].confidence == 0.45
+    assert found["placement.noisy_neighbour"].confidence == 0.7
+
+
 def test_kv_saturation_ranks_just_under_a_cuda_oom() -> None:
     found = _found(**{"kv_cache.saturation": 0.8, "oom.gpu": 0.7})
     apply_precedence(found)
@@ -104,9 +139,11 @@ def test_kv_saturation_ranks_just_under_a_cuda_oom() -> None:
 ENTRY_TESTS = {
     ("requests.queue_backlog", "kv_cache.saturation"): test_backlog_gives_way_to_a_firm_kv_saturation,
     ("aggregated.queue_vs_thrash", "kv_cache.saturation"): test_aggregated_backlog_gives_way_to_a_firm_kv_saturation,
+    ("aggregated.queue_from_gauges", "kv_cache.saturation"): test_gauge_backlog_gives_way_to_a_firm_kv_saturation,
     ("kv_cache.saturation", "oom.gpu"): test_kv_saturation_ranks_just_under_a_cuda_oom,
     ("memory.pressure", "stalls.thrashing"): test_pressure_gives_way_to_stall_thrashing_with_page_ins,
     ("memory.pressure", "oom.host"): test_pressure_ranks_just_under_a_firm_oom_kill_of_its_own,
+    **{("placement.noisy_neighbour", b): test_a_neighbour_ranks_just_under_a_firm_backlog for b in BACKLOG_RULES},
 }
 
 
