@@ -74,12 +74,7 @@ def test_overload_behind_the_model_lock_is_a_queue_backlog(tmp_path: Path, engin
     ratios = sorted(r.queue_wait_s / r.inference_s for r in rows if r.inference_s)
     backlog = next((f for f in analysis.findings if f.rule == "requests.queue_backlog"), None)
     assert backlog is not None and backlog.confidence >= 0.6, (analysis.to_dict()["findings"], "wait/inference", ratios[:10])
-    if analysis.primary == "noisy_neighbour":
-        # Another job on a shared host raised the *host's* memory pressure during the run while the engine's own group
-        # stayed calm: the placement rule ranks that level with the backlog. Accepted only in that measured case,
-        # with the backlog standing beside it (as asserted above).
-        neighbour = next(f for f in analysis.findings if f.rule == "placement.noisy_neighbour")
-        assert "host memory PSI" in neighbour.summary and "service's stays at 0.0 %" in neighbour.summary, neighbour.summary
-    else:
-        assert analysis.primary == "queue_backlog", analysis.to_dict()["findings"]
+    # a neighbour's host-wide pressure that leaves the engine's own group calm ranks under a confident backlog
+    # (diag/rules/precedence.py), so the verdict is the backlog even on a busy shared host
+    assert analysis.primary == "queue_backlog", analysis.to_dict()["findings"]
     assert max(r.finish for r in rows) - t0 < 45
