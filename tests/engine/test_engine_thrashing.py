@@ -18,9 +18,10 @@ import pytest
 from collectors.records import WatchScope
 from diag.demo.engine.client import completion, drive_until
 from diag.demo.engine.model import WrittenModel
-from diag.demo.engine.pagecache import anon_bytes, drop_cached, set_limit
+from diag.demo.engine.pagecache import anon_bytes, set_limit
 from diag.demo.engine.server import EngineServer, EngineSettings
 from diag.demo.scenarios.cgroups import ScenarioCgroups
+from diag.demo.scenarios.context import evict_from_page_cache
 from diag.demo.scenarios.recording import AgentThread, scenario_records
 from diag.rules.engine import analyze
 from diag.timeline import timeline_from_records
@@ -35,7 +36,7 @@ LOAD_S, CONCURRENCY, TOKENS = 20.0, 2, 8
 def test_mmapd_weights_in_a_group_smaller_than_the_model_thrash(tmp_path: Path, engine_model: WrittenModel) -> None:
     require_live()
     recorder = tmp_path / "agent.db"
-    drop_cached(engine_model.path)  # its pages must be charged to the engine's group, not to their writer's
+    evict_from_page_cache(engine_model.path)  # its pages must be charged to the engine's group, not to their writer's
     made = ScenarioCgroups(prefix="llmdiag-engine")
     try:
         group = made.create("thrash", 1024 * MIB)

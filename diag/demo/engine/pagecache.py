@@ -3,28 +3,16 @@
 Why these two steps: with ``use_mmap`` and no mlock, llama.cpp computes straight from the mapped file,
 so every token reads every weight page. A memory cgroup charges a file page to the group that first
 faults it in; a model file still cached from its writer (or an earlier server) is charged elsewhere
-and never reclaimed by the engine's group, so ``drop_cached`` empties it first. The group's limit is
-then set from what the *running* server holds besides the file (``anon_bytes``, measured after a
-warm-up request, since llama.cpp's buffers are part of it) plus a share of the model: sized from a
-guess, the limit would either OOM-kill the server or leave room for the whole model.
+and never reclaimed by the engine's group, so ``evict_from_page_cache`` (the scenarios' own) empties it
+first. The group's limit is then set from what the *running* server holds besides the file
+(``anon_bytes``, measured after a warm-up request, since llama.cpp's buffers are part of it) plus a
+share of the model: sized from a guess, the limit would either OOM-kill the server or leave room for
+the whole model.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from diag.demo.scenarios.cgroups import MAX_LIMIT_BYTES, MemoryGroup
-
-
-def drop_cached(path: str | Path) -> None:
-    """Ask the kernel to drop the file's clean, unmapped pages from the page cache (``POSIX_FADV_DONTNEED``)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def anon_bytes(group: MemoryGroup) -> int:
