@@ -13,59 +13,34 @@ busy -- the most common incident on a single-model engine. Two attachments, one 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
 from collectors.recorder import FlightRecorder
-from collectors.records import WatchScope
 from diag.demo.engine.client import drive
 from diag.demo.engine.model import WrittenModel
-from diag.demo.engine.server import EngineServer, EngineSettings
-from diag.demo.scenarios.cgroups import ScenarioCgroups
-from diag.demo.scenarios.recording import AgentThread, scenario_records
 from diag.rules.engine import analyze
-from diag.timeline import timeline_from_records
+from tests.engine.attached import ATTACHMENTS, run_attached
 from tests.livecg import require_live
-from tests.procs import poll_until
 
 pytestmark = [pytest.mark.live, pytest.mark.process, pytest.mark.slow]
-MIB = 1 << 20
 REQUESTS, CONCURRENCY, TOKENS = 48, 8, 24
 
 
-@pytest.mark.parametrize("attachment", ["outside", "wrapped"])
+@pytest.mark.parametrize("attachment", ATTACHMENTS)
 def test_overload_behind_the_model_lock_is_a_queue_backlog(tmp_path: Path, engine_model: WrittenModel, attachment: str) -> None:
     require_live()
-    wrapped = attachment == "wrapped"
-    recorder = tmp_path / "agent.db"
-    made = ScenarioCgroups(prefix="llmdiag-engine")
-    try:
-        group = made.create("queue", 1024 * MIB)
-        settings = EngineSettings(model=engine_model.path, n_ctx=256, n_threads=1)
-        with EngineServer(settings, tmp_path / "server.log", group=group, wrap_recorder=recorder if wrapped else None) as server:
-            agent = AgentThread(recorder, cgroups=[group.path], pids=[server.pid], interval_s=1.0, kmsg=False).start()
-            try:
-                t0 = time.time()
-                prompts = [f"request {i}: why is the service slow?" for i in range(REQUESTS)]
-                rows = drive(server.url, prompts, concurrency=CONCURRENCY, max_tokens=TOKENS, pid=server.pid)
-                seen = agent.samples
-                assert poll_until(lambda: agent.samples >= seen + 2, 15.0)  # the agent's samples cover the last request
-            finally:
-                agent.stop()
-            pid = server.pid
-        records = [] if wrapped else [r.to_dict() for r in rows]  # wrapped: the server's own rows are in the recorder
-        scope = WatchScope(ts=t0, pids=[pid], cgroups=[group.path], resolved_pids=[pid], resolved_cgroups=[group.path])
-        timeline = timeline_from_records([*scenario_records(recorder, [group.path], [pid]), scope.to_dict(), *records])
-    finally:
-        made.close()
-    assert not made.leftovers
+    prompts = [f"request {i}: why is the service slow?" for i in range(REQUESTS)]
+    run = run_attached(tmp_path, engine_model, "queue", attachment,
+                       lambda url, pid: drive(url, prompts, concurrency=CONCURRENCY, max_tokens=TOKENS, pid=pid))  # fmt: skip
+    rows, timeline, recorder = run.rows, run.timeline, run.recorder
+    t0 = min(r.arrival for r in rows)
     assert all(r.outcome == "ok" and r.output_tokens == TOKENS for r in rows), [r.to_dict() for r in rows[:3]]
     assert len(timeline.cgroups) == 1  # the agent watched the engine's own group
     held = {f for track in timeline.processes.values() for f in track.model_files}
     assert str(engine_model.path) in held, held  # and saw the engine map the .gguf
-    if wrapped:  # the server's rows: every completion, each with the start its model lock marked
+    if attachment == "wrapped":  # the server's rows: every completion, each with the start its model lock marked
         with FlightRecorder(recorder, readonly=True) as rec:
             served = [r for r in rec.read(["request"]) if r.route == "/v1/completions"]
         assert len(served) == REQUESTS and all(r.start is not None and r.start >= r.arrival for r in served)
