@@ -172,7 +172,9 @@ def _summary(load: StepLoad) -> str:
     ok = sum(1 for r in load.results if r.ok)
     e2e = [r.e2e_s for r in load.results if r.ok]
     p99 = f", e2e p99 {quantile(e2e, 0.99) * 1e3:.0f} ms" if e2e else ""
-    return f"sent {len(load.results)}, ok {ok}, dropped {load.dropped}{p99}"
+    lags = [r.lag_s for r in load.results]
+    lag = f", send lag p99 {quantile(lags, 0.99) * 1e3:.1f} ms" if lags else ""
+    return f"sent {len(load.results)}, ok {ok}, dropped {load.dropped}{p99}{lag}"
 
 
 async def _run(spec: GateSpec, opts: RunOptions, sampler: HostSampler, report: GateReport, progress: Progress) -> None:
@@ -210,10 +212,9 @@ def run_gate(spec: GateSpec, opts: RunOptions, progress: Progress = lambda _line
             report.notes.append(f"the host agent took no sample in {FIRST_SAMPLE_S:g} s; host criteria may lack data")
         if sampler.kmsg_error:
             report.notes.append(f"OOM kills cannot be counted: {sampler.kmsg_error}")
-        try:
-            asyncio.run(_run(spec, opts, sampler, report, progress))
-        except KeyboardInterrupt:  # a second Ctrl-C, or one outside the load: stop here, report what ran
-            report.interrupted = True
+        asyncio.run(_run(spec, opts, sampler, report, progress))
+    except KeyboardInterrupt:  # Ctrl-C outside the load (before the first step): stop here, report what ran
+        report.interrupted = True
     finally:
         sampler.stop()
     return report
