@@ -24,6 +24,7 @@ from diag.rules.engine import Analysis, analyze
 from diag.sources import load_recorder
 
 Progress = Callable[[str], None]
+LATE_SEND_S = 0.05  # a generator this late behind its schedule is shaping the load itself: the report says so
 FIRST_SAMPLE_S = 10.0  # the agent's first sample reads every process once: slow on a busy host
 
 
@@ -192,6 +193,12 @@ async def _run(spec: GateSpec, opts: RunOptions, sampler: HostSampler, report: G
                 facts, analysis, why = _diagnose(opts, sampler, load)
                 rep = StepReport(step, load, judge(load, step.criteria, facts), facts, analysis, why)
                 report.steps.append(rep)
+                lags = [r.lag_s for r in load.results]
+                if lags and (late := quantile(lags, 0.99)) > LATE_SEND_S:
+                    report.notes.append(
+                        f"{step.name}: the load generator sent late (send lag p99 {late * 1e3:.0f} ms): this host could not "
+                        "keep the schedule, so the step's load was lighter than asked (its latencies still count the lag)"
+                    )
                 state = "INTERRUPTED" if load.interrupted else ("PASS" if rep.passed else "FAIL")
                 progress(f"[{i + 1}/{len(spec.steps)}] {step.name}: {state} ({_summary(load)}; {rep.diagnosis()})")
                 if stop.is_set():
