@@ -175,6 +175,8 @@ async def send(client: httpx.AsyncClient, spec: GateSpec, body: dict[str, Any], 
         res.error = "timeout"
     except httpx.HTTPError as exc:
         res.error = type(exc).__name__
+    except Exception as exc:  # a server's malformed answer is the server's failure: count it, never lose the request
+        res.error = f"{type(exc).__name__}: {exc}"[:200]
     res.done = loop.time()
     return res
 

@@ -14,15 +14,17 @@ pressure on the same host can rightly fail a PSI criterion; the tests say so whe
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from diag.demo.harness import DemoServer, start_demo
+from diag.demo.harness import DemoServer, post_all, start_demo
 from tests.paths import REPO
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
@@ -31,6 +33,9 @@ EXAMPLE = REPO / "docs" / "gate-example.yaml"
 
 ONE_SLOT = ["--max-concurrency", "1", "--queue-size", "512", "--queue-timeout", "60"]
 PSI = "psi_memory_some_avg10"
+PEAK_OUTPUT = 64  # tokens: a request long enough that one slot serves a few dozen a second at most
+OVERLOAD = 5.0  # the peak's arrival rate over one request's service time alone (which counts its HTTP round trip too)
+MAX_RATE = 120.0
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +49,25 @@ def one_slot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DemoSer
         srv.stop()
 
 
-def _overload(tmp_path: Path, names: tuple[str, ...]) -> Path:
-    """The example's steps ``names``, with the peak raised past one slot (~25 requests/s of these here)."""
+def _service_time(srv: DemoServer) -> float:
+    """Median seconds one overload request takes alone (this host's speed now: it varies threefold with load)."""
+    body = {"prompt": "token " * 16, "max_tokens": PEAK_OUTPUT}
+    times = []
+    for _ in range(6):
+        t0 = time.monotonic()
+        assert post_all(srv.url, [body])[0].status_code == 200
+        times.append(time.monotonic() - t0)
+    return statistics.median(times)
+
+
+def _overload(tmp_path: Path, srv: DemoServer, names: tuple[str, ...]) -> Path:
+    """The example's steps ``names``, with the peak at OVERLOAD times what one slot serves on this host now."""
     doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["request_timeout"] = "60s"  # the backlog's last requests wait long: they are slow, not lost
     steps = {s["name"]: s for s in doc["steps"]}
-    steps["peak"]["rate"] = 40  # the queue grows for the whole step
-    steps["peak"]["duration"] = "10s"
+    steps["peak"]["output_tokens"] = PEAK_OUTPUT
+    steps["peak"]["rate"] = round(min(MAX_RATE, OVERLOAD / _service_time(srv)), 1)
+    steps["peak"]["duration"] = "8s"  # the queue grows for the whole step: its last request waits ~(OVERLOAD - 1) x 8 s
     steps["peak"]["criteria"].pop("drain_s")  # a grown queue takes what it takes to drain; p99 is the criterion here
     doc["steps"] = [steps[n] for n in names]
     spec = tmp_path / "overload.yaml"
@@ -109,7 +127,7 @@ def _backlog_rule(out: dict) -> str:
 
 def test_a_peak_past_one_slot_fails_on_p99_with_a_queue_backlog(one_slot: tuple[DemoServer, Path], tmp_path: Path) -> None:
     srv, rec = one_slot
-    run, out = _gate(_overload(tmp_path, ("normal", "peak", "recovery")), srv, rec, tmp_path / "gate.json")
+    run, out = _gate(_overload(tmp_path, srv, ("normal", "peak", "recovery")), srv, rec, tmp_path / "gate.json")
     _fails_on_p99_with_a_queue_backlog(run, out)
     assert _backlog_rule(out) == "requests.queue_backlog"  # the per-request rule
 
@@ -118,7 +136,7 @@ def test_the_backlog_is_diagnosed_from_the_services_metrics_alone(tmp_path: Path
     """No request rows: the agent's scrape of the service's /metrics is the only service-side evidence."""
     srv = start_demo(ONE_SLOT, weights_mb=16, weights_dir=tmp_path / "w", log_dir=tmp_path, recorder=None)
     try:
-        run, out = _gate(_overload(tmp_path, ("normal", "peak")), srv, tmp_path / "gate.db", tmp_path / "gate.json")
+        run, out = _gate(_overload(tmp_path, srv, ("normal", "peak")), srv, tmp_path / "gate.db", tmp_path / "gate.json")
     finally:
         srv.stop()
     _fails_on_p99_with_a_queue_backlog(run, out)
