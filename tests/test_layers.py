@@ -30,7 +30,13 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     {"rules": ("diag.rules",)},
     {"generators": ("alerts", "dashboards")},
     {"views": ("diag.views",)},
-    {"bundle": ("diag.bundle",), "triage": ("diag.triage",), "demo": ("diag.demo",), "live": ("diag.live",)},
+    {
+        "bundle": ("diag.bundle",),
+        "triage": ("diag.triage",),
+        "demo": ("diag.demo",),
+        "live": ("diag.live",),
+        "gate": ("diag.gate",),
+    },
     {"cli": ("diag.cli",)},
 )
 ORDER = " -> ".join(" | ".join(layer) for layer in LAYERS)

@@ -34,6 +34,7 @@ def _register_subcommands() -> None:
     from diag.cli.collect import register as register_collect
     from diag.cli.dashboards import register as register_dashboards
     from diag.cli.demo import register as register_demo
+    from diag.cli.gate import register as register_gate
     from diag.cli.snapshot import register as register_snapshot
     from diag.cli.triage import register as register_triage
     from diag.cli.wrap import register as register_wrap
@@ -44,6 +45,7 @@ def _register_subcommands() -> None:
     register_alerts(app)
     register_bundle(app)
     register_demo(app)
+    register_gate(app)
     register_dashboards(app)
     register_triage(app)
     register_wrap(app)

@@ -1,0 +1,151 @@
+"""``diag gate``: the rollout check -- a stepped load from a spec, each step judged on latency, errors and the
+host's memory, with the rules' diagnosis of every failure. Everything is checked before the first request."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated
+from urllib.parse import urlsplit
+
+import typer
+
+from diag.cli import options as opts
+from diag.cli.errors import fail
+
+PROBE_S = 5.0
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _target(text: str, allow_remote: bool) -> str:
+    """A base URL (the spec's endpoint is appended); loopback only unless ``--allow-remote``."""
+    opts.http_url("--target", text)
+    parts = urlsplit(text)
+    if parts.query or parts.fragment:
+        raise opts.OptionError(f"--target {text!r}: a base URL without ?query or #fragment; use e.g. http://127.0.0.1:8000")
+    if not allow_remote and not _loopback(parts.hostname or ""):
+        raise opts.OptionError(
+            f"--target {text!r}: not a loopback address; a gate sends real load, so another host needs --allow-remote"
+        )
+    return text.rstrip("/")
+
+
+def _probe(target: str) -> bool:
+    """Whether something answers HTTP at the target (any status), and whether it serves Prometheus text at /metrics."""
+    import httpx
+
+    try:
+        with httpx.Client(timeout=PROBE_S, trust_env=False) as client:
+            client.get(target + "/")
+            try:
+                resp = client.get(target + "/metrics")
+            except httpx.HTTPError:
+                return False
+            head = resp.text[:4096] if resp.status_code == 200 else ""
+            return "# TYPE " in head or "# HELP " in head
+    except httpx.HTTPError as exc:
+        fail(f"--target {target}: nothing answers there ({type(exc).__name__}: {exc}); start the server first")
+
+
+def gate(
+    spec: Annotated[Path, typer.Option(readable=False, help="The gate's spec (YAML): steps and their criteria.")],
+    target: Annotated[str, typer.Option(help="Base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8000.")],
+    pid: Annotated[
+        list[int] | None, typer.Option("--pid", help="The service's process (repeatable): its OOM kills and memory.")
+    ] = None,
+    cgroup: Annotated[
+        list[str] | None, typer.Option("--cgroup", help="The service's cgroup (repeatable), e.g. /system.slice/vllm.service.")
+    ] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the result as JSON to this file.")] = None,
+    recorder: Annotated[
+        Path | None,
+        typer.Option(
+            help="Flight recorder the gate's agent writes (kept; an instrumented service may write it too). "
+            "Default: a temporary one, removed at the end."
+        ),
+    ] = None,
+    scrape: Annotated[
+        bool, typer.Option(help="Scrape the target's /metrics during the run when it serves Prometheus text.")
+    ] = True,
+    allow_remote: Annotated[bool, typer.Option("--allow-remote", help="Allow a target that is not a loopback address.")] = False,
+) -> None:
+    """Run the spec's load steps against the target and judge each step; PASS only if every criterion holds.
+
+    Each step sends its load (open loop: Poisson arrivals at `rate`, latency counted from the scheduled
+    time; closed loop: `concurrency` clients), while the host agent samples memory, PSI, OOM kills and
+    the backend's /metrics; then the step's criteria are judged and the rules engine diagnoses the step's
+    window, so a FAIL names the criterion and why (e.g. queue_backlog). A progress line per step, then a
+    table of steps x criteria. Ctrl-C stops the load and still reports the steps that ran.
+
+    Exit status: 0 every criterion of every step passed; 1 a criterion failed or the run was interrupted;
+    2 bad input (an option, the spec, a target that does not answer).
+
+    Example:\n
+      diag gate --spec docs/gate-example.yaml --target http://127.0.0.1:8000 --cgroup /system.slice/llm.service
+    """
+    from diag.gate.spec import SpecError, load_spec
+
+    try:
+        opts.existing_file("--spec", spec)
+        base = _target(target, allow_remote)
+        pids = opts.pids(pid)
+        for p in pids:
+            if not Path(f"/proc/{p}").exists():
+                raise opts.OptionError(f"--pid {p}: no such process")
+        cgroups = opts.cgroups(cgroup)
+        if json_out is not None:
+            opts.writable_file_path("--json", json_out, "gate.json")
+        if recorder is not None:
+            opts.writable_file_path("--recorder", recorder)
+    except opts.OptionError as exc:
+        fail(str(exc))
+    try:
+        parsed = load_spec(spec)
+    except SpecError as exc:
+        fail(f"--spec {exc}" if str(exc).startswith(str(spec)) else f"--spec {spec}: {exc}")
+    serves_metrics = _probe(base)
+    _run(parsed, base, pids, cgroups, json_out, recorder, scrape and serves_metrics)
+
+
+def _run(parsed, base: str, pids: tuple[int, ...], cgroups: tuple[str, ...], json_out: Path | None,  # type: ignore[no-untyped-def]
+         recorder: Path | None, scrape: bool) -> None:  # fmt: skip
+    from diag.gate.report import render
+    from diag.gate.runner import RunOptions, run_gate
+
+    def progress(line: str) -> None:
+        typer.echo(line, err=True)
+
+    with contextlib.ExitStack() as stack:
+        if recorder is None:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="llmdiag-gate-"))
+            recorder = Path(tmp) / "gate-recorder.db"
+        run = RunOptions(base, recorder, pids, cgroups, (base + "/metrics",) if scrape else ())
+        progress(f"gate: {len(parsed.steps)} steps, {parsed.total_s:g} s of load against {base}{parsed.endpoint}")
+        report = run_gate(parsed, run, progress)
+        typer.echo(render(report))
+        if json_out is not None:
+            body = json.dumps(report.to_dict(), indent=2, allow_nan=False, default=str)
+            try:
+                json_out.write_text(body + "\n", encoding="utf-8")
+            except OSError as exc:
+                typer.echo(f"diag: --json {json_out}: cannot write ({os.strerror(exc.errno or 0)})", err=True)
+    sys.stdout.flush()
+    raise typer.Exit(report.exit_code)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``gate`` to the ``diag`` app."""
+    app.command("gate")(gate)

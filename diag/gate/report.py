@@ -1,0 +1,58 @@
+"""The gate's result in the terminal: one table of steps x criteria (PASS/FAIL and the measured value), then
+for each failed step the criteria that broke and the diagnosis of why.
+
+Plain text, not a rich table: the table is read in CI logs and pasted into change tickets, where a fixed
+layout that does not depend on a terminal's width survives; the JSON (``GateReport.to_dict``) is for machines.
+"""
+
+from __future__ import annotations
+
+from diag.gate.runner import GateReport
+
+
+def _cell(report: GateReport, step_index: int, criterion: str) -> str:
+    for v in report.steps[step_index].verdicts:
+        if v.criterion == criterion:
+            return f"{'PASS' if v.passed else 'FAIL'} {v.measured}"
+    return "-"
+
+
+def render(report: GateReport) -> str:
+    """The table, the failures explained, and the overall verdict, as lines of text."""
+    criteria: list[str] = []
+    for s in report.steps:
+        for v in s.verdicts:
+            if v.criterion not in criteria:
+                criteria.append(v.criterion)
+    header = ["step", "result", *criteria]
+    rows = []
+    for i, s in enumerate(report.steps):
+        result = "INTERRUPTED" if s.load.interrupted else ("PASS" if s.passed else "FAIL")
+        rows.append([s.step.name, result, *(_cell(report, i, c) for c in criteria)])
+    for s in report.spec.steps[len(report.steps) :]:
+        rows.append([s.name, "NOT RUN", *("-" for _ in criteria)])
+    widths = [max(len(r[k]) for r in [header, *rows]) for k in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    for s in report.steps:
+        failed = [v for v in s.verdicts if not v.passed]
+        if not failed and not s.load.interrupted:
+            continue
+        lines.append("")
+        for v in failed:
+            note = f" ({v.note})" if v.note else ""
+            lines.append(f"{s.step.name}: {v.criterion} {v.measured}, limit {v.limit}{note}")
+        if s.load.interrupted:
+            lines.append(f"{s.step.name}: interrupted before its end")
+        lines.append(f"{s.step.name}: diagnosis -- {s.diagnosis()}")
+    for note in report.notes:
+        lines.append(f"note: {note}")
+    lines.append("")
+    if report.passed:
+        lines.append(f"GATE PASSED: {len(report.steps)} steps, every criterion met")
+    elif report.interrupted:
+        lines.append(f"GATE NOT PASSED: interrupted after {len(report.steps)} of {len(report.spec.steps)} steps")
+    else:
+        bad = [s.step.name for s in report.steps if not s.passed]
+        lines.append(f"GATE FAILED: {', '.join(bad)}")
+    return "\n".join(lines)

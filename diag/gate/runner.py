@@ -1,0 +1,227 @@
+"""A gate run: the steps in order, each with the load, the host's samples over its window, the criteria judged
+and the rules engine's diagnosis of that window -- so a FAIL says which criterion broke and why.
+
+Why one event loop and one client for the whole run: connections are pooled across steps as a real client
+pool would be, and a SIGINT handler on the loop turns Ctrl-C into a stop of the load (arrivals cease, what is in
+flight is cancelled) rather than a traceback; the steps that ran are still judged and reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diag.gate.criteria import HostFacts, Verdict, judge, quantile
+from diag.gate.host import HostSampler, host_facts
+from diag.gate.load import StepLoad, make_client, run_step
+from diag.gate.spec import GateSpec, Step
+from diag.rules.engine import Analysis, analyze
+from diag.sources import load_recorder
+
+Progress = Callable[[str], None]
+LATE_SEND_S = 0.05  # a generator this late behind its schedule is shaping the load itself: the report says so
+FIRST_SAMPLE_S = 10.0  # the agent's first sample reads every process once: slow on a busy host
+
+
+@dataclass
+class StepReport:
+    """One step's outcome: the load's figures, each criterion's verdict, and the diagnosis of its window."""
+
+    step: Step
+    load: StepLoad
+    verdicts: list[Verdict]
+    host: HostFacts
+    analysis: Analysis | None
+    analysis_error: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return all(v.passed for v in self.verdicts) and not self.load.interrupted
+
+    @property
+    def window(self) -> tuple[float, float]:
+        return self.load.wall0, self.load.wall(self.load.end)
+
+    def diagnosis(self) -> str:
+        """One line: the verdict of the rules on this step's window and its leading finding's summary."""
+        a = self.analysis
+        if a is None:
+            return f"not diagnosed ({self.analysis_error})"
+        lead = next((f for f in a.findings if f.cls == a.primary), None) or (a.findings[0] if a.findings else None)
+        if a.primary == "healthy" or lead is None:
+            return a.primary
+        return f"{a.primary}: {lead.summary}"
+
+    def figures(self) -> dict[str, Any]:
+        """What the step measured, whatever its criteria: counts, achieved rate, send lag, latency quantiles."""
+        res = self.load.results
+        ok = [r for r in res if r.ok]
+        span = max(1e-9, self.load.load_end - self.load.t0)
+        lags = [r.lag_s for r in res]
+        e2e = [r.e2e_s for r in ok]
+        ttft = [t for r in ok if (t := r.ttft_s) is not None]
+
+        def q(xs: list[float], p: float) -> float | None:
+            return round(quantile(xs, p), 6) if xs else None
+
+        whole = max(1e-9, self.load.end - self.load.t0)
+        return {
+            "sent": len(res), "ok": len(ok), "errors": len(res) - len(ok), "dropped": self.load.dropped,
+            "achieved_rps": round(len(res) / span, 3), "throughput_rps": round(len(ok) / whole, 3),
+            "send_lag_p50_s": q(lags, 0.5), "send_lag_p99_s": q(lags, 0.99),
+            "send_lag_max_s": round(max(lags), 6) if lags else None,
+            "e2e_p50_s": q(e2e, 0.5), "e2e_p99_s": q(e2e, 0.99), "ttft_p50_s": q(ttft, 0.5), "ttft_p99_s": q(ttft, 0.99),
+            "drain_s": round(max(0.0, self.load.end - self.load.load_end), 6),
+        }  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        a = self.analysis
+        return {
+            "name": self.step.name,
+            "load": self.step.describe(),
+            "passed": self.passed,
+            "interrupted": self.load.interrupted,
+            "window": {"start": self.window[0], "end": self.window[1]},
+            "measured": self.figures(),
+            "criteria": [
+                {
+                    "criterion": v.criterion,
+                    "limit": v.limit,
+                    "measured": v.measured,
+                    "value": v.value,
+                    "passed": v.passed,
+                    "note": v.note,
+                }
+                for v in self.verdicts
+            ],
+            "diagnosis": {
+                "primary": a.primary if a else None,
+                "line": self.diagnosis(),
+                "findings": [
+                    {"class": f.cls, "rule": f.rule, "confidence": round(f.confidence, 3), "summary": f.summary}
+                    for f in (a.findings[:5] if a else [])
+                ],
+            },
+        }
+
+
+@dataclass
+class GateReport:
+    spec: GateSpec
+    target: str
+    steps: list[StepReport] = field(default_factory=list)
+    interrupted: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.interrupted and len(self.steps) == len(self.spec.steps) and all(s.passed for s in self.steps)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "spec": self.spec.source,
+            "endpoint": self.spec.endpoint,
+            "passed": self.passed,
+            "interrupted": self.interrupted,
+            "exit_code": self.exit_code,
+            "notes": self.notes,
+            "steps": [s.to_dict() for s in self.steps],
+            "not_run": [s.name for s in self.spec.steps[len(self.steps) :]],
+        }
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Where the load goes and what the host side watches."""
+
+    target: str
+    recorder: Path
+    pids: Sequence[int] = ()
+    cgroups: Sequence[str] = ()
+    scrape: Sequence[str] = ()  # the backend's /metrics URLs the agent scrapes during the run
+    interval_s: float = 1.0
+
+
+def _diagnose(opts: RunOptions, sampler: HostSampler, load: StepLoad) -> tuple[HostFacts, Analysis | None, str]:
+    """The host's facts and the rules' verdict over the step's window (the sample after its end included)."""
+    start, end = load.wall0, load.wall(load.end)
+    sampler.sampled_after(end, timeout_s=3 * opts.interval_s + 2.0)
+    until = max(end, sampler.last_sample_ts) + 0.001
+    try:
+        tl = load_recorder(opts.recorder, since_s=until - start, until=until, workers=1)
+    except Exception as exc:  # a step is still judged on the client's side without the host's
+        empty = HostFacts(None, "host", None, oom_unreadable_why=f"recorder unreadable: {exc}")
+        return empty, None, f"recorder unreadable: {exc}"
+    facts = host_facts(tl, start, until, cgroups=opts.cgroups, pids=opts.pids, kmsg_error=sampler.kmsg_error)
+    try:
+        return facts, analyze(tl), ""
+    except Exception as exc:  # the verdicts stand without a diagnosis; say why there is none
+        return facts, None, f"{type(exc).__name__}: {exc}"
+
+
+def _summary(load: StepLoad) -> str:
+    ok = sum(1 for r in load.results if r.ok)
+    e2e = [r.e2e_s for r in load.results if r.ok]
+    p99 = f", e2e p99 {quantile(e2e, 0.99) * 1e3:.0f} ms" if e2e else ""
+    lags = [r.lag_s for r in load.results]
+    lag = f", send lag p99 {quantile(lags, 0.99) * 1e3:.1f} ms" if lags else ""
+    return f"sent {len(load.results)}, ok {ok}, dropped {load.dropped}{p99}{lag}"
+
+
+async def _run(spec: GateSpec, opts: RunOptions, sampler: HostSampler, report: GateReport, progress: Progress) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    handled = False
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread: no handler
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        handled = True
+    try:
+        async with make_client(opts.target, spec) as client:
+            for i, step in enumerate(spec.steps):
+                progress(f"[{i + 1}/{len(spec.steps)}] {step.name}: {step.describe()}")
+                load = await run_step(client, spec, step, i, stop)
+                facts, analysis, why = _diagnose(opts, sampler, load)
+                rep = StepReport(step, load, judge(load, step.criteria, facts), facts, analysis, why)
+                report.steps.append(rep)
+                lags = [r.lag_s for r in load.results]
+                if lags and (late := quantile(lags, 0.99)) > LATE_SEND_S:
+                    report.notes.append(
+                        f"{step.name}: the load generator sent late (send lag p99 {late * 1e3:.0f} ms): this host could not "
+                        "keep the schedule, so the step's load was lighter than asked (its latencies still count the lag)"
+                    )
+                state = "INTERRUPTED" if load.interrupted else ("PASS" if rep.passed else "FAIL")
+                progress(f"[{i + 1}/{len(spec.steps)}] {step.name}: {state} ({_summary(load)}; {rep.diagnosis()})")
+                if stop.is_set():
+                    report.interrupted = True
+                    break
+    finally:
+        if handled:
+            loop.remove_signal_handler(signal.SIGINT)
+
+
+def run_gate(spec: GateSpec, opts: RunOptions, progress: Progress = lambda _line: None) -> GateReport:
+    """Every step of ``spec`` against ``opts.target``; a Ctrl-C ends the run early with the steps that ran."""
+    report = GateReport(spec, opts.target)
+    sampler = HostSampler(opts.recorder, pids=opts.pids, cgroups=opts.cgroups, scrape=opts.scrape, interval_s=opts.interval_s)
+    sampler.start()
+    try:
+        if not sampler.sampled_after(0.0, FIRST_SAMPLE_S):
+            report.notes.append(f"the host agent took no sample in {FIRST_SAMPLE_S:g} s; host criteria may lack data")
+        if sampler.kmsg_error:
+            report.notes.append(f"OOM kills cannot be counted: {sampler.kmsg_error}")
+        asyncio.run(_run(spec, opts, sampler, report, progress))
+    except KeyboardInterrupt:  # Ctrl-C outside the load (before the first step): stop here, report what ran
+        report.interrupted = True
+    finally:
+        sampler.stop()
+    return report

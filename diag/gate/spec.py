@@ -1,0 +1,340 @@
+"""The gate's spec: the load steps and each step's criteria, written down before the run, read from YAML.
+
+Why a spec and not flags: a rollout gate is a contract -- "at the target peak no OOM kill, p99 under 2 s" --
+that is reviewed, versioned and re-run unchanged against the next model revision. So it is validated in
+full before any request leaves: every error names the field by its path (``steps[2].criteria.e2e_p99_s``),
+says what it got and what is accepted, and the first one found is raised as a ``SpecError``.
+
+The shape (a complete example is ``docs/gate-example.yaml``)::
+
+    endpoint: /v1/completions          # or /v1/chat/completions
+    model: my-model                    # sent as "model" (optional)
+    stream: false                      # the default of every step
+    request_timeout: 30s               # every request is bounded by it
+    max_in_flight: 256                 # open loop: arrivals beyond it are counted as dropped, never delayed
+    seed: 0                            # arrival times and lengths are reproducible
+    defaults: {prompt_tokens: 32, output_tokens: 16, criteria: {error_ratio: 0.01}}
+    steps:
+      - name: peak
+        rate: 8                        # requests/s, Poisson arrivals (open loop); or concurrency: N (closed loop)
+        duration: 20s
+        prompt_tokens: {uniform: [16, 64]}   # or a number, or {normal: {mean: 32, stddev: 8}}
+        criteria: {e2e_p99_s: 2, ttft_p50_s: 0.5, oom_kills: 0, psi_memory_some_avg10: 10}
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from diag.units import parse_duration
+
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
+MAX_STEPS = 32
+MAX_STEP_S = 3600.0  # one step of an hour is already a soak test, not a gate
+MAX_RATE = 10_000.0
+MAX_CONCURRENCY = 4096
+MAX_TOKENS = 1_000_000
+MAX_IN_FLIGHT = 65_536
+QUANTILE_RE = re.compile(r"^(e2e|ttft|itl)_p(\d{1,2}(?:\.\d{1,3})?)_s$")
+TOP_KEYS = frozenset({"endpoint", "model", "stream", "request_timeout", "max_in_flight", "seed", "defaults", "steps", "version"})
+STEP_KEYS = frozenset({"name", "rate", "concurrency", "duration", "prompt_tokens", "output_tokens", "stream", "criteria"})
+DEFAULT_KEYS = STEP_KEYS - {"name", "rate", "concurrency", "duration"}
+SCALAR_CRITERIA = ("error_ratio", "oom_kills", "psi_memory_some_avg10", "drain_s")
+
+
+class SpecError(ValueError):
+    """A spec that cannot run: the message names the field path, the value and what is accepted."""
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """A token length: fixed, uniform in [low, high], or normal (mean, stddev) rounded and clipped to [1, ...]."""
+
+    kind: str  # fixed | uniform | normal
+    a: float
+    b: float = 0.0
+
+    def draw(self, rng: random.Random) -> int:
+        if self.kind == "fixed":
+            return int(self.a)
+        if self.kind == "uniform":
+            return rng.randint(int(self.a), int(self.b))
+        return max(1, min(MAX_TOKENS, round(rng.gauss(self.a, self.b))))
+
+    def describe(self) -> str:
+        if self.kind == "fixed":
+            return f"{int(self.a)}"
+        if self.kind == "uniform":
+            return f"uniform {int(self.a)}..{int(self.b)}"
+        return f"normal {self.a:g}±{self.b:g}"
+
+
+@dataclass(frozen=True)
+class Quantile:
+    """A latency quantile ceiling: ``metric`` (e2e, ttft, itl) at quantile ``q`` (0..1) under ``limit_s``."""
+
+    metric: str
+    q: float
+    limit_s: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.metric}_p{self.q * 100:g}_s"
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """After an overload, latency is back within ``e2e_below_s`` no later than ``within_s`` into the step."""
+
+    within_s: float
+    e2e_below_s: float
+
+
+@dataclass(frozen=True)
+class Criteria:
+    """One step's PASS conditions; a criterion left out is not judged."""
+
+    quantiles: tuple[Quantile, ...] = ()
+    error_ratio: float | None = None
+    oom_kills: int | None = None
+    psi_memory_some_avg10: float | None = None
+    drain_s: float | None = None
+    recovery: Recovery | None = None
+
+    def names(self) -> list[str]:
+        out = [q.key for q in self.quantiles]
+        out += [k for k in SCALAR_CRITERIA if getattr(self, k) is not None]
+        return out + (["recovery_s"] if self.recovery else [])
+
+
+@dataclass(frozen=True)
+class Step:
+    """One load step: open loop at ``rate`` requests/s or closed loop with ``concurrency`` clients, for ``duration_s``."""
+
+    name: str
+    duration_s: float
+    prompt_tokens: Lengths
+    output_tokens: Lengths
+    stream: bool
+    criteria: Criteria
+    rate: float | None = None
+    concurrency: int | None = None
+
+    def describe(self) -> str:
+        load = f"{self.rate:g} req/s open loop" if self.rate is not None else f"{self.concurrency} clients closed loop"
+        return f"{load}, {self.duration_s:g} s, prompt {self.prompt_tokens.describe()}, output {self.output_tokens.describe()}"
+
+
+@dataclass(frozen=True)
+class GateSpec:
+    endpoint: str
+    steps: tuple[Step, ...]
+    model: str | None = None
+    request_timeout_s: float = 30.0
+    max_in_flight: int = 1024
+    seed: int = 0
+    source: str = "<spec>"
+
+    @property
+    def total_s(self) -> float:
+        return sum(s.duration_s for s in self.steps)
+
+
+# --------------------------------------------------------------------------- validation helpers
+
+
+def _bad(path: str, value: Any, accepted: str) -> SpecError:
+    shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
+    return SpecError(f"{path}: got {shown}; {accepted}")
+
+
+def _mapping(path: str, value: Any, allowed: frozenset[str]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _bad(path, value, "expected a mapping of keys to values")
+    for key in value:
+        if not isinstance(key, str) or key not in allowed:
+            where = f"{path}.{key}" if path else str(key)
+            raise SpecError(f"{where}: unknown key; accepted here: {', '.join(sorted(allowed))}")
+    return value
+
+
+def _number(path: str, value: Any, *, low: float, high: float, integer: bool = False, open_low: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _bad(path, value, f"expected a {'whole ' if integer else ''}number")
+    if integer and value != int(value):
+        raise _bad(path, value, "expected a whole number")
+    if value < low or (open_low and value == low) or value > high:
+        lo = f"more than {low:g}" if open_low else f"at least {low:g}"
+        raise _bad(path, value, f"expected {lo} and at most {high:g}")
+    return float(value)
+
+
+def _seconds(path: str, value: Any, *, high: float) -> float:
+    """A duration: a number of seconds or a string with a unit (``500ms``, ``20s``, ``2m``)."""
+    if isinstance(value, str):
+        try:
+            seconds = parse_duration(value)
+        except ValueError:
+            raise _bad(path, value, "expected a duration: seconds, or a number with ms, s, m or h (e.g. 20s)") from None
+    else:
+        seconds = _number(path, value, low=0.0, high=high, open_low=True)
+    if seconds > high:
+        raise _bad(path, value, f"expected at most {high:g} s")
+    return seconds
+
+
+def _lengths(path: str, value: Any) -> Lengths:
+    if not isinstance(value, dict):
+        return Lengths("fixed", _number(path, value, low=1, high=MAX_TOKENS, integer=True))
+    if len(value) != 1:
+        raise SpecError(f"{path}: give one of a number, {{uniform: [low, high]}} or {{normal: {{mean: M, stddev: S}}}}")
+    ((kind, body),) = value.items()
+    if kind == "uniform":
+        if not isinstance(body, list) or len(body) != 2:
+            raise _bad(f"{path}.uniform", body, "expected [low, high]")
+        low = _number(f"{path}.uniform[0]", body[0], low=1, high=MAX_TOKENS, integer=True)
+        high = _number(f"{path}.uniform[1]", body[1], low=low, high=MAX_TOKENS, integer=True)
+        return Lengths("uniform", low, high)
+    if kind == "normal":
+        body = _mapping(f"{path}.normal", body, frozenset({"mean", "stddev"}))
+        if set(body) != {"mean", "stddev"}:
+            raise SpecError(f"{path}.normal: needs both mean and stddev")
+        mean = _number(f"{path}.normal.mean", body["mean"], low=1, high=MAX_TOKENS)
+        return Lengths("normal", mean, _number(f"{path}.normal.stddev", body["stddev"], low=0, high=MAX_TOKENS))
+    raise SpecError(f"{path}.{kind}: unknown distribution; accepted: uniform, normal (or a plain number)")
+
+
+def _criteria(path: str, value: Any) -> Criteria:
+    if value is None:
+        return Criteria()
+    if not isinstance(value, dict):
+        raise _bad(path, value, "expected a mapping of criteria")
+    quantiles: list[Quantile] = []
+    out: dict[str, Any] = {}
+    for key, limit in value.items():
+        where = f"{path}.{key}"
+        match = QUANTILE_RE.match(str(key))
+        if match:
+            q = float(match.group(2)) / 100.0
+            if not 0.0 < q < 1.0:
+                raise SpecError(f"{where}: the quantile must be between p0 and p100 (exclusive), e.g. e2e_p99_s")
+            quantiles.append(Quantile(match.group(1), q, _seconds(where, limit, high=MAX_STEP_S)))
+        elif key == "error_ratio":
+            out[key] = _number(where, limit, low=0.0, high=1.0)
+        elif key == "oom_kills":
+            out[key] = int(_number(where, limit, low=0, high=1_000_000, integer=True))
+        elif key == "psi_memory_some_avg10":
+            out[key] = _number(where, limit, low=0.0, high=100.0)
+        elif key == "drain_s":
+            out[key] = _seconds(where, limit, high=MAX_STEP_S)
+        elif key == "recovery":
+            body = _mapping(where, limit, frozenset({"within_s", "e2e_below_s"}))
+            if set(body) != {"within_s", "e2e_below_s"}:
+                raise SpecError(f"{where}: needs both within_s and e2e_below_s")
+            out[key] = Recovery(_seconds(f"{where}.within_s", body["within_s"], high=MAX_STEP_S),
+                                _seconds(f"{where}.e2e_below_s", body["e2e_below_s"], high=MAX_STEP_S))  # fmt: skip
+        else:
+            raise SpecError(
+                f"{where}: unknown criterion; accepted: e2e_pNN_s, ttft_pNN_s, itl_pNN_s (e.g. e2e_p99_s), "
+                f"{', '.join(SCALAR_CRITERIA)}, recovery"
+            )
+    return Criteria(quantiles=tuple(quantiles), **out)
+
+
+def _step(i: int, raw: Any, defaults: dict[str, Any], top_stream: bool, names: set[str]) -> Step:
+    path = f"steps[{i}]"
+    raw = _mapping(path, raw, STEP_KEYS)
+    name = raw.get("name", f"step{i + 1}")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}", name):
+        raise _bad(f"{path}.name", name, "expected a short name of letters, digits, '-', '_' or '.'")
+    if name in names:
+        raise SpecError(f"{path}.name: {name!r} is used by an earlier step; each step needs its own name")
+    names.add(name)
+    if ("rate" in raw) == ("concurrency" in raw):
+        raise SpecError(f"{path}: give exactly one of rate (requests/s, open loop) or concurrency (clients, closed loop)")
+    if "duration" not in raw:
+        raise SpecError(f"{path}.duration: missing; e.g. duration: 30s")
+    merged = {**defaults, **raw}
+    own = raw.get("criteria") or {}
+    if not isinstance(own, dict):
+        raise _bad(f"{path}.criteria", own, "expected a mapping of criteria")
+    crit = {**(defaults.get("criteria") or {}), **own}  # a step's own criterion overrides the default one
+    if "prompt_tokens" not in merged or "output_tokens" not in merged:
+        missing = "prompt_tokens" if "prompt_tokens" not in merged else "output_tokens"
+        raise SpecError(f"{path}.{missing}: missing (here or under defaults); e.g. {missing}: 32")
+    stream = merged.get("stream", top_stream)
+    if not isinstance(stream, bool):
+        raise _bad(f"{path}.stream", stream, "expected true or false")
+    criteria = _criteria(f"{path}.criteria", crit)
+    for q in criteria.quantiles:
+        if q.metric in ("ttft", "itl") and not stream:
+            raise SpecError(f"{path}.criteria.{q.key}: {q.metric} is measured on streamed responses only; set stream: true")
+    return Step(
+        name=name,
+        duration_s=_seconds(f"{path}.duration", raw["duration"], high=MAX_STEP_S),
+        prompt_tokens=_lengths(f"{path}.prompt_tokens", merged["prompt_tokens"]),
+        output_tokens=_lengths(f"{path}.output_tokens", merged["output_tokens"]),
+        stream=stream,
+        criteria=criteria,
+        rate=_number(f"{path}.rate", raw["rate"], low=0.0, high=MAX_RATE, open_low=True) if "rate" in raw else None,
+        concurrency=int(_number(f"{path}.concurrency", raw["concurrency"], low=1, high=MAX_CONCURRENCY, integer=True))
+        if "concurrency" in raw
+        else None,
+    )
+
+
+def parse_spec(data: Any, source: str = "<spec>") -> GateSpec:
+    """A validated ``GateSpec`` from the parsed YAML document; ``SpecError`` names the first bad field."""
+    top = _mapping("", data, TOP_KEYS) if isinstance(data, dict) else None
+    if top is None:
+        raise SpecError(f"{source}: expected a mapping with endpoint and steps at the top (got {type(data).__name__})")
+    if top.get("version", 1) != 1:
+        raise _bad("version", top["version"], "this diag gate reads version 1")
+    endpoint = top.get("endpoint", ENDPOINTS[0])
+    if endpoint not in ENDPOINTS:
+        raise _bad("endpoint", endpoint, f"accepted: {', '.join(ENDPOINTS)}")
+    model = top.get("model")
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise _bad("model", model, "expected the model name the server serves, as a string")
+    stream = top.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad("stream", stream, "expected true or false")
+    timeout = _seconds("request_timeout", top.get("request_timeout", 30), high=600)
+    in_flight = int(_number("max_in_flight", top.get("max_in_flight", 1024), low=1, high=MAX_IN_FLIGHT, integer=True))
+    seed = int(_number("seed", top.get("seed", 0), low=0, high=2**63 - 1, integer=True))
+    defaults = _mapping("defaults", top.get("defaults") or {}, DEFAULT_KEYS)
+    if "criteria" in defaults and not isinstance(defaults["criteria"], dict):
+        raise _bad("defaults.criteria", defaults["criteria"], "expected a mapping of criteria")
+    if "criteria" in defaults:
+        _criteria("defaults.criteria", defaults["criteria"])  # its own paths in the message
+    steps_raw = top.get("steps")
+    if not isinstance(steps_raw, list) or not steps_raw:
+        raise _bad("steps", steps_raw, "expected a list of at least one step")
+    if len(steps_raw) > MAX_STEPS:
+        raise SpecError(f"steps: {len(steps_raw)} steps; at most {MAX_STEPS}")
+    names: set[str] = set()
+    steps = tuple(_step(i, raw, defaults, stream, names) for i, raw in enumerate(steps_raw))
+    return GateSpec(endpoint, steps, model.strip() if model else None, timeout, in_flight, seed, source)
+
+
+def load_spec(path: str | Path) -> GateSpec:
+    """Read and validate a spec file; ``SpecError`` for an unreadable file, bad YAML or a bad field."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{p}: cannot read the spec ({exc.strerror if isinstance(exc, OSError) else exc})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise SpecError(f"{p}: not valid YAML{where} ({getattr(exc, 'problem', None) or exc})") from None
+    return parse_spec(data, source=str(p))

@@ -1,0 +1,98 @@
+"""The load generator against a stub server in its own process: open loop keeps its schedule however slow the
+server is (no coordinated omission), closed loop never exceeds its clients, streaming gives TTFT and
+inter-token gaps as the client sees them, and the request timeout bounds every request."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+
+import pytest
+
+from diag.gate.criteria import quantile
+from diag.gate.load import StepLoad, make_client, run_step
+from diag.gate.spec import GateSpec, parse_spec
+from tests.gate.stubproc import stub_server
+
+pytestmark = pytest.mark.process
+
+
+def _spec(step: dict, **top: object) -> GateSpec:
+    return parse_spec({**top, "steps": [{"name": "s", "prompt_tokens": 4, "output_tokens": 8, **step}]})
+
+
+def _run(url: str, spec: GateSpec) -> StepLoad:
+    async def go() -> StepLoad:
+        async with make_client(url, spec) as client:
+            return await run_step(client, spec, spec.steps[0], 0, asyncio.Event())
+
+    return asyncio.run(go())
+
+
+def test_open_loop_keeps_its_schedule_when_the_server_is_slow() -> None:
+    """Each answer takes 1 s while requests arrive 25 per second: a closed loop would send a handful; this one
+    sends them all on time, ~25 in flight, and each latency counts from the scheduled send."""
+    spec = _spec({"rate": 25, "duration": "4s"})
+    with stub_server("--delay", "1.0") as stub:
+        t_wall = time.time()
+        load = _run(stub.url, spec)
+        stats = stub.stats()
+    n = len(load.results)
+    assert 100 - 4 * 10 < n < 100 + 4 * 10, n  # Poisson count over 4 s at 25/s: sd 10
+    assert all(r.ok for r in load.results), {r.error for r in load.results}
+    assert stats["max_in_flight"] >= 15  # the server saw the pile-up a closed loop would have hidden
+    assert len(stats["received"]) == n
+    # the server received each request near its scheduled time (loop time -> wall time through the step's anchor)
+    sched = sorted(load.wall(r.scheduled) for r in load.results)
+    late = [got - want for got, want in zip(sorted(stats["received"]), sched, strict=True)]
+    assert quantile(late, 0.9) < 0.1 and min(late) > -0.01, (quantile(late, 0.9), min(late))
+    assert min(stats["received"]) >= t_wall
+    e2e = [r.e2e_s for r in load.results]
+    assert min(e2e) >= 1.0 and statistics.median(e2e) < 1.5
+    assert load.load_end - load.t0 <= 4.1 and load.end - load.load_end >= 0.9  # arrivals stop on time; the rest drains
+    assert quantile([r.lag_s for r in load.results], 0.5) < 0.01
+
+
+def test_closed_loop_holds_its_clients_and_max_in_flight_drops_rather_than_delays() -> None:
+    with stub_server("--delay", "0.1") as stub:
+        load = _run(stub.url, _spec({"concurrency": 3, "duration": "2s"}))
+        assert stub.stats()["max_in_flight"] == 3
+        n = len(load.results)
+        assert 3 * 2 / 0.1 * 0.6 < n <= 3 * 2 / 0.1 + 3, n  # ~60: 3 clients x 20 round trips of 0.1 s
+        # open loop at 200/s against 0.1 s answers, at most 5 in flight: the excess is dropped, not queued
+        capped = _run(stub.url, _spec({"rate": 200, "duration": "1s"}, max_in_flight=5))
+        assert stub.stats()["max_in_flight"] == 5
+    assert 200 - 4 * 15 < len(capped.results) + capped.dropped < 200 + 4 * 15
+    assert len(capped.results) <= 5 * 1 / 0.1 + 5 and capped.dropped > 100
+    assert quantile([r.lag_s for r in capped.results], 0.5) < 0.01
+
+
+def test_streaming_measures_ttft_and_inter_token_gaps_and_the_timeout_bounds_a_request() -> None:
+    spec = _spec({"rate": 5, "duration": "2s", "stream": True})
+    with stub_server("--ttft", "0.3", "--itl", "0.05") as stub:
+        load = _run(stub.url, spec)
+        chat = _run(
+            stub.url,
+            parse_spec(
+                {
+                    "endpoint": "/v1/chat/completions",
+                    "steps": [{"name": "c", "rate": 5, "duration": "1s", "prompt_tokens": 4, "output_tokens": 5, "stream": True}],
+                }
+            ),
+        )
+    ok = [r for r in load.results if r.ok]
+    assert ok and len(ok) == len(load.results)
+    ttft = [r.ttft_s for r in ok]
+    assert all(t is not None and 0.3 <= t < 0.6 for t in ttft), ttft
+    gaps = [g for r in ok for g in r.itl_s]
+    assert all(r.output_tokens == 8 and len(r.itl_s) == 7 for r in ok)
+    assert 0.045 < statistics.median(gaps) < 0.09
+    assert all(r.e2e_s >= 0.3 + 7 * 0.05 for r in ok)
+    assert chat.results and all(r.ok and r.output_tokens == 5 for r in chat.results)
+    with stub_server("--delay", "5") as stub:
+        t0 = time.monotonic()
+        slow = _run(stub.url, _spec({"rate": 10, "duration": "0.5s"}, request_timeout="0.5s"))
+        took = time.monotonic() - t0
+    assert slow.results and {r.error for r in slow.results} == {"timeout"}
+    assert all(0.5 <= r.e2e_s < 0.8 for r in slow.results) and took < 2.0
