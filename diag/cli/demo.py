@@ -179,6 +179,15 @@ def serve(
             "(usage reported against room for a full batch)."
         ),
     ] = 0,
+    min_step_ms: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="A floor on each model step's milliseconds (prefill or decode), as an accelerator paces a real "
+            "engine: a step faster than this sleeps out the rest, so the service rate no longer follows the host's "
+            "CPU load. 0 = the CPU's speed alone.",
+        ),
+    ] = 0.0,
     log_level: Annotated[
         str, typer.Option(help=f"uvicorn log level: {', '.join(LOG_LEVELS)}. Prompts and completions are never logged.")
     ] = "info",
@@ -220,6 +229,7 @@ def serve(
             leak_kib_per_request=leak_kib_per_request,
             metrics_dialect=checked["metrics_dialect"],
             kv_cache_tokens=kv_cache_tokens,
+            min_step_s=min_step_ms / 1000.0,
         )
         config = ModelConfig.for_budget(weights_mb, experts=experts, top_k=top_k, seed=seed)
     except ValueError as exc:

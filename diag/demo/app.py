@@ -158,6 +158,7 @@ def create_app(settings: DemoSettings, tracker: RequestTracker | None = None) ->
             on_routing=tracker.record_routing,  # llm-diag: real per-expert token counts
             kv=kv,
             kv_enforced=settings.kv_cache_tokens > 0,  # the default budget only reports usage
+            min_step_s=settings.min_step_s,
         )
         batcher.start()
         parts["registry"], parts["batcher"] = registry, batcher

@@ -119,11 +119,14 @@ class Batcher:
         on_routing: Callable[..., Any] | None = None,
         kv: KvBudget | None = None,
         kv_enforced: bool = True,
+        min_step_s: float = 0.0,
     ) -> None:
         if mode not in BATCHING_MODES:
             raise ValueError(f"batching mode must be one of {BATCHING_MODES}")
         if max_batch_requests < 1 or max_batch_tokens < 1:
             raise ValueError("batch limits must be positive")
+        if min_step_s < 0:
+            raise ValueError("min_step_s must not be negative")
         self._weights = weights
         self.mode: BatchingMode = mode
         self.max_batch_requests = max_batch_requests
@@ -137,6 +140,10 @@ class Batcher:
         # False: blocks are counted (usage reported) but neither admission nor preemption applies them -- the
         # default budget, so the scenarios that do not ask for one batch exactly as without it.
         self.kv_enforced = kv_enforced
+        # A floor on each model step's time: an accelerator, not the host's CPU, paces a real engine's steps, so
+        # a scenario that needs a known service rate (a backlog past one slot) gets it on a busy host as on an
+        # idle one. The CPU's own time only adds to it when a step is slower than the floor.
+        self.min_step_s = min_step_s
         self._queue: collections.deque[_Job] = collections.deque()
         self._cond = threading.Condition()
         self._stop = False
@@ -288,6 +295,7 @@ class Batcher:
                     for j in live:
                         j.seq = None  # frees the KV caches and activations now
                     break
+                self._pace(step_started)
                 if not first:  # a decode step (the prefill's length depends on the prompts)
                     self._step_s = time.monotonic() - step_started
                 else:
@@ -321,6 +329,12 @@ class Batcher:
             self.running = 0
             if self.kv is not None:
                 self.kv.set_used(0)  # the batch's sequences are gone: their blocks are free
+
+    def _pace(self, step_started: float) -> None:
+        """Sleep out what is left of ``min_step_s`` since ``step_started`` (nothing when the step took longer)."""
+        left = self.min_step_s - (time.monotonic() - step_started)
+        if left > 0:
+            time.sleep(left)
 
     def _fit_kv(self, live: list[_Job]) -> list[_Job]:
         """Before a step: every live sequence needs the blocks of its cached tokens and of the ones this step adds.

@@ -55,6 +55,9 @@ class DemoSettings:
     # recompute when a running sequence cannot grow. 0 = no budget enforced: usage is reported against room for
     # a full batch of the longest requests, and batches form exactly as without a budget.
     kv_cache_tokens: int = 0
+    # A floor on each model step's seconds (prefill or decode), as an accelerator paces a real engine; 0 = the
+    # host's CPU speed alone.
+    min_step_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.preload not in PRELOAD_MODES:
@@ -73,6 +76,8 @@ class DemoSettings:
             raise ValueError("expert_capacity_factor must not be negative")
         if self.leak_kib_per_request < 0 or self.workers < 1:
             raise ValueError("leak_kib_per_request must not be negative and workers must be positive")
+        if self.min_step_s < 0:
+            raise ValueError("min_step_s must not be negative")
         if self.refresh_ttl_s <= 0 or self.batch_wait_s < 0:
             raise ValueError("refresh_ttl_s must be positive and batch_wait_s not negative")
         self._check_kv_and_dialect()

@@ -39,7 +39,7 @@ from diag.rules.requestload import (
     W_RISE_MARGIN_S,
     WAIT_DOMINATES,
 )
-from diag.rules.stall_signals import memory_stall
+from diag.rules.stall_signals import StallSignal, memory_stall
 from diag.rules.stats import excerpt_arrays, service_context
 from diag.timeline import Series, Timeline
 from diag.units import format_seconds
@@ -56,6 +56,14 @@ def _pick(svc: dict[str, Series], key: str) -> tuple[str, Series] | None:
         if s is not None and len(s.valid()):
             return name, s.valid()
     return None
+
+
+def _stalling(stall: list[StallSignal]) -> str:
+    """The stall that makes a risen wait only a suspect, named: without it, "slowed 1.00x" would read as no reason."""
+    if not stall:
+        return ""
+    x = stall[0]
+    return f" while its memory stalls ({x.label()} {x.hi:.3g} vs {x.lo:.3g} {x.unit} calm)"
 
 
 @rule(
@@ -131,7 +139,9 @@ def queue_vs_thrash(tl: Timeline, ac: AnalysisContext | None = None) -> Finding 
     stays = (f"stays at {format_seconds(s_busy)} ({inflation:.2f}x its calm level): too little capacity, not a slower service"
              if flat else f"also slowed {inflation:.2f}x to {format_seconds(s_busy)}, but the wait is "
              f"{w_busy / s_busy:.0f}x the inference time: too little capacity, with a contributing slowdown"
-             if dominant else f"slowed {inflation:.2f}x to {format_seconds(s_busy)}: the queue is at least partly a symptom")
+             if dominant else f"slowed {inflation:.2f}x to {format_seconds(s_busy)}"
+             f"{_stalling(stall)}: the queue is at least "
+             "partly a symptom")
     return Finding(
         cls="queue_backlog",
         rule="aggregated.queue_vs_thrash",

@@ -12,6 +12,7 @@ import hashlib
 import os
 import random
 import string
+import time
 from pathlib import Path
 from typing import Any
 
@@ -318,3 +319,24 @@ def test_settings_round_trip_and_validation() -> None:
         DemoSettings(preload="everywhere")
     with pytest.raises(ValueError):
         DemoSettings(batching="vibes")
+
+
+def test_the_step_floor_paces_each_step_and_the_cpu_only_adds_to_it(dense: Path) -> None:
+    """With ``min_step_s`` every model step (the prefill, then one per decoded token) lasts at least the floor, so
+    a request's service time has a host-independent lower bound: what makes a planned overload an overload on a
+    busy host as on an idle one."""
+    weights = load_weights(dense, "shared")
+    tok = ByteTokenizer()
+    prompt = tok.encode("a short prompt")
+    timings = {}
+    for floor in (0.0, 0.03):
+        batcher = Batcher(lambda: weights, mode="requests", min_step_s=floor)
+        started = time.monotonic()
+        done = _run(batcher, [prompt], 10)
+        timings[floor] = time.monotonic() - started
+        assert len(done[0].ids) == 10  # the same work, only paced
+    # one prefill step + 9 decode steps (the prefill yields the first token): at least 10 floors
+    assert timings[0.03] >= 10 * 0.03, timings
+    assert timings[0.03] > timings[0.0], timings
+    with pytest.raises(ValueError, match="min_step_s"):
+        Batcher(lambda: weights, min_step_s=-1)

@@ -7,68 +7,83 @@
   an instrumented service on a host running ``diag collect`` does), and from the service's /metrics alone when it
   writes no rows (the agent scrapes it: the uninstrumented path).
 
-Host memory PSI is the host's here (no per-service cgroup v2 on the test host), so another job's memory
-pressure on the same host can rightly fail a PSI criterion; the tests say so when it happens.
+The server runs in a memory cgroup of its own where the host allows (root, cgroups), as a service under systemd
+does: otherwise it shares the test session's group with every other test, whose memory-hungry children's faults
+count in that group's hierarchical stats and read as the service's own stalls. Where it cannot (an ordinary user,
+no per-service cgroup v2), memory PSI is the host's, so another job's memory pressure on the same host can rightly
+fail a PSI criterion; the tests say so when it happens.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from diag.demo.harness import DemoServer, post_all, start_demo
+from diag.demo.harness import DemoServer, start_demo
+from diag.demo.scenarios.cgroups import MemoryGroup, ScenarioCgroups, unavailable_reason
 from tests.paths import REPO
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 EXAMPLE = REPO / "docs" / "gate-example.yaml"
 
 
-ONE_SLOT = ["--max-concurrency", "1", "--queue-size", "4096", "--queue-timeout", "60"]  # a backlog waits, never 429
+# One slot, a backlog that waits (never 429), and each model step paced to at least 5 ms: the slot's service rate
+# then has a ceiling no host exceeds, so the planned overload is one on an idle host as on a busy one. (Calibrating
+# the rate from a few requests timed first failed when the host was busy during them and quiet during the peak.)
+STEP_FLOOR_MS = 5
+ONE_SLOT = ["--max-concurrency", "1", "--queue-size", "4096", "--queue-timeout", "120", "--min-step-ms", str(STEP_FLOOR_MS)]
 PSI = "psi_memory_some_avg10"
-PEAK_OUTPUT = 64  # tokens: a request long enough that one slot serves a few dozen a second at most
-OVERLOAD = 4.0  # the peak's rate over one request's time alone: 1.6-3.2x the slot's capacity (that time counts HTTP too)
-MAX_RATE = 120.0
+PEAK_OUTPUT = 64  # tokens: 65 paced steps (prefill + 64 decodes), at least 0.325 s a request, at most ~3.1 per second
+PEAK_RATE = 8.0  # requests/s: at least 2.6x the slot's ceiling; a slower host only makes the overload larger
+
+
+Served = tuple[DemoServer, Path, MemoryGroup | None]  # the server, its recorder, its own cgroup if any
+Gated = tuple[subprocess.CompletedProcess[str], dict]  # the gate's process and its JSON
+SERVICE_GROUP_LIMIT = 1 << 30  # far above the server's ~150 MiB: a boundary for its accounting, not a squeeze
+
+
+@contextlib.contextmanager
+def _own_group() -> Iterator[MemoryGroup | None]:
+    """A memory cgroup for the server alone where this host lets us make one, else None (the session's group)."""
+    if unavailable_reason():
+        yield None
+        return
+    groups = ScenarioCgroups(prefix="llmdiag-gate")
+    try:
+        yield groups.create("service", SERVICE_GROUP_LIMIT)
+    finally:
+        groups.close()
+    assert not groups.leftovers, f"cgroups left behind: {groups.leftovers}"
 
 
 @pytest.fixture(scope="module")
-def one_slot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DemoServer, Path]]:
+def one_slot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("gate-demo")
     rec = tmp / "recorder.db"
-    srv = start_demo(ONE_SLOT, weights_mb=16, weights_dir=tmp / "w", log_dir=tmp, recorder=rec)
-    try:
-        yield srv, rec
-    finally:
-        srv.stop()
+    with _own_group() as group:
+        srv = start_demo(ONE_SLOT, weights_mb=16, weights_dir=tmp / "w", log_dir=tmp, recorder=rec, cgroup=group)
+        try:
+            yield srv, rec, group
+        finally:
+            srv.stop()
 
 
-def _service_time(srv: DemoServer) -> float:
-    """Median seconds one overload request takes alone (this host's speed now: it varies threefold with load)."""
-    body = {"prompt": "token " * 16, "max_tokens": PEAK_OUTPUT}
-    times = []
-    for _ in range(6):
-        t0 = time.monotonic()
-        assert post_all(srv.url, [body])[0].status_code == 200
-        times.append(time.monotonic() - t0)
-    return statistics.median(times)
-
-
-def _overload(tmp_path: Path, srv: DemoServer, names: tuple[str, ...]) -> Path:
-    """The example's steps ``names``, with the peak at OVERLOAD times what one slot serves on this host now."""
+def _overload(tmp_path: Path, names: tuple[str, ...]) -> Path:
+    """The example's steps ``names``, with the peak well past what the paced slot can serve."""
     doc = yaml.safe_load(EXAMPLE.read_text())
-    doc["request_timeout"] = "60s"  # the backlog's last requests wait long: they are slow, not lost
+    doc["request_timeout"] = "120s"  # the backlog's last requests wait long (10 s here, more on a slow host): slow, not lost
     doc["max_in_flight"] = 4096  # nor dropped by the client: the criterion here is latency
     steps = {s["name"]: s for s in doc["steps"]}
     steps["peak"]["output_tokens"] = PEAK_OUTPUT
-    steps["peak"]["rate"] = round(min(MAX_RATE, OVERLOAD / _service_time(srv)), 1)
-    steps["peak"]["duration"] = "6s"  # the queue grows for the whole step: its last requests wait 4-13 s
+    steps["peak"]["rate"] = PEAK_RATE
+    steps["peak"]["duration"] = "6s"  # the queue grows for the whole step: its last requests wait 10 s or more
     steps["peak"]["criteria"].pop("drain_s")  # a grown queue takes what it takes to drain; p99 is the criterion here
     doc["steps"] = [steps[n] for n in names]
     spec = tmp_path / "overload.yaml"
@@ -81,18 +96,19 @@ def _psi_from_elsewhere(step: dict) -> list[str]:
     return [c["criterion"] for c in step["criteria"] if c["criterion"] == PSI and not c["passed"] and "host" in c["note"]]
 
 
-def _gate(spec: Path, srv: DemoServer, rec: Path, out: Path) -> tuple[subprocess.CompletedProcess[str], dict]:
+def _gate(spec: Path, srv: DemoServer, rec: Path, out: Path, group: MemoryGroup | None) -> Gated:
     argv = [sys.executable, "-m", "diag.cli", "gate", "--spec", str(spec), "--target", srv.url]
     argv += ["--pid", str(srv.pid), "--recorder", str(rec), "--json", str(out)]
+    argv += ["--cgroup", group.path] if group is not None else []  # its PSI and OOM kills, not the host's
     run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
     print(run.stdout, run.stderr)
     assert "Traceback" not in run.stderr
     return run, json.loads(out.read_text())
 
 
-def test_the_example_spec_passes_on_one_slot(one_slot: tuple[DemoServer, Path], tmp_path: Path) -> None:
-    srv, rec = one_slot
-    run, doc = _gate(EXAMPLE, srv, rec, tmp_path / "gate.json")
+def test_the_example_spec_passes_on_one_slot(one_slot: Served, tmp_path: Path) -> None:
+    srv, rec, group = one_slot
+    run, doc = _gate(EXAMPLE, srv, rec, tmp_path / "gate.json", group)
     assert [s["name"] for s in doc["steps"]] == ["idle", "normal", "peak", "concurrent", "recovery"]
     assert not doc["not_run"]
     elsewhere = {s["name"]: _psi_from_elsewhere(s) for s in doc["steps"] if _psi_from_elsewhere(s)}
@@ -126,19 +142,21 @@ def _backlog_rule(out: dict) -> str:
     return next(f["rule"] for f in out["steps"][1]["diagnosis"]["findings"] if f["class"] == "queue_backlog")
 
 
-def test_a_peak_past_one_slot_fails_on_p99_with_a_queue_backlog(one_slot: tuple[DemoServer, Path], tmp_path: Path) -> None:
-    srv, rec = one_slot
-    run, out = _gate(_overload(tmp_path, srv, ("normal", "peak", "recovery")), srv, rec, tmp_path / "gate.json")
+def test_a_peak_past_one_slot_fails_on_p99_with_a_queue_backlog(one_slot: Served, tmp_path: Path) -> None:
+    srv, rec, group = one_slot
+    run, out = _gate(_overload(tmp_path, ("normal", "peak", "recovery")), srv, rec, tmp_path / "gate.json", group)
     _fails_on_p99_with_a_queue_backlog(run, out)
     assert _backlog_rule(out) == "requests.queue_backlog"  # the per-request rule
 
 
 def test_the_backlog_is_diagnosed_from_the_services_metrics_alone(tmp_path: Path) -> None:
     """No request rows: the agent's scrape of the service's /metrics is the only service-side evidence."""
-    srv = start_demo(ONE_SLOT, weights_mb=16, weights_dir=tmp_path / "w", log_dir=tmp_path, recorder=None)
-    try:
-        run, out = _gate(_overload(tmp_path, srv, ("normal", "peak")), srv, tmp_path / "gate.db", tmp_path / "gate.json")
-    finally:
-        srv.stop()
+    with _own_group() as group:
+        srv = start_demo(ONE_SLOT, weights_mb=16, weights_dir=tmp_path / "w", log_dir=tmp_path, recorder=None, cgroup=group)
+        try:
+            spec = _overload(tmp_path, ("normal", "peak"))
+            run, out = _gate(spec, srv, tmp_path / "gate.db", tmp_path / "gate.json", group)
+        finally:
+            srv.stop()
     _fails_on_p99_with_a_queue_backlog(run, out)
     assert _backlog_rule(out) == "aggregated.queue_vs_thrash"  # the rule on the scraped histograms
