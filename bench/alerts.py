@@ -45,17 +45,8 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
+from bench.common import free_port, process_cpu_s  # noqa: E402
 from collectors import catalog as cat  # noqa: E402
-
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_openmetrics(path: Path, models: int, hours: float, step_s: int, end: float) -> int:
@@ -123,7 +114,7 @@ def bench_rules(evaluations: int) -> dict[str, Any]:
         rules = sorted(DEFAULT_OUT.glob("*.rules.yaml"))
         cfg = ["global:", "  evaluation_interval: 15s", "rule_files:"] + [f'  - "{p}"' for p in rules]
         (work / "prometheus.yml").write_text("\n".join(cfg) + "\n")
-        port = _free_port()
+        port = free_port()
         log = (work / "prometheus.log").open("wb")
         argv = ["prometheus", f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]  # fmt: skip
@@ -175,11 +166,6 @@ def bench_delivery() -> dict[str, Any]:
     return {"passed": result.returncode == 0, "timings_s": timings, "tail": (result.stdout + result.stderr)[-300:]}
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
 def _cpu_per_diagnosis(recorder: Path, runs: int, every_s: float = 15.0) -> dict[str, Any]:
     """CPU seconds (this process's, ``time.process_time``) per diagnosis run on a real agent's recorder that holds a
     full window and is still being written at 1 Hz, run every ``every_s`` as the agent would: the live path
@@ -219,11 +205,11 @@ def bench_cpu(total_s: float, measure_s: float, runs: int = 10) -> dict[str, Any
                                             "--recorder", str(work / f"{name}.db"), "--no-gpu", *extra],
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)  # fmt: skip
         time.sleep(total_s - measure_s)
-        start = {n: _cpu_s(p.pid) for n, p in procs.items()}
+        start = {n: process_cpu_s(p.pid) for n, p in procs.items()}
         t0 = time.monotonic()
         time.sleep(measure_s)
         wall = time.monotonic() - t0
-        share = {n: round(100 * (_cpu_s(p.pid) - start[n]) / wall, 2) for n, p in procs.items()}
+        share = {n: round(100 * (process_cpu_s(p.pid) - start[n]) / wall, 2) for n, p in procs.items()}
         loadavg = os.getloadavg()
         per_run = _cpu_per_diagnosis(work / "plain.db", runs) if runs else {}
         return {"cpu_percent_of_one_core": share, "measured_s": round(wall), "after_s": total_s - measure_s,

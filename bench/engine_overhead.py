@@ -33,8 +33,6 @@ from __future__ import annotations
 import argparse
 import http.server
 import os
-import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,17 +46,7 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _ticks(stat_path: str) -> int:
-    with open(stat_path) as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime, fields 14 and 15 of stat(5)
+from bench.common import bootstrap_median_ci, free_port, stat_ticks  # noqa: E402
 
 
 def _thread_ticks(pid: int) -> dict[int, int]:
@@ -66,7 +54,7 @@ def _thread_ticks(pid: int) -> dict[int, int]:
     out: dict[int, int] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            out[int(tid)] = _ticks(f"/proc/{pid}/task/{tid}/stat")
+            out[int(tid)] = stat_ticks(f"/proc/{pid}/task/{tid}/stat")
         except (FileNotFoundError, ProcessLookupError):
             continue
     return out
@@ -100,7 +88,7 @@ class _OtlpSink(http.server.BaseHTTPRequestHandler):
 
 
 def _start(model: Path, tracked: bool, workdir: Path, otlp: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     server = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
               "--n_ctx", "512", "--n_threads", "1", "--verbose", "false"]  # fmt: skip
     argv = [sys.executable, "-m", "diag.cli", "wrap", "--recorder", str(workdir / "recorder.db"),
@@ -142,15 +130,9 @@ def _turn(client: httpx.Client, url: str, pid: int, n: int, max_tokens: int) -> 
     return Turn(total / tick / n, (total - model) / tick / n)
 
 
-def _bootstrap_median_ci(values: list[float], n: int = 4000) -> tuple[float, float]:
-    rng = random.Random(0)
-    meds = sorted(sorted(rng.choices(values, k=len(values)))[len(values) // 2] for _ in range(n))
-    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
-
-
 def _summary(what: str, ratios: list[float]) -> None:
     med = sorted(ratios)[len(ratios) // 2]
-    lo, hi = _bootstrap_median_ci(ratios)
+    lo, hi = bootstrap_median_ci(ratios)
     verdict = "met" if hi <= 1.01 else ("missed" if lo > 1.01 else "not shown (the interval straddles 1.01)")
     print(f"\n{what}: median {med:.4f} (95 % CI {lo:.4f}-{hi:.4f}, range {min(ratios):.4f}-{max(ratios):.4f}); "
           f"target <= 1.01: {verdict}")  # fmt: skip

@@ -80,8 +80,9 @@ FIGURES = (
 DEMO_PROMPT = ("The quick brown fox jumps over the lazy dog. " * 2)[:64]  # short: tracking weighs more
 DEMO_MAX_TOKENS = 16
 ROOT = Path(__file__).resolve().parent.parent
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(ROOT))
 
+from bench.common import bootstrap_median_ci, free_port, process_cpu_s  # noqa: E402
 
 # --------------------------------------------------------------------------- server side
 
@@ -378,12 +379,6 @@ def _count_batches(app: Any) -> None:
 # --------------------------------------------------------------------------- driver
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_up(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -395,11 +390,6 @@ def _wait_up(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) ->
         except OSError:
             time.sleep(0.1)
     raise RuntimeError(f"server on {port} did not come up")
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 _RPS = re.compile(r"Requests/sec:\s+([0-9.]+)")
@@ -572,20 +562,6 @@ def _round_order(modes: list[str], r: int, demo_pairs: int) -> list[str]:
     return order if r % 2 == 0 else list(reversed(trivial)) + pairs
 
 
-def _bootstrap_median_ci(values: list[float], level: float = 0.95, n: int = 4000) -> tuple[float, float]:
-    """Percentile-bootstrap interval of the median of ``values`` (seeded: the same data print the same interval)."""
-    import random
-
-    if len(values) < 2:
-        return values[0], values[0]
-    rng = random.Random(20261202)
-    k = len(values)
-    meds = sorted(statistics.median(rng.choices(values, k=k)) for _ in range(n))
-    lo = meds[int((1 - level) / 2 * n)]
-    hi = meds[min(n - 1, int((1 + level) / 2 * n))]
-    return lo, hi
-
-
 def _verdict(lo: float, med: float, hi: float, target: float) -> str:
     """Met only when the whole interval clears the target; "not shown" when the interval straddles it."""
     if lo >= target:
@@ -610,7 +586,7 @@ class Servers:
             mode_env = env
             if mode.startswith("demo-tracked"):  # `diag demo serve` always sets it (metrics summed over workers)
                 mode_env = {**env, "PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp(dir=recorder_dir, prefix="prom-")}
-            self.ports[mode] = _free_port()
+            self.ports[mode] = free_port()
             cmd = [sys.executable, __file__, "--serve", mode, "--port", str(self.ports[mode]), "--recorder-dir", recorder_dir]
             if weights:
                 cmd += ["--weights", weights]
@@ -675,9 +651,9 @@ def run(args: argparse.Namespace, modes: list[str]) -> None:
                 duration = args.demo_duration if mode.startswith("demo") else args.duration
                 loads.append(_loadavg())
                 pid = servers.procs[mode].pid
-                cpu0 = _cpu_s(pid)
+                cpu0 = process_cpu_s(pid)
                 value, lat = load(mode, duration)
-                cpu1 = _cpu_s(pid)
+                cpu1 = process_cpu_s(pid)
                 rps[mode].append(value)
                 p99[mode].append(lat.get("p99", float("nan")))
                 cpu_us[mode].append((cpu1 - cpu0) / max(1.0, value * duration) * 1e6)
@@ -745,10 +721,10 @@ def _report(
                 print(f"  {label}: no pair with requests served by {den}")
                 continue
             med = statistics.median(ratios)
-            lo, hi = _bootstrap_median_ci(ratios)
+            lo, hi = bootstrap_median_ci(ratios)
             served = [n > 0 and d > 0 for n, d in zip(rps[num], rps[den], strict=True)]
             cpu = [a / b for a, b, ok in zip(cpu_us[num], cpu_us[den], served, strict=True) if ok]
-            clo, chi = _bootstrap_median_ci(cpu) if cpu else (float("nan"), float("nan"))
+            clo, chi = bootstrap_median_ci(cpu) if cpu else (float("nan"), float("nan"))
             cpu = cpu or [float("nan")]
             print(f"  {label}")
             print(

@@ -23,9 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from collectors.snapshot import SamplerConfig, SnapshotTaker
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+from bench.common import process_cpu_s
+from collectors.snapshot import SamplerConfig, SnapshotTaker
 
 
 def _proc_count() -> int:
@@ -61,11 +62,6 @@ def bench_snapshot(runs: int) -> dict[str, float]:
     return results
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14, 15)
-
-
 def _status_kib(pid: int, key: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(key + ":"):
@@ -83,9 +79,9 @@ def bench_agent(seconds: float) -> dict[str, float]:
         )
         try:
             time.sleep(5)  # start-up (imports, first samples) is not steady state
-            cpu0, t0 = _cpu_seconds(proc.pid), time.monotonic()
+            cpu0, t0 = process_cpu_s(proc.pid), time.monotonic()
             time.sleep(seconds)
-            cpu1, t1 = _cpu_seconds(proc.pid), time.monotonic()
+            cpu1, t1 = process_cpu_s(proc.pid), time.monotonic()
             rss = _status_kib(proc.pid, "VmRSS") / 1024
             hwm = _status_kib(proc.pid, "VmHWM") / 1024
             size = os.path.getsize(f"{tmp}/r.db") + (
