@@ -21,6 +21,7 @@ from opentelemetry.trace import Status, StatusCode
 from collectors.records import REQUEST_OUTCOMES, RequestOutcome
 from collectors.tracking import spans as sp
 from collectors.tracking.admission import AdmissionRejected, InferenceTimeout, QueueFull, QueueTimeout
+from collectors.tracking.metrics import RequestSeries
 from collectors.tracking.queueing import AdmissionControl
 from collectors.tracking.recording import RequestRecorder
 
@@ -63,7 +64,10 @@ class TrackedRequest:
         self._admission = admission
         self._recording = recording
         self.route = route
-        self._series = recording.series_for(route)
+        # Resolved at first use, not here: a layer outside the app (``diag wrap``) opens each request under a
+        # placeholder route and names it once routing matched; resolving now would leave an empty series of the
+        # placeholder in /metrics for the process's life.
+        self._series: RequestSeries | None = None
         self._arrival = arrival
         self._sampled = sampled
         self._ctx = ctx
@@ -133,7 +137,7 @@ class TrackedRequest:
         if admission.try_acquire():
             self._mark_start()
             return None
-        series = self._series
+        series = self._route_series()
         try:
             waiter = admission.enqueue(loop, series.queued, series.dequeued)  # the pool counts depth
         except QueueFull:
@@ -195,7 +199,13 @@ class TrackedRequest:
         request arrive before the app's router has matched it); later calls are ignored."""
         if self._state == _PENDING and route != self.route:
             self.route = route
-            self._series = self._recording.series_for(route)
+            self._series = None
+
+    def _route_series(self) -> RequestSeries:
+        series = self._series
+        if series is None:
+            series = self._series = self._recording.series_for(self.route)
+        return series
 
     def mark_outcome(self, outcome: RequestOutcome) -> None:
         """Set the outcome a layer outside the handler observed (e.g. the HTTP status of a response the tracker did
@@ -239,7 +249,7 @@ class TrackedRequest:
     def _reject(self, reason: str, status: int, detail: str) -> NoReturn:
         self._outcome = "rejected"
         try:
-            self._series.rejected(reason)
+            self._route_series().rejected(reason)
         except Exception:
             self._recording.error("metrics")
         raise AdmissionRejected(reason, status, self._admission.config.retry_after_s, detail)
@@ -247,7 +257,7 @@ class TrackedRequest:
     def _queue_timeout(self) -> NoReturn:
         self._outcome = "queue_timeout"
         try:
-            self._series.rejected("queue_timeout")
+            self._route_series().rejected("queue_timeout")
         except Exception:
             self._recording.error("metrics")
         waited = time.perf_counter() - self._arrival.mono
@@ -270,7 +280,7 @@ class TrackedRequest:
             self._deadline = now + budget
         admission.closed(self._arrival)
         try:
-            self._series.started()
+            self._route_series().started()
             if self._sampled:
                 self._start_spans(now)
         except Exception:
@@ -319,10 +329,10 @@ class TrackedRequest:
         recording = self._recording
         try:
             if state == _STARTED and start_mono is not None:
-                self._series.finished(outcome, released, start_mono - mono0, finish_mono - start_mono, e2e, ttft)
+                self._route_series().finished(outcome, released, start_mono - mono0, finish_mono - start_mono, e2e, ttft)
             else:
                 queue_wait = e2e if outcome == "queue_timeout" else None
-                self._series.finished(outcome, released, queue_wait, None, None if outcome == "rejected" else e2e, ttft)
+                self._route_series().finished(outcome, released, queue_wait, None, None if outcome == "rejected" else e2e, ttft)
         except Exception:
             recording.error("metrics")
         trace_id = self._end_spans(outcome, exc, finish_mono) if self._sampled else None

@@ -118,6 +118,22 @@ def test_a_streamed_response_gives_the_time_to_first_token_and_metrics_are_serve
     assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
 
 
+def test_the_series_are_the_routes_taken_none_for_the_placeholder_a_request_opens_under(tmp_path: Path) -> None:
+    """Each request opens before routing has matched it; only the route it is then named by gets a series."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from collectors.tracking.tracker import RequestTracker
+
+    registry = CollectorRegistry()
+    tracker = RequestTracker("m", recorder=tmp_path / "rows.db", registry=registry, span_sample_ratio=0.0)
+    app = WrappedApp(_app(engine_locks.StartMarkingLock(asyncio.Lock())), tracker, WrapConfig(metrics_path=None))
+    asyncio.run(_drive(app, [("POST", "/v1/completions", {"max_tokens": 2}), ("GET", "/stream", None)]))
+    text = generate_latest(registry).decode()
+    tracker.close()
+    routes = {line.split('route="', 1)[1].split('"', 1)[0] for line in text.splitlines() if 'route="' in line}
+    assert routes == {"/v1/completions", "/stream"}, routes
+
+
 def test_metrics_off_leaves_the_path_to_the_app(tmp_path: Path) -> None:
     tracker = _tracker(tmp_path)
     app = WrappedApp(_app(asyncio.Lock()), tracker, WrapConfig(metrics_path=None))
