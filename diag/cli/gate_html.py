@@ -68,15 +68,18 @@ def _series_line(s: Series, scale: float, color: str, label: str, dash: str = ""
 
 
 def _boundaries(panel: svgplot.Panel, run: RunSeries) -> None:
-    """Every step's start and the last step's end as dotted verticals over the panel's own value range (the range
-    drawn is the data's: a boundary never stretches the axis)."""
+    """Every step's start and end as dotted verticals over the panel's own value range (the range drawn is the
+    data's: a boundary never stretches the axis). Both ends: between two steps the gate judged the first one (and
+    may have taken its bundle), and that pause, without load, shows as the gap between an end and a start."""
     ys = [v[np.isfinite(v)] for v in (line.y for line in panel.lines)]
     ys = [v for v in ys if v.size]
     lo = 0.0 if panel.y_from_zero or not ys else min(float(v.min()) for v in ys)
     hi = max((float(v.max()) for v in ys), default=1.0)
     if hi <= lo:
         hi = lo + 1.0
-    edges = [s.start for s in run.steps] + [run.steps[-1].end]
+    edges: list[float] = []
+    for s in run.steps:
+        edges += [e for e in (s.start, s.end) if not edges or e - edges[-1] > 0.05]  # back-to-back steps: one line
     x = np.array([v for e in edges for v in (e, e, math.nan)])
     y = np.array([v for _ in edges for v in (lo, hi, math.nan)])
     panel.lines.append(svgplot.Line(x, y, BOUNDARY, "step boundaries", ":"))
@@ -94,7 +97,7 @@ def load_chart(run: RunSeries) -> Chart | None:
     panel = svgplot.Panel(ylabel="requests / s", y_from_zero=True, legend_columns=4)
     if np.isfinite(run.asked_rps).any():
         panel.lines.append(_line(mid, run.asked_rps, "#555555", "asked (spec rate)", "--"))
-    panel.lines += [_line(mid, run.sent_rps, PALETTE[0], "sent"), _line(mid, run.ok_rps, PALETTE[2], "succeeded")]
+    panel.lines += [_line(mid, run.sent_rps, PALETTE[0], "sent"), _line(mid, run.ok_rps, PALETTE[2], "succeeded", "--")]
     return Chart("load", "Load: asked, sent and served", f"Requests per {run.bucket_s:g} s bucket by their scheduled time: "
                  "the spec's rate (open-loop steps), what the generator sent, and what succeeded. Sent below asked is the "
                  "generator (or max_in_flight) falling short; succeeded below sent is errors or timeouts.",
@@ -130,7 +133,7 @@ def memory_chart(run: RunSeries) -> Chart | None:
         return None
     peak = max(float(np.max(s.values)) for s in run.memory.values())
     scale, unit = (GiB, "GiB") if peak >= 4 * GiB else (MiB, "MiB")
-    panel = svgplot.Panel(ylabel=unit)
+    panel = svgplot.Panel(ylabel=unit, y_from_zero=True)
     for i, (label, s) in enumerate(run.memory.items()):
         panel.lines.append(_series_line(s, scale, PALETTE[i % len(PALETTE)], label))
     for label, s in run.memory_limits.items():
@@ -191,7 +194,7 @@ def view(report: GateReport, run: RunSeries, argv: Sequence[str]) -> dict[str, A
         "verdict": verdict, "cls": cls, "report": report, "criteria": criteria, "rows": rows,
         "not_run": [s.name for s in report.spec.steps[len(report.steps) :]], "run": run,
         "target": redact_text(report.target)[0] + report.spec.endpoint, "spec": report.spec.source,
-        "command": redact_argv(list(argv)), "version": tool_version(), "created": time.time(),
+        "command": redact_argv(["diag", *argv[1:]]), "version": tool_version(), "created": time.time(),
         "bundle": report.bundle,
     }  # fmt: skip
 
@@ -311,7 +314,7 @@ TEMPLATE = """<!DOCTYPE html>
 </table>
 
 <h2 id="charts">Charts</h2>
-{% if run.steps %}<p class="meta">Dotted verticals are the step boundaries: {% for s in run.steps %}<strong>{{ s.name }}</strong> from {{ s.start | when }} ({{ s.state }}){{ ", " if not loop.last }}{% endfor %}; the last ends at {{ run.span[1] | when }} UTC.</p>{% endif %}
+{% if run.steps %}<p class="meta">Dotted verticals are the steps' starts and ends (UTC): {% for s in run.steps %}<strong>{{ s.name }}</strong> {{ s.start | when }}–{{ s.end | when }} ({{ s.state }}){{ ", " if not loop.last }}{% endfor %}. A gap between two steps is the gate judging the first{{ " and taking its bundle" if bundle is not none and bundle.path }}, with no load sent.</p>{% endif %}
 {% if not charts %}<p>Nothing to draw: no step ran.</p>{% endif %}
 {% for c in charts %}
 <figure id="chart-{{ c.key }}" class="chart" role="img" aria-label="{{ c.title }}">
