@@ -59,7 +59,7 @@ def _service_time(url: str) -> float:
 
 def _spec(tmp_path: Path, url: str) -> Path:
     """warm passes, peak overloads the slot (its queue grows for 3 s), after fails an impossible bound."""
-    crit = {"e2e_p99_s": 2, "error_ratio": 0}
+    crit = {"e2e_p99_s": 1, "error_ratio": 0}  # the peak's queue: 1.7-5 s at p99 by its end
     doc = {
         "request_timeout": "60s",  # the backlog's last requests wait long: they are slow, not lost
         "max_in_flight": 4096,
@@ -113,7 +113,7 @@ def test_a_failed_step_takes_one_bundle_of_the_run_and_the_page_renders(tmp_path
     assert console == [], console
     assert "GATE FAILED: peak, after" in dom
     row = re.search(r'<tr id="step-peak">.*?</tr>', dom, re.S)
-    assert row and re.search(r'class="bad"[^>]*>FAIL [\d.]+ (s|ms)<span class="limit">limit &lt;= 2.00 s', row.group(0))
+    assert row and re.search(r'class="bad"[^>]*>FAIL [\d.]+ (s|ms)<span class="limit">limit &lt;= 1.00 s', row.group(0))
     assert doc["bundle"] in dom
     for key in ("load", "latency", "psi", "memory"):
         figure = re.search(rf'<figure id="chart-{key}".*?</figure>', dom, re.S)
