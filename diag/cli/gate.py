@@ -129,7 +129,7 @@ def gate(
                 raise opts.OptionError(f"--pid {p}: no such process")
         cgroups = opts.cgroups(cgroup)
         if json_out is not None:
-            opts.writable_file_path("--json", json_out, "gate.json")
+            _writable("--json", opts.writable_file_path("--json", json_out, "gate.json").parent)
         if recorder is not None:
             opts.writable_file_path("--recorder", recorder)
         if html is not None:
