@@ -66,7 +66,8 @@ def take_bundle(out_dir: Path, recorder: Path, run_start: float, pids: Sequence[
     t0 = time.monotonic()
     argv = bundle_argv(out_dir, recorder, time.time() - run_start + MARGIN_S, pids, cgroups, deadline_s)
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # fmt: skip
     except OSError as exc:
         return BundleOutcome(None, None, 0.0, f"bundle not taken: cannot start diag bundle ({exc})")
     why = ""

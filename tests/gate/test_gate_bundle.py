@@ -5,7 +5,7 @@
   bundle after the peak fails -- before the next step, covering the run so far, named in the output and the
   JSON -- and a later failed step takes none; the page renders in headless Chromium without a console message,
   its table saying the peak failed on p99 and its four charts drawn.
-- A bundle that cannot be written is a note; the gate's verdict and exit status stand.
+- A bundle that cannot be written is a note; the gate's verdict and exit status stand; a Ctrl-C abandons it.
 - ``--no-bundle`` takes none; a folder the bundle or the page cannot be written in is refused before any load.
 """
 
@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from diag.cli.main import app
 from diag.demo.harness import post_all, start_demo
+from diag.gate.on_fail import take_bundle
 from diag.gate.runner import RunOptions, run_gate
 from diag.gate.spec import parse_spec
 from tests.bundle.chromium import CHROMIUM, chromium
@@ -133,6 +134,15 @@ def test_a_bundle_that_cannot_be_written_is_a_note_and_the_verdict_stands(tmp_pa
     assert report.to_dict()["bundle"] is None
     note = next(n for n in report.notes if "bundle not taken" in n)
     assert note.startswith("only: bundle not taken: --out") and "not a folder" in note, note
+
+
+@pytest.mark.process
+def test_a_ctrl_c_abandons_the_bundle_at_once(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    outcome = take_bundle(tmp_path / "bundles", tmp_path / "rec.db", time.time(), cancelled=lambda: True)
+    assert outcome.path is None and outcome.note == "bundle not taken: the run was interrupted while it was being written"
+    assert time.monotonic() - t0 < 5  # killed at the first poll, not waited for until its deadline
+    assert not list(tmp_path.glob("bundles/llm-diag-bundle-*"))
 
 
 @pytest.mark.process
