@@ -251,7 +251,7 @@ TEMPLATE = """<!DOCTYPE html>
   .bad { color: #c0392b; font-weight: 600; }
   .ok { color: #27ae60; }
   .dim { color: #777; }
-  table.diagnosis td:nth-child(-n+3) { white-space: nowrap; }  /* step, result, class: one word each, never broken */
+  table.diagnosis tr > :nth-child(-n+3) { white-space: nowrap; }  /* step, result, class: one word each, never broken */
   figure { margin: 1rem 0; }
   figure svg { max-width: 100%; height: auto; }
   figcaption { color: #555; font-size: .85rem; }
