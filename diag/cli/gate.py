@@ -188,6 +188,7 @@ def _run(parsed, base: str, pids: tuple[int, ...], cgroups: tuple[str, ...], jso
         if json_out is not None:
             body = json.dumps(report.to_dict(), indent=2, allow_nan=False, default=str)
             try:
+                json_out.parent.mkdir(parents=True, exist_ok=True)
                 json_out.write_text(body + "\n", encoding="utf-8")
             except OSError as exc:
                 typer.echo(f"diag: --json {json_out}: cannot write ({os.strerror(exc.errno or 0)})", err=True)
