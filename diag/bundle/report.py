@@ -101,7 +101,9 @@ def duration(seconds: Any) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _env() -> Environment:
+def environment() -> Environment:
+    """The templates' environment: HTML autoescaped, undefined names an error, the report's filters. Public so
+    another page (``diag gate --html``) renders with the same filters through ``environment().overlay(loader=...)``."""
     env = Environment(
         loader=FileSystemLoader(str(TEMPLATES)),
         autoescape=select_autoescape(enabled_extensions=("html.j2",), default_for_string=False),
@@ -158,7 +160,7 @@ def view(data: ReportData) -> dict[str, Any]:
 
 
 def render_markdown(data: ReportData) -> str:
-    return _env().get_template("report.md.j2").render(**view(data))
+    return environment().get_template("report.md.j2").render(**view(data))
 
 
 def render_html(data: ReportData, chart_data: ChartData | None) -> tuple[str, int]:
@@ -178,7 +180,7 @@ def render_html(data: ReportData, chart_data: ChartData | None) -> tuple[str, in
                 ev_charts[f"{fi}-{ei}"] = Markup(svg)
                 n += 1
     html = (
-        _env()
+        environment()
         .get_template("report.html.j2")
         .render(
             **v,

@@ -81,6 +81,23 @@ def gate(
         bool, typer.Option(help="Scrape the target's /metrics during the run when it serves Prometheus text.")
     ] = True,
     allow_remote: Annotated[bool, typer.Option("--allow-remote", help="Allow a target that is not a loopback address.")] = False,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html",
+            help="Also write the result as one self-contained HTML page: the table, each step's "
+            "diagnosis, charts of load, latency, memory PSI and the target's memory with the step boundaries.",
+        ),
+    ] = None,
+    bundle_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--bundle-dir",
+            help="Where the bundle of the first failed step goes (made if missing). "
+            "Default: the --json file's folder, else the current directory.",
+        ),
+    ] = None,
+    no_bundle: Annotated[bool, typer.Option("--no-bundle", help="Take no bundle when a step fails.")] = False,
 ) -> None:
     """Run the spec's load steps against the target and judge each step; PASS only if every criterion holds.
 
@@ -89,6 +106,11 @@ def gate(
     the backend's /metrics; then the step's criteria are judged and the rules engine diagnoses the step's
     window, so a FAIL names the criterion and why (e.g. queue_backlog). A progress line per step, then a
     table of steps x criteria. Ctrl-C stops the load and still reports the steps that ran.
+
+    At the first failed step the gate takes an incident bundle of the run so far (`diag bundle` over the
+    gate's flight recorder, the --pid/--cgroup targets watched) before the next step, and names it in the
+    output and the JSON (`"bundle"`); a bundle that cannot be written is a note, never a change of the exit
+    status. --no-bundle takes none.
 
     Exit status: 0 every criterion of every step passed; 1 a criterion failed or the run was interrupted;
     2 bad input (an option, the spec, a target that does not answer).
@@ -107,9 +129,12 @@ def gate(
                 raise opts.OptionError(f"--pid {p}: no such process")
         cgroups = opts.cgroups(cgroup)
         if json_out is not None:
-            opts.writable_file_path("--json", json_out, "gate.json")
+            _writable("--json", opts.writable_file_path("--json", json_out, "gate.json").parent)
         if recorder is not None:
             opts.writable_file_path("--recorder", recorder)
+        if html is not None:
+            _writable("--html", opts.writable_file_path("--html", html, "gate.html").parent)
+        bundles = None if no_bundle else _bundle_dir(bundle_dir, json_out)
     except opts.OptionError as exc:
         fail(str(exc))
     try:
@@ -117,11 +142,35 @@ def gate(
     except SpecError as exc:
         fail(f"--spec {exc}" if str(exc).startswith(str(spec)) else f"--spec {spec}: {exc}")
     serves_metrics = _probe(base)
-    _run(parsed, base, pids, cgroups, json_out, recorder, scrape and serves_metrics)
+    _run(parsed, base, pids, cgroups, json_out, recorder, scrape and serves_metrics, html, bundles)
+
+
+def _writable(option: str, folder: Path, default: str = "") -> None:
+    """``folder``, or the nearest of its parents that exists, must let this user create files in it."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise opts.OptionError(f"{option} {folder}: not a folder{default}")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise opts.OptionError(f"{option}: cannot write in {folder} (permission denied){default}")
+
+
+def _bundle_dir(given: Path | None, json_out: Path | None) -> Path:
+    """The folder for the first failed step's bundle: --bundle-dir, else beside --json, else the current one --
+    checked now, so a failed step's bundle is not lost to a bad folder after minutes of load."""
+    if given is not None:
+        opts.folder_path("--bundle-dir", given)
+        _writable("--bundle-dir", given)
+        return given
+    folder = json_out.parent if json_out is not None else Path.cwd()
+    why = f" (the default folder for a failed step's bundle, {'beside --json' if json_out else 'the current one'}); " \
+          "give --bundle-dir or --no-bundle"  # fmt: skip
+    _writable("--bundle-dir", folder, why)
+    return folder
 
 
 def _run(parsed, base: str, pids: tuple[int, ...], cgroups: tuple[str, ...], json_out: Path | None,  # type: ignore[no-untyped-def]
-         recorder: Path | None, scrape: bool) -> None:  # fmt: skip
+         recorder: Path | None, scrape: bool, html: Path | None, bundles: Path | None) -> None:  # fmt: skip
     from diag.gate.report import render
     from diag.gate.runner import RunOptions, run_gate
 
@@ -132,18 +181,36 @@ def _run(parsed, base: str, pids: tuple[int, ...], cgroups: tuple[str, ...], jso
         if recorder is None:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="llmdiag-gate-"))
             recorder = Path(tmp) / "gate-recorder.db"
-        run = RunOptions(base, recorder, pids, cgroups, (base + "/metrics",) if scrape else ())
+        run = RunOptions(base, recorder, pids, cgroups, (base + "/metrics",) if scrape else (), bundle_dir=bundles)
         progress(f"gate: {len(parsed.steps)} steps, {parsed.total_s:g} s of load against {base}{parsed.endpoint}")
         report = run_gate(parsed, run, progress)
         typer.echo(render(report))
         if json_out is not None:
             body = json.dumps(report.to_dict(), indent=2, allow_nan=False, default=str)
             try:
+                json_out.parent.mkdir(parents=True, exist_ok=True)
                 json_out.write_text(body + "\n", encoding="utf-8")
             except OSError as exc:
                 typer.echo(f"diag: --json {json_out}: cannot write ({os.strerror(exc.errno or 0)})", err=True)
+        if html is not None:
+            _write_html(html, report, recorder, pids, cgroups)
     sys.stdout.flush()
     raise typer.Exit(report.exit_code)
+
+
+def _write_html(path: Path, report, recorder: Path, pids: tuple[int, ...], cgroups: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
+    """The page, from the report and the recorder's samples over the run (read before a temporary one is removed)."""
+    from diag.cli.gate_html import render_html, run_timeline
+
+    tl, why = run_timeline(recorder, report)
+    page = render_html(report, tl, pids=pids, cgroups=cgroups, notes=[why] if why else [])
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        typer.echo(f"diag: --html {path}: cannot write ({os.strerror(exc.errno or 0)})", err=True)
+        return
+    typer.echo(f"html: {path}")
 
 
 def register(app: typer.Typer) -> None:

@@ -45,6 +45,9 @@ def render(report: GateReport) -> str:
         if s.load.interrupted:
             lines.append(f"{s.step.name}: interrupted before its end")
         lines.append(f"{s.step.name}: diagnosis -- {s.diagnosis()}")
+    if report.bundle is not None and report.bundle.path is not None:
+        archive = f" (archive {report.bundle.archive})" if report.bundle.archive else ""
+        lines.append(f"bundle: {report.bundle.path}{archive}")
     for note in report.notes:
         lines.append(f"note: {note}")
     lines.append("")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 from diag.gate.criteria import HostFacts, Verdict, judge, quantile
 from diag.gate.host import HostSampler, host_facts
 from diag.gate.load import StepLoad, make_client, run_step
+from diag.gate.on_fail import BundleOutcome, take_bundle
 from diag.gate.spec import GateSpec, Step
 from diag.rules.engine import Analysis, analyze
 from diag.sources import load_recorder
@@ -117,6 +119,8 @@ class GateReport:
     steps: list[StepReport] = field(default_factory=list)
     interrupted: bool = False
     notes: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.time)  # wall clock, before the host agent's first sample
+    bundle: BundleOutcome | None = None  # the bundle taken at the first failed step (or why it is missing)
 
     @property
     def passed(self) -> bool:
@@ -135,6 +139,8 @@ class GateReport:
             "interrupted": self.interrupted,
             "exit_code": self.exit_code,
             "notes": self.notes,
+            "bundle": self.bundle.path if self.bundle else None,
+            "bundle_archive": self.bundle.archive if self.bundle else None,
             "steps": [s.to_dict() for s in self.steps],
             "not_run": [s.name for s in self.spec.steps[len(self.steps) :]],
         }
@@ -150,6 +156,7 @@ class RunOptions:
     cgroups: Sequence[str] = ()
     scrape: Sequence[str] = ()  # the backend's /metrics URLs the agent scrapes during the run
     interval_s: float = 1.0
+    bundle_dir: Path | None = None  # where the first failed step's bundle goes; None: no bundle
 
 
 def _diagnose(opts: RunOptions, sampler: HostSampler, load: StepLoad) -> tuple[HostFacts, Analysis | None, str]:
@@ -167,6 +174,21 @@ def _diagnose(opts: RunOptions, sampler: HostSampler, load: StepLoad) -> tuple[H
         return facts, analyze(tl), ""
     except Exception as exc:  # the verdicts stand without a diagnosis; say why there is none
         return facts, None, f"{type(exc).__name__}: {exc}"
+
+
+async def _bundle(opts: RunOptions, report: GateReport, name: str, stop: asyncio.Event, progress: Progress) -> None:
+    """The first failed step's bundle, in a worker thread so the loop still sees a Ctrl-C (which abandons it)."""
+    assert opts.bundle_dir is not None
+    progress(f"{name}: first failed step: taking a bundle of the run so far into {opts.bundle_dir}")
+    loop = asyncio.get_running_loop()
+    outcome = await loop.run_in_executor(None, lambda: take_bundle(opts.bundle_dir, opts.recorder, report.started,  # type: ignore[arg-type]
+                                                                     opts.pids, opts.cgroups, cancelled=stop.is_set))  # fmt: skip
+    report.bundle = outcome
+    if outcome.path is None:
+        report.notes.append(f"{name}: {outcome.note}")
+        progress(f"{name}: {outcome.note}")
+    else:
+        progress(f"{name}: bundle {outcome.archive or outcome.path} ({outcome.duration_s:.1f} s)")
 
 
 def _summary(load: StepLoad) -> str:
@@ -201,6 +223,8 @@ async def _run(spec: GateSpec, opts: RunOptions, sampler: HostSampler, report: G
                     )
                 state = "INTERRUPTED" if load.interrupted else ("PASS" if rep.passed else "FAIL")
                 progress(f"[{i + 1}/{len(spec.steps)}] {step.name}: {state} ({_summary(load)}; {rep.diagnosis()})")
+                if state == "FAIL" and report.bundle is None and opts.bundle_dir is not None and not stop.is_set():
+                    await _bundle(opts, report, step.name, stop, progress)
                 if stop.is_set():
                     report.interrupted = True
                     break
