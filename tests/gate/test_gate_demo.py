@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -46,6 +47,12 @@ PEAK_RATE = 8.0  # requests/s: at least 2.6x the slot's ceiling; a slower host o
 
 Served = tuple[DemoServer, Path, MemoryGroup | None]  # the server, its recorder, its own cgroup if any
 Gated = tuple[subprocess.CompletedProcess[str], dict]  # the gate's process and its JSON
+# Where we may (root), the server and the gate's load generator run at a scheduler preference over the rest of the
+# suite: the example's peak is sized for the slot's speed, and on two cores shared with other tests' processes the
+# slot's steps (the CPU's part above the floor) and the generator's schedule otherwise slip enough to fail its p99.
+ROOT = os.geteuid() == 0
+SERVER_NICE = -15 if ROOT else 0  # its one inference thread: nearly a core's worth whatever else runs
+GATE_NICE = ["nice", "-n", "-10"] if ROOT else []
 SERVICE_GROUP_LIMIT = 1 << 30  # far above the server's ~150 MiB: a boundary for its accounting, not a squeeze
 
 
@@ -68,7 +75,8 @@ def one_slot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("gate-demo")
     rec = tmp / "recorder.db"
     with _own_group() as group:
-        srv = start_demo(ONE_SLOT, weights_mb=16, weights_dir=tmp / "w", log_dir=tmp, recorder=rec, cgroup=group)
+        srv = start_demo(ONE_SLOT, weights_mb=16, weights_dir=tmp / "w", log_dir=tmp, recorder=rec, cgroup=group,
+                         nice=SERVER_NICE)
         try:
             yield srv, rec, group
         finally:
@@ -97,7 +105,7 @@ def _psi_from_elsewhere(step: dict) -> list[str]:
 
 
 def _gate(spec: Path, srv: DemoServer, rec: Path, out: Path, group: MemoryGroup | None) -> Gated:
-    argv = [sys.executable, "-m", "diag.cli", "gate", "--spec", str(spec), "--target", srv.url]
+    argv = [*GATE_NICE, sys.executable, "-m", "diag.cli", "gate", "--spec", str(spec), "--target", srv.url]
     argv += ["--pid", str(srv.pid), "--recorder", str(rec), "--json", str(out)]
     argv += ["--cgroup", group.path] if group is not None else []  # its PSI and OOM kills, not the host's
     run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -152,7 +160,8 @@ def test_a_peak_past_one_slot_fails_on_p99_with_a_queue_backlog(one_slot: Served
 def test_the_backlog_is_diagnosed_from_the_services_metrics_alone(tmp_path: Path) -> None:
     """No request rows: the agent's scrape of the service's /metrics is the only service-side evidence."""
     with _own_group() as group:
-        srv = start_demo(ONE_SLOT, weights_mb=16, weights_dir=tmp_path / "w", log_dir=tmp_path, recorder=None, cgroup=group)
+        srv = start_demo(ONE_SLOT, weights_mb=16, weights_dir=tmp_path / "w", log_dir=tmp_path, recorder=None, cgroup=group,
+                         nice=SERVER_NICE)
         try:
             spec = _overload(tmp_path, ("normal", "peak"))
             run, out = _gate(spec, srv, tmp_path / "gate.db", tmp_path / "gate.json", group)
