@@ -59,6 +59,10 @@ def test_vllm_spec_targets_vllm_histograms() -> None:
         (lambda d: d["labels"].update(severity="x"), "spec.labels.severity: reserved"),
         (lambda d: d.update(selector="job=llm"), "spec.selector"),
         (lambda d: d["tiers"].reverse(), "spec.tiers: list tiers fastest first"),
+        (
+            lambda d: d["tiers"][3].update(budget_percent=1e-6),
+            "spec.tiers[3].budget_percent: 1e-06 is too small for a 30d period and a 3d window: the burn-rate threshold",
+        ),
         (lambda d: d["routing"].update(page_url="http://127.0.0.1:9095/page"), "spec.routing.page_url: replaced by receiver_url"),
         (lambda d: d.update(routing={"ticket_url": "http://x/ticket"}), "spec.routing.ticket_url: replaced by receiver_url"),
         (lambda d: d.update(dashboard_url="http://grafana.local/d/x"), "spec.dashboard_url: replaced by grafana_url"),
