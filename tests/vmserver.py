@@ -6,17 +6,24 @@ queries past its ``-search.max*`` limits with a 422 and its own error text. A fa
 assumptions about all that. The Debian package ``victoria-metrics`` (1.79 in bookworm) provides the binary;
 its service is never started, we run our own. Without the binary the test is skipped with the reason.
 
-Series go in through the import API (``/api/v1/import/prometheus``: the exposition format with millisecond
-timestamps), from the same OpenMetrics documents the Prometheus tests backfill with promtool, and are
-flushed (``/internal/force_flush``) before the first query.
+Series go in as Prometheus sends them to a long-term store: remote write (``/api/v1/write``: a protobuf
+``WriteRequest``, snappy-compressed), from the same OpenMetrics documents the Prometheus tests backfill with
+promtool, and are flushed (``/internal/force_flush``) before the first query. Remote write rather than the text
+import API because it carries Prometheus' staleness markers: the recordings' converter writes a NaN where
+Prometheus would write one (a process that exited), and only remote write can send it as the marker -- the
+text import drops a NaN, and VictoriaMetrics then shows the vanished series for a few more steps.
+Both encodings are written out here (a few lines each: protobuf's varints, snappy's literal-only blocks) rather
+than adding a protobuf and a snappy package to the test dependencies for one fixture.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
+import struct
 import subprocess
 import tempfile
 import time
@@ -51,39 +58,70 @@ class VmServer:
             return (self.folder / "vm.log").read_text(errors="replace")[-n:]
         return ""
 
-    def import_openmetrics(self, path: Path, chunk_lines: int = 200_000) -> int:
-        """Import an OpenMetrics file's samples (seconds -> milliseconds); the number of samples sent.
-
-        NaN samples are what the recording's converter writes where Prometheus would write a staleness marker
-        (a series that vanished); the exposition format cannot carry a staleness marker, and VictoriaMetrics
-        drops a plain NaN on import, so they are left out here and the lookback closes the series instead.
-        """
-        sent = 0
-        batch: list[str] = []
-
-        def flush() -> None:
-            if batch:
-                r = httpx.post(f"{self.url}/api/v1/import/prometheus", content="\n".join(batch) + "\n", timeout=120,
-                               trust_env=False)  # fmt: skip
-                if r.status_code >= 300:
-                    raise RuntimeError(f"import refused: HTTP {r.status_code}: {r.text[:300]}")
-                batch.clear()
-
+    def remote_write(self, path: Path, batch_series: int = 2000) -> int:
+        """Send an OpenMetrics file's samples by remote write (NaN as the staleness marker); the samples sent."""
+        series: dict[str, list[tuple[float, int]]] = {}
         with path.open() as lines:
             for line in lines:
-                line = line.rstrip("\n")
-                if not line or line.startswith("#"):
+                if not line.strip() or line.startswith("#"):
                     continue
-                series, value, ts = line.rsplit(" ", 2)
-                if value == "NaN":
-                    continue
-                batch.append(f"{series} {value} {round(float(ts) * 1000)}")
-                sent += 1
-                if len(batch) >= chunk_lines:
-                    flush()
-        flush()
+                key, value, ts = line.rstrip("\n").rsplit(" ", 2)
+                number = STALE_NAN if value == "NaN" else float(value)
+                series.setdefault(key, []).append((number, round(float(ts) * 1000)))
+        keys = list(series)
+        for i in range(0, len(keys), batch_series):
+            body = b"".join(_field_bytes(1, _timeseries(k, series[k])) for k in keys[i : i + batch_series])
+            r = httpx.post(f"{self.url}/api/v1/write", content=_snappy_literal(body), timeout=120, trust_env=False,
+                           headers={"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf",
+                                    "X-Prometheus-Remote-Write-Version": "0.1.0"})  # fmt: skip
+            if r.status_code >= 300:
+                raise RuntimeError(f"remote write refused: HTTP {r.status_code}: {r.text[:300]}")
         httpx.get(f"{self.url}/internal/force_flush", timeout=60, trust_env=False).raise_for_status()
-        return sent
+        return sum(len(v) for v in series.values())
+
+
+# Prometheus' staleness marker: a NaN with this exact bit pattern (value.StaleNaN).
+STALE_NAN = struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000002))[0]
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field_bytes(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _timeseries(key: str, samples: list[tuple[float, int]]) -> bytes:
+    """``TimeSeries{labels (1): Label{name (1), value (2)}, samples (2): Sample{value (1) double, timestamp (2)}}``."""
+    name, _, inner = key.partition("{")
+    labels = {"__name__": name}
+    for label, raw in _LABEL.findall(inner.rstrip("}")):
+        labels[label] = re.sub(r"\\[\\\"n]", lambda m: _UNESCAPE[m[0]], raw)
+    out = [_field_bytes(1, _field_bytes(1, k.encode()) + _field_bytes(2, v.encode())) for k, v in sorted(labels.items())]
+    for value, ts in samples:
+        sample = b"\x09" + struct.pack("<d", value) + b"\x10" + _varint(ts & 0xFFFFFFFFFFFFFFFF)
+        out.append(_field_bytes(2, sample))
+    return b"".join(out)
+
+
+def _snappy_literal(data: bytes) -> bytes:
+    """A valid snappy block holding ``data`` as literals only (no compression: the decoder needs none)."""
+    out = [_varint(len(data))]
+    for i in range(0, len(data), 1 << 16):
+        chunk = data[i : i + (1 << 16)]
+        n = len(chunk) - 1
+        out.append(bytes([n << 2]) if n < 60 else bytes([62 << 2]) + n.to_bytes(3, "little"))
+        out.append(chunk)
+    return b"".join(out)
 
 
 @contextlib.contextmanager

@@ -101,6 +101,7 @@ from collectors import catalog as cat
 from collectors.records import OomEvent
 from diag.timeline import Series, Timeline, TimelineBuilder
 from diag.timeline import signals as sig
+from diag.units import format_duration
 
 log = logging.getLogger(__name__)
 
@@ -305,7 +306,8 @@ class _Prometheus:
         if points:
             asked, limit = int(points[1]), int(points[2])
             step = float(params.get("step") or 0)
-            fits = f" (at most {_fmt_duration((limit - 1) * step)} at this step)" if step > 0 else ""
+            span = math.floor((limit - 1) * step)  # whole seconds: a bound --since accepts
+            fits = f" (at most {format_duration(span)} at this step)" if span >= 1 else ""
             return (f"Prometheus at {self.base} refused a range of {asked} points per series: its limit is "
                     f"-search.maxPointsPerTimeseries={limit}; shorten --since{fits} or raise the limit")  # fmt: skip
         series = _SERIES_LIMIT.search(error)  # VictoriaMetrics' text names no flag for this one
@@ -431,19 +433,28 @@ def _check_window(since_s: float, step_s: float | None) -> None:
 
 def _resolution(prom: _Prometheus, end: float, since_s: float, step_s: float | None) -> tuple[float, float]:
     """(step, rate window) of the range queries: ``step_s`` or one point per measured scrape, within MAX_POINTS."""
-    scrape_s = _scrape_interval(prom, end, min(since_s, PROBE_WINDOW_S))
+    probe_s = min(since_s, PROBE_WINDOW_S)
+    scrape_s = _scrape_interval(prom, end, probe_s)
+    if scrape_s is None and since_s > probe_s:
+        # Nothing in the window's last minutes (the service stopped, the agent died, or history read long after):
+        # measured at the window's start instead of assumed, where a guess of 15 s over series scraped every
+        # second would leave a store without Prometheus' 5-minute lookback (VictoriaMetrics) a point in 15.
+        scrape_s = _scrape_interval(prom, end - since_s + probe_s, probe_s)
+    if scrape_s is None:
+        scrape_s = DEFAULT_SCRAPE_S
     step = step_s if step_s is not None else default_step(since_s, scrape_s)
     step = max(step, since_s / (MAX_POINTS - 1))
     return step, max(4 * step, 4 * scrape_s)
 
 
-def _scrape_interval(prom: _Prometheus, end: float, window_s: float) -> float:
-    """Median spacing of raw samples of a few always-present series (``up``, host memory, request counter)."""
+def _scrape_interval(prom: _Prometheus, end: float, window_s: float) -> float | None:
+    """Median spacing of raw samples of a few always-present series (``up``, host memory, request counter), over
+    ``window_s`` up to ``end``; None when none has three samples there."""
     names = [cat.PROMETHEUS_UP.name, cat.HOST_MEMORY["total"].name, cat.NODE_MEMORY["total"].name, cat.REQUESTS.name,
              cat.VLLM_RUNNING.name, bk.TGI_QUEUE_SIZE.name, bk.LLAMACPP_PROCESSING.name]  # fmt: skip
     results = prom.raw(f"{prom.sel_names(names)}[{_fmt_duration(window_s)}]", end)
     spacings = [float(np.median(np.diff(r.ts))) for r in results if len(r.ts) >= 3]
-    return min(spacings) if spacings else DEFAULT_SCRAPE_S
+    return min(spacings) if spacings else None
 
 
 class _Queries:
