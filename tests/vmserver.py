@@ -58,9 +58,23 @@ class VmServer:
             return (self.folder / "vm.log").read_text(errors="replace")[-n:]
         return ""
 
-    def remote_write(self, path: Path, batch_series: int = 2000) -> int:
-        """Send an OpenMetrics file's samples by remote write (NaN as the staleness marker); the samples sent."""
+    def remote_write(self, path: Path, batch_samples: int = 500_000) -> int:
+        """Send an OpenMetrics file's samples by remote write (NaN as the staleness marker); the samples sent.
+
+        Streamed: a request every ``batch_samples`` samples, so a file of gigabytes (``bench/fleet.py``) never
+        sits in memory whole; a series split over two requests is joined by the store."""
         series: dict[str, list[tuple[float, int]]] = {}
+        pending = sent = 0
+
+        def flush() -> None:
+            body = b"".join(_field_bytes(1, _timeseries(k, v)) for k, v in series.items())
+            r = httpx.post(f"{self.url}/api/v1/write", content=_snappy_literal(body), timeout=300, trust_env=False,
+                           headers={"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf",
+                                    "X-Prometheus-Remote-Write-Version": "0.1.0"})  # fmt: skip
+            if r.status_code >= 300:
+                raise RuntimeError(f"remote write refused: HTTP {r.status_code}: {r.text[:300]}")
+            series.clear()
+
         with path.open() as lines:
             for line in lines:
                 if not line.strip() or line.startswith("#"):
@@ -68,16 +82,14 @@ class VmServer:
                 key, value, ts = line.rstrip("\n").rsplit(" ", 2)
                 number = STALE_NAN if value == "NaN" else float(value)
                 series.setdefault(key, []).append((number, round(float(ts) * 1000)))
-        keys = list(series)
-        for i in range(0, len(keys), batch_series):
-            body = b"".join(_field_bytes(1, _timeseries(k, series[k])) for k in keys[i : i + batch_series])
-            r = httpx.post(f"{self.url}/api/v1/write", content=_snappy_literal(body), timeout=120, trust_env=False,
-                           headers={"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf",
-                                    "X-Prometheus-Remote-Write-Version": "0.1.0"})  # fmt: skip
-            if r.status_code >= 300:
-                raise RuntimeError(f"remote write refused: HTTP {r.status_code}: {r.text[:300]}")
+                pending += 1
+                if pending >= batch_samples:
+                    flush()
+                    sent, pending = sent + pending, 0
+        if series:
+            flush()
         httpx.get(f"{self.url}/internal/force_flush", timeout=60, trust_env=False).raise_for_status()
-        return sum(len(v) for v in series.values())
+        return sent + pending
 
 
 # Prometheus' staleness marker: a NaN with this exact bit pattern (value.StaleNaN).

@@ -231,8 +231,8 @@ class _Prometheus:
         self.selector = _normalise_selector(selector)
         self.timeout_s = timeout_s
         self.authenticated = bool(headers)
-        # Redirects only within the server: httpx drops Authorization when the host changes, but not a token
-        # in another header (X-Api-Key ...), so a redirect elsewhere is refused rather than followed with it.
+        # No redirects while headers are set: httpx drops Authorization when a redirect changes the host, but
+        # not a token in another header (X-Api-Key ...), which would follow the redirect to the other host.
         self.http = httpx.Client(timeout=timeout_s, follow_redirects=not headers, trust_env=False,
                                  headers=dict(headers or {}))  # fmt: skip
         self.queries = 0
