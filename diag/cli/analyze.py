@@ -119,12 +119,13 @@ def analyze(
         list[str] | None,
         typer.Option(
             help="With --prometheus: an HTTP header for every query, 'Name: value' (repeatable), e.g. "
-            "'Authorization: Bearer <token>'. Never printed."
+            "'Authorization: Bearer <token>'. Never printed.",
+            metavar="'NAME: VALUE'",
         ),
     ] = None,
     tenant: Annotated[
         str | None,
-        typer.Option(help="With --prometheus: the tenant, sent as X-Scope-OrgID (Mimir, Cortex, Thanos receive)."),
+        typer.Option(help="With --prometheus: the tenant, sent as X-Scope-OrgID (Mimir, Cortex, Thanos receive).", metavar="ID"),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="The documented JSON document instead of text.")] = False,
 ) -> None:

@@ -100,10 +100,10 @@ def preview_cmd(
     since: Annotated[str, typer.Option("--since", help="How far back: 30m, 1h, 6h, 1d.")] = "1h",
     header: Annotated[
         list[str] | None,
-        typer.Option("--header", help="An HTTP header for every query, 'Name: value' (repeatable). Never printed."),
+        typer.Option("--header", help="An HTTP header for every query (repeatable). Never printed.", metavar="'NAME: VALUE'"),
     ] = None,
     tenant: Annotated[
-        str | None, typer.Option("--tenant", help="The tenant, sent as X-Scope-OrgID (Mimir, Cortex, Thanos).")
+        str | None, typer.Option("--tenant", help="The tenant, sent as X-Scope-OrgID (Mimir, Cortex, Thanos).", metavar="ID")
     ] = None,
 ) -> None:
     """Render every panel's queries from a real Prometheus into one self-contained HTML page."""

@@ -124,10 +124,12 @@ def serve(
     recorder: Annotated[Path | None, typer.Option(help="Diagnose from this flight recorder (default: the agent's).")] = None,
     header: Annotated[
         list[str] | None,
-        typer.Option(help="With --prometheus: an HTTP header for its queries, 'Name: value' (repeatable). Never printed."),
+        typer.Option(help="With --prometheus: an HTTP header for its queries (repeatable). Never printed.",
+                     metavar="'NAME: VALUE'"),
     ] = None,
     tenant: Annotated[
-        str | None, typer.Option(help="With --prometheus: the tenant, sent as X-Scope-OrgID (Mimir, Cortex, Thanos).")
+        str | None,
+        typer.Option(help="With --prometheus: the tenant, sent as X-Scope-OrgID (Mimir, Cortex, Thanos).", metavar="ID"),
     ] = None,
     no_diagnosis: Annotated[bool, typer.Option("--no-diagnosis", help="Record and file incidents without diagnosing.")] = False,
     selector_labels: Annotated[

@@ -213,8 +213,7 @@ class DiagnosisWorker:
             "SELECT COUNT(*) FROM alerts WHERE incident_id = ? AND status = 'firing'", (inc["id"],)
         ).fetchone()[0] > 0
         future: Future[dict[str, Any]] = self._pool.submit(
-            run_analysis, self.source.kind, self.source.target, selector, since_s, now, labels, firing,
-            dict(self.source.headers),
+            run_analysis, self.source.kind, self.source.target, selector, since_s, now, labels, firing, dict(self.source.headers)
         )
         try:
             doc = future.result(timeout=600)
