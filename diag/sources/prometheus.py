@@ -193,19 +193,20 @@ def request_headers(headers: Sequence[str] = (), tenant: str | None = None) -> d
     for i, text in enumerate(headers, 1):
         name, colon, value = text.partition(":")
         name, value = name.strip(), value.strip()
-        where = f"--header #{i}"
+        where = f"--header ({_ordinal(i)})"
         if not colon or not name:
             raise ValueError(f"{where}: expected 'Name: value', e.g. 'Authorization: Bearer <token>' (value not shown)")
         if not _HEADER_NAME.match(name):
             raise ValueError(f"{where}: the name before ':' is not an HTTP header name (letters, digits, - and _)")
+        where = f"--header ({_ordinal(i)}, {name})"  # the name is shown once it is known to be one, never the value
         if name.lower() in _CLIENT_HEADERS:
-            raise ValueError(f"{where} ({name}): set by the HTTP client itself; give another header")
+            raise ValueError(f"{where}: set by the HTTP client itself; give another header")
         if not value:
-            raise ValueError(f"{where} ({name}): empty value")
+            raise ValueError(f"{where}: empty value")
         if any(ord(c) < 32 or ord(c) == 127 for c in value) or not value.isascii():
-            raise ValueError(f"{where} ({name}): the value holds control or non-ASCII characters (value not shown)")
+            raise ValueError(f"{where}: the value holds control or non-ASCII characters (value not shown)")
         if name.lower() in seen:
-            raise ValueError(f"{where} ({name}): given twice; give each header once")
+            raise ValueError(f"{where}: given twice; give each header once")
         seen[name.lower()] = name
         out[name] = value
     if tenant is not None:
@@ -215,6 +216,12 @@ def request_headers(headers: Sequence[str] = (), tenant: str | None = None) -> d
             raise ValueError("--tenant: 1-150 letters, digits or !-_.*'() (tenants joined with |; value not shown)")
         out[TENANT_HEADER] = tenant
     return out
+
+
+def _ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th ... 11th, 12th, 13th, 21st: which of the repeated options a message is about."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 class _Prometheus:

@@ -27,12 +27,12 @@ COMMANDS = (
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--header", f"Authorization Bearer {TOKEN}"], "--header #1: expected 'Name: value'"),
-        (["--header", f"Bad Name: {TOKEN}"], "--header #1: the name before ':' is not an HTTP header name"),
-        (["--header", "X-A: 1", "--header", f"Authorization: Bearer {TOKEN}\r\nX-Evil: 1"], "--header #2 (Authorization)"),
+        (["--header", f"Authorization Bearer {TOKEN}"], "--header (1st): expected 'Name: value'"),
+        (["--header", f"Bad Name: {TOKEN}"], "--header (1st): the name before ':' is not an HTTP header name"),
+        (["--header", "X-A: 1", "--header", f"Authorization: Bearer {TOKEN}\r\nX-Evil: 1"], "--header (2nd, Authorization)"),
         (["--header", f"Authorization: Bearer {TOKEN}é"], "control or non-ASCII"),
         (["--header", f"Authorization: Bearer {TOKEN}", "--header", f"authorization: {TOKEN}"], "given twice"),
-        (["--header", "Authorization:"], "--header #1 (Authorization): empty value"),
+        (["--header", "Authorization:"], "--header (1st, Authorization): empty value"),
         (["--header", f"Host: {TOKEN}"], "set by the HTTP client itself"),
         (["--tenant", "team a"], "--tenant: 1-150 letters"),
         (["--tenant", "team-a", "--header", f"X-Scope-OrgID: {TOKEN}"], "the same header twice"),
