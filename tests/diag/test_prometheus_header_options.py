@@ -21,6 +21,7 @@ COMMANDS = (
     ["analyze", "--prometheus", NOWHERE, "--fleet", 'job="llm"'],
     ["analyze", "--prometheus", NOWHERE],
     ["dashboards", "preview", "--prometheus", NOWHERE, "--out", "/nonexistent/p.html"],
+    ["triage", "serve", "--prometheus", NOWHERE],  # refused while its options are checked, before it listens
 )
 
 
