@@ -32,7 +32,7 @@ ENGINES_CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 # Debian packages the tests and benchmarks drive for real: wrk (bench/overhead.py), prometheus
 # (the fleet-scale loader test, diag alerts), prometheus-alertmanager (amtool + the live alert and triage tests),
 # chromium (report.html in a real browser), sosreport (bench/bundle.py), systemd (systemd-analyze verifies the shipped agent unit).
-DEB_PACKAGES := wrk prometheus prometheus-alertmanager prometheus-node-exporter chromium sosreport systemd
+DEB_PACKAGES := wrk prometheus prometheus-alertmanager prometheus-node-exporter victoria-metrics chromium sosreport systemd
 
 .PHONY: help install install-engines install-lowest system-deps run check test test-lowest lint bench lock lock-lowest clean
 

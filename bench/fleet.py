@@ -4,14 +4,16 @@ Data: each target is a recorded scenario run (``tests/fixtures/scenarios``) rend
 exporters (``tests/diag/fleet_series.py``) -- about 190 series per machine (agent and tracker) -- and tiled to
 fill the hour: the run's samples, in order, one every 5 s, repeated (counters restart at each repeat, which
 ``rate()`` reads as a reset). Most targets replay ``healthy``; every tenth a queue, leak or host-OOM run.
-Backfilled with promtool (one file per 25 targets), served by a real Prometheus on 127.0.0.1.
+Backfilled with promtool (one file per 25 targets), served by a real Prometheus on 127.0.0.1; or, with
+``--store vm``, sent by remote write to a real VictoriaMetrics on 127.0.0.1 (``tests/vmserver.py``), as a
+Prometheus forwards its series to a long-term store.
 
 Measured in a fresh child process per size: ``load_fleet`` (the queries, parsing, split) and ``judge_fleet``
 (assembly and rules in ``--jobs`` forked workers) wall times, the queries issued, and the peak RSS of the child
 and of its largest worker (``getrusage``: the parent's own ``ru_maxrss`` and its children's).
 
     .venv/bin/python bench/fleet.py [--targets 50,200] [--hours 1] [--step 5] [--jobs 2] [--concurrency 1,3]
-                                    [--keep DIR]
+                                    [--store prometheus|vm] [--keep DIR]
 
 Prints figures; asserts nothing.
 """
@@ -114,6 +116,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--concurrency", default="3", help="queries in flight; several (1,3) are measured in turn")
     ap.add_argument("--keep", type=Path)
+    ap.add_argument("--store", choices=("prometheus", "vm"), default="prometheus", help="the server queried")
     ap.add_argument("--child", nargs=5, metavar=("URL", "END", "SINCE", "JOBS", "CONC"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -121,6 +124,7 @@ def main() -> None:
         child(url, float(end), float(since), int(jobs), int(conc))
         return
     from tests.promserver import prometheus
+    from tests.vmserver import victoria_metrics
 
     sizes = [int(x) for x in args.targets.split(",")]
     points = int(args.hours * 3600 / args.step)
@@ -150,13 +154,17 @@ def main() -> None:
         size = sum(p.stat().st_size for p in files)
         print(f"{n} targets: wrote {size / 2**20:.0f} MiB of OpenMetrics in {time.perf_counter() - t:.1f} s", flush=True)
         t = time.perf_counter()
-        with prometheus([], backfill=files, ready_timeout_s=300) as prom:
-            print(f"{n} targets: backfilled and ready in {time.perf_counter() - t:.1f} s", flush=True)
+        store = prometheus([], backfill=files, ready_timeout_s=300) if args.store == "prometheus" else victoria_metrics()
+        with store as server:
+            if args.store == "vm":
+                sent = sum(server.remote_write(p) for p in files)
+                print(f"{n} targets: {sent} samples sent by remote write", flush=True)
+            print(f"{n} targets: {args.store} loaded and ready in {time.perf_counter() - t:.1f} s", flush=True)
             for p in files:
                 p.unlink()
             since = (points - 1) * args.step
             for conc in args.concurrency.split(","):
-                cmd = [sys.executable, __file__, "--child", prom.url, str(end), str(since), str(args.jobs), conc]
+                cmd = [sys.executable, __file__, "--child", server.url, str(end), str(since), str(args.jobs), conc]
                 out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=3600)
                 if out.returncode != 0:
                     print(out.stderr[-3000:])
@@ -173,6 +181,7 @@ def _report(n: int, conc: str, jobs: int, r: dict) -> None:
           f"load {r['load_s']:.1f} s, rules {r['judge_s']:.1f} s ({jobs} jobs), total {r['load_s'] + r['judge_s']:.1f} s; "
           f"peak RSS {r['rss_self_mib']:.0f} MiB (after load {r['rss_load_mib']:.0f}), "
           f"largest worker {r['rss_worker_mib']:.0f} MiB; verdicts {dict(r['verdicts'])}", flush=True)  # fmt: skip
+
 
 if __name__ == "__main__":
     main()

@@ -41,6 +41,20 @@ def _check_fleet(prometheus: str | None, selector: str | None, fleet: str | None
         opts.number("--jobs", jobs, low=1, high=256, meaning="worker processes running the rules", examples=("1", "2"))
 
 
+def prometheus_headers(prometheus: str | None, header: list[str] | None, tenant: str | None) -> dict[str, str]:
+    """``--header``/``--tenant`` as request headers, checked (values never shown); only with ``--prometheus``."""
+    from diag.sources.prometheus import request_headers
+
+    if prometheus is None:
+        opts.refuse({"--header": bool(header), "--tenant": tenant is not None},
+                    "without --prometheus (they go with its queries)")  # fmt: skip
+        return {}
+    try:
+        return request_headers(header or (), tenant)
+    except ValueError as exc:
+        raise opts.OptionError(str(exc)) from None
+
+
 def _analysis_source(
     recorder: Path | None,
     bundle: Path | None,
@@ -48,10 +62,13 @@ def _analysis_source(
     selector: str | None,
     since: str | None,
     fleet: tuple[str | None, str | None, int | None] = (None, None, None),
-) -> tuple[str, float]:
-    """Which source to read (checked: exactly one, each with only the options that apply to it) and the window."""
+    auth: tuple[list[str] | None, str | None] = (None, None),
+) -> tuple[str, float, dict[str, str]]:
+    """Which source to read (checked: exactly one, each with only the options that apply to it), the window, and
+    the request headers of the Prometheus path."""
     try:
         _check_fleet(prometheus, selector, *fleet, bundle, recorder)
+        headers = prometheus_headers(prometheus, *auth)
         given = {"--recorder": recorder is not None, "--bundle": bundle is not None, "--prometheus": prometheus is not None}
         if sum(given.values()) > 1:
             got = ", ".join(k for k, v in given.items() if v)
@@ -62,15 +79,15 @@ def _analysis_source(
         if bundle is not None:
             opts.refuse({"--since": since is not None}, "with --bundle (a bundle holds the window it was taken with)")
             opts.bundle_path("--bundle", bundle)
-            return "bundle", since_s
+            return "bundle", since_s, headers
         if prometheus is not None:
             opts.http_url("--prometheus", prometheus)
-            return "prometheus", since_s
+            return "prometheus", since_s, headers
         if recorder is not None:
             opts.existing_file("--recorder", recorder)
     except opts.OptionError as exc:
         fail(str(exc))
-    return "recorder", since_s
+    return "recorder", since_s, headers
 
 
 def analyze(
@@ -97,6 +114,18 @@ def analyze(
     ] = None,
     jobs: Annotated[
         int | None, typer.Option(help="With --fleet: worker processes running the rules (default: the CPUs available).")
+    ] = None,
+    header: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="With --prometheus: an HTTP header for every query, 'Name: value' (repeatable), e.g. "
+            "'Authorization: Bearer <token>'. Never printed.",
+            metavar="'NAME: VALUE'",
+        ),
+    ] = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option(help="With --prometheus: the tenant, sent as X-Scope-OrgID (Mimir, Cortex, Thanos receive).", metavar="ID"),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="The documented JSON document instead of text.")] = False,
 ) -> None:
@@ -132,16 +161,18 @@ def analyze(
       diag analyze --since 30m\n
       diag analyze --bundle ./llm-diag-bundle-20261130T1200Z --json\n
       diag analyze --prometheus http://127.0.0.1:9090 --selector 'job="llm-api"'\n
-      diag analyze --prometheus http://127.0.0.1:9090 --fleet 'job="llm-api"' --by host
+      diag analyze --prometheus http://127.0.0.1:9090 --fleet 'job="llm-api"' --by host\n
+      diag analyze --prometheus https://mimir.example/prometheus --tenant team-a --header "Authorization: Bearer $TOKEN"
     """
     from diag.rules.engine import analyze as run_rules
 
-    kind, since_s = _analysis_source(recorder, bundle, prometheus, selector, since, (fleet, by, jobs))
+    kind, since_s, headers = _analysis_source(recorder, bundle, prometheus, selector, since, (fleet, by, jobs),
+                                              (header, tenant))  # fmt: skip
     if fleet is not None:
         assert prometheus is not None
-        _analyze_fleet(prometheus, fleet, by or "instance", jobs, since_s, as_json)
+        _analyze_fleet(prometheus, fleet, by or "instance", jobs, since_s, as_json, headers)
         return
-    timeline = _load_timeline(kind, recorder, bundle, prometheus, selector or "", since_s)
+    timeline = _load_timeline(kind, recorder, bundle, prometheus, selector or "", since_s, headers)
     result = run_rules(timeline)
     if as_json:
         json.dump(result.to_dict(), sys.stdout, indent=2, allow_nan=False, default=str)
@@ -152,14 +183,15 @@ def analyze(
         render_analysis(result)
 
 
-def _analyze_fleet(url: str, selector: str, by: str, jobs: int | None, since_s: float, as_json: bool) -> None:
+def _analyze_fleet(url: str, selector: str, by: str, jobs: int | None, since_s: float, as_json: bool,
+                   headers: dict[str, str]) -> None:  # fmt: skip
     """Every target of the fleet: one query set, the rules per target in worker processes, the ranked table."""
     from diag.cli.fleet import default_jobs, judge_fleet, progress
     from diag.sources.fleet import load_fleet
     from diag.views.fleet import fleet_document, render_fleet
 
     try:
-        fleet = load_fleet(url, selector=selector, by=by, since_s=since_s, progress=progress)
+        fleet = load_fleet(url, selector=selector, by=by, since_s=since_s, progress=progress, headers=headers)
     except ValueError as exc:
         fail(str(exc))
     if fleet.unlabelled:
@@ -175,7 +207,7 @@ def _analyze_fleet(url: str, selector: str, by: str, jobs: int | None, since_s: 
 
 
 def _load_timeline(kind: str, recorder: Path | None, bundle: Path | None, prometheus: str | None, selector: str,
-                   since_s: float):  # type: ignore[no-untyped-def]  # fmt: skip
+                   since_s: float, headers: dict[str, str]):  # type: ignore[no-untyped-def]  # fmt: skip
     from collectors.recorder import RecorderCorrupt
     from diag.sources import load_bundle, load_prometheus, load_recorder
 
@@ -186,7 +218,7 @@ def _load_timeline(kind: str, recorder: Path | None, bundle: Path | None, promet
             return load_bundle(bundle)
         if kind == "prometheus":
             assert prometheus is not None
-            return load_prometheus(prometheus, selector=selector, since_s=since_s)
+            return load_prometheus(prometheus, selector=selector, since_s=since_s, headers=headers)
         if not path.exists():
             fail(f"no flight recorder at {path}; run `diag collect` first, or pass --recorder/--bundle/--prometheus")
         return load_recorder(path, since_s=since_s)

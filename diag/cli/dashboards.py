@@ -98,12 +98,24 @@ def preview_cmd(
     prometheus: Annotated[str, typer.Option("--prometheus", help="Prometheus base URL, e.g. http://127.0.0.1:9090.")],
     out: Annotated[Path, typer.Option("--out", help="The HTML file to write.")],
     since: Annotated[str, typer.Option("--since", help="How far back: 30m, 1h, 6h, 1d.")] = "1h",
+    header: Annotated[
+        list[str] | None,
+        typer.Option("--header", help="An HTTP header for every query (repeatable). Never printed.", metavar="'NAME: VALUE'"),
+    ] = None,
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", help="The tenant, sent as X-Scope-OrgID (Mimir, Cortex, Thanos).", metavar="ID")
+    ] = None,
 ) -> None:
     """Render every panel's queries from a real Prometheus into one self-contained HTML page."""
+    from diag.sources.prometheus import request_headers
     from diag.units import parse_duration
 
     if not prometheus.startswith(("http://", "https://")):
         _fail(f"--prometheus {prometheus!r}: give a URL such as http://127.0.0.1:9090")
+    try:
+        headers = request_headers(header or (), tenant)
+    except ValueError as exc:
+        _fail(str(exc))
     try:
         since_s = parse_duration(since)
     except ValueError as exc:
@@ -117,7 +129,7 @@ def preview_cmd(
     from diag.views.dashboards_preview import PreviewError, preview
 
     try:
-        text, results = preview(prometheus, since_s)
+        text, results = preview(prometheus, since_s, headers)
     except (PreviewError, httpx.HTTPError) as exc:
         _fail(f"--prometheus {prometheus}: {exc}")
     out.write_text(text)

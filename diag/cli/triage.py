@@ -122,6 +122,15 @@ def serve(
     db: Db = None,
     prometheus: Annotated[str | None, typer.Option(help="Diagnose from this Prometheus (base URL): the fleet path.")] = None,
     recorder: Annotated[Path | None, typer.Option(help="Diagnose from this flight recorder (default: the agent's).")] = None,
+    header: Annotated[
+        list[str] | None,
+        typer.Option(help="With --prometheus: an HTTP header for its queries (repeatable). Never printed.",
+                     metavar="'NAME: VALUE'"),
+    ] = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option(help="With --prometheus: the tenant, sent as X-Scope-OrgID (Mimir, Cortex, Thanos).", metavar="ID"),
+    ] = None,
     no_diagnosis: Annotated[bool, typer.Option("--no-diagnosis", help="Record and file incidents without diagnosing.")] = False,
     selector_labels: Annotated[
         str, typer.Option(help="With --prometheus: alert labels that select the service's series, comma-separated.")
@@ -315,10 +324,15 @@ def _serve_config(**opts: Any) -> Any:
             policy_args["ticket_hold_s"] = 0.0  # nothing to wait for
         lookback_s = _duration("--lookback", opts["lookback"], "30m, 1h or 90m")
         max_body = _body_size(opts["max_body"])
+        if (opts["header"] or opts["tenant"] is not None) and not opts["prometheus"]:
+            raise ValueError("--header/--tenant apply only with --prometheus (they go with its queries)")
         if opts["prometheus"]:
             if not opts["prometheus"].startswith(("http://", "https://")):
                 raise ValueError(f"--prometheus {opts['prometheus']!r}: expected a base URL such as http://127.0.0.1:9090")
-            source: Source | None = Source("prometheus", opts["prometheus"].rstrip("/"), selector)
+            from diag.sources.prometheus import request_headers
+
+            headers = tuple(request_headers(opts["header"] or (), opts["tenant"]).items())
+            source: Source | None = Source("prometheus", opts["prometheus"].rstrip("/"), selector, headers)
         elif opts["no_diagnosis"]:
             source = None
         else:

@@ -30,7 +30,7 @@ import re
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,11 +118,13 @@ def load_fleet(
     until: float | None = None,
     progress: Progress | None = None,
     concurrency: int = CONCURRENCY,
+    headers: Mapping[str, str] | None = None,
 ) -> Fleet:
     """Every target ``selector`` matches, over the last ``since_s`` seconds, split by label ``by``.
 
     ``concurrency``: queries in flight at once (independent parts of the set, and a histogram's statistics), for
-    a Prometheus with cores to spare; the queries issued are the same whatever it is.
+    a Prometheus with cores to spare; the queries issued are the same whatever it is. ``headers``: sent with every
+    query (``prometheus.request_headers``: authentication, the tenant), never shown.
 
     Raises ValueError (one line) on a bad label, an unreachable server or a refused query.
     """
@@ -131,7 +133,7 @@ def load_fleet(
     say = progress or (lambda _msg: None)
     end = float(until) if until is not None else time.time()
     start = end - float(since_s)
-    prom = _LazyPrometheus(url, selector, timeout_s)
+    prom = _LazyPrometheus(url, selector, timeout_s, headers)
     try:
         step, window = _resolution(prom, end, since_s, step_s)
         loaded = _Loaded()
@@ -174,6 +176,7 @@ class _Reply(msgspec.Struct):
     errorType: str | None = None
     error: str | None = None
     warnings: list[str] = []
+    isPartial: bool | None = None  # a VictoriaMetrics cluster with a storage node down says so
 
 
 class _RawSeries(msgspec.Struct):
@@ -190,8 +193,8 @@ class _LazyPrometheus(_Prometheus):
     the next is decoded. Same checks and errors as the single path's client.
     """
 
-    def __init__(self, url: str, selector: str, timeout_s: float) -> None:
-        super().__init__(url, selector, timeout_s)
+    def __init__(self, url: str, selector: str, timeout_s: float, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(url, selector, timeout_s, headers)
         self._lock = threading.Lock()  # queries run on several threads (httpx's client is thread-safe)
 
     def _count(self) -> None:
@@ -201,7 +204,7 @@ class _LazyPrometheus(_Prometheus):
     def _decode(self, resp: httpx.Response) -> Any:
         reply = msgspec.json.decode(resp.content, type=_Reply)
         return {"status": reply.status, "data": reply.data, "errorType": reply.errorType, "error": reply.error,
-                "warnings": reply.warnings}  # fmt: skip
+                "warnings": reply.warnings, "isPartial": reply.isPartial}  # fmt: skip
 
     def range(self, query: str, start: float, end: float, step: float) -> list[_Result]:
         params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}

@@ -72,6 +72,14 @@ whole fleet and splits the results per target, each assembled here.
 
 A series absent from Prometheus is absent from the Timeline (never zeros). An unreachable server,
 an HTTP error or a Prometheus ``status: error`` raises ``ValueError`` with a one-line reason.
+
+Long-term stores speak the same API with limits of their own (VictoriaMetrics' ``-search.max*`` flags,
+Thanos' and Mimir's series and sample limits): a refusal over such a limit is named in one line with what to
+change (a shorter ``--since`` for a points limit, narrower matchers for a series limit) instead of the store's
+whole error text, and a reply marked ``isPartial`` (a VictoriaMetrics cluster with a storage node down) is
+refused, since rules reading part of the series would give a verdict the data does not support. Extra request
+headers (``request_headers``: ``--header``, ``--tenant`` as ``X-Scope-OrgID`` for Mimir, Cortex and Thanos'
+receive and query-frontend) go with every request and are never shown: they usually carry a bearer token.
 """
 
 from __future__ import annotations
@@ -81,7 +89,7 @@ import math
 import re
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +101,7 @@ from collectors import catalog as cat
 from collectors.records import OomEvent
 from diag.timeline import Series, Timeline, TimelineBuilder
 from diag.timeline import signals as sig
+from diag.units import format_duration
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +111,18 @@ DEFAULT_SCRAPE_S = 15.0  # assumed when no sample is found to measure the scrape
 PROBE_WINDOW_S = 600.0  # how far back the scrape-interval probe looks
 MIB = float(1 << 20)
 _NAME_OK = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*$")
+TENANT_HEADER = "X-Scope-OrgID"  # the tenant of Mimir, Cortex and Thanos' receive and query-frontend
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
+# Headers the HTTP client writes itself (a second copy would make a malformed or smuggled request).
+_CLIENT_HEADERS = frozenset({"host", "content-length", "content-type", "transfer-encoding", "connection"})
+_TENANT = re.compile(r"^[A-Za-z0-9!_.*'()|-]{1,150}$")  # Mimir's tenant ID characters; | joins tenants
+# A store's refusal over one of its limits -> what the user can change. VictoriaMetrics names its flag
+# (``cannot exceed -search.maxPointsPerTimeseries=40``); Prometheus' and Thanos' own points limit is 11 000.
+_POINTS_LIMIT = re.compile(r"too many points .*?: (\d+); cannot exceed -search\.maxPointsPerTimeseries=(\d+)")
+_FLAG_LIMIT = re.compile(r"-search\.(maxSamplesPerQuery|maxSeries|maxQueryLen|maxMemoryPerQuery|maxTagValues)(?:=(\d+))?")
+_SERIES_LIMIT = re.compile(r"number of matching timeseries exceeds (\d+)")
+_OTHER_LIMITS = re.compile(r"(max[-_ ]?series|max[-_ ]?samples|maximum number of (series|samples|chunks)|limit: \d+|"
+                           r"exceeded maximum resolution|query.*too (large|long)|err-mimir-[a-z-]+)", re.IGNORECASE)  # fmt: skip
 
 # Catalog keys -> the signal keys of diag.timeline.signals (the catalog's words for a part are not the Timeline's
 # spelling; tests/diag/test_signal_vocabulary.py checks every catalog key has its entry here).
@@ -160,17 +181,67 @@ def _fmt_duration(seconds: float) -> str:
     return f"{max(1, math.ceil(seconds * 1000))}ms"
 
 
-class _Prometheus:
-    """A thin query client: every failure becomes a ValueError with a one-line reason."""
+def request_headers(headers: Sequence[str] = (), tenant: str | None = None) -> dict[str, str]:
+    """``--header 'Name: value'`` (repeatable) and ``--tenant ID`` as the headers of every query.
 
-    def __init__(self, url: str, selector: str, timeout_s: float) -> None:
+    Why checked here, before any query: a header the HTTP layer would refuse or mangle (a line break, no colon)
+    otherwise fails mid-analysis, or is sent as something else. The messages never repeat a value -- it is
+    usually a bearer token -- only the header's position and name. Raises ValueError (one line).
+    """
+    out: dict[str, str] = {}
+    seen: dict[str, str] = {}  # lower-case name -> the name as given
+    for i, text in enumerate(headers, 1):
+        name, colon, value = text.partition(":")
+        name, value = name.strip(), value.strip()
+        where = f"--header ({_ordinal(i)})"
+        if not colon or not name:
+            raise ValueError(f"{where}: expected 'Name: value', e.g. 'Authorization: Bearer <token>' (value not shown)")
+        if not _HEADER_NAME.match(name):
+            raise ValueError(f"{where}: the name before ':' is not an HTTP header name (letters, digits, - and _)")
+        where = f"--header ({_ordinal(i)}, {name})"  # the name is shown once it is known to be one, never the value
+        if name.lower() in _CLIENT_HEADERS:
+            raise ValueError(f"{where}: set by the HTTP client itself; give another header")
+        if not value:
+            raise ValueError(f"{where}: empty value")
+        if any(ord(c) < 32 or ord(c) == 127 for c in value) or not value.isascii():
+            raise ValueError(f"{where}: the value holds control or non-ASCII characters (value not shown)")
+        if name.lower() in seen:
+            raise ValueError(f"{where}: given twice; give each header once")
+        seen[name.lower()] = name
+        out[name] = value
+    if tenant is not None:
+        if TENANT_HEADER.lower() in seen:
+            raise ValueError(f"--tenant and --header {TENANT_HEADER}: the same header twice; give one of them")
+        if not _TENANT.match(tenant):
+            raise ValueError("--tenant: 1-150 letters, digits or !-_.*'() (tenants joined with |; value not shown)")
+        out[TENANT_HEADER] = tenant
+    return out
+
+
+def _ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th ... 11th, 12th, 13th, 21st: which of the repeated options a message is about."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+class _Prometheus:
+    """A thin query client: every failure becomes a ValueError with a one-line reason.
+
+    ``headers`` go with every request (authentication, the tenant) and appear in no message or log line.
+    """
+
+    def __init__(self, url: str, selector: str, timeout_s: float, headers: Mapping[str, str] | None = None) -> None:
         base = url.strip().rstrip("/")
         if not re.match(r"^https?://[^/]+", base):
             raise ValueError(f"--prometheus {url!r}: expected a base URL such as http://127.0.0.1:9090")
         self.base = base
         self.selector = _normalise_selector(selector)
         self.timeout_s = timeout_s
-        self.http = httpx.Client(timeout=timeout_s, follow_redirects=True, trust_env=False)
+        self.authenticated = bool(headers)
+        # No redirects while headers are set: httpx drops Authorization when a redirect changes the host, but
+        # not a token in another header (X-Api-Key ...), which would follow the redirect to the other host.
+        self.http = httpx.Client(timeout=timeout_s, follow_redirects=not headers, trust_env=False,
+                                 headers=dict(headers or {}))  # fmt: skip
         self.queries = 0
 
     def close(self) -> None:
@@ -212,17 +283,56 @@ class _Prometheus:
         except (ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
             body = None
         if isinstance(body, dict) and body.get("status") == "error":
-            query = str(params.get("query", ""))
-            short = query if len(query) <= 160 else query[:157] + "..."
-            raise ValueError(f"Prometheus at {self.base} rejected {short!r}: {body.get('errorType')}: {body.get('error')}")
+            raise ValueError(self._refusal(params, body))
+        if resp.status_code in (301, 302, 303, 307, 308) and self.authenticated:
+            raise ValueError(f"Prometheus at {self.base} redirected {path} to another address; with --header/--tenant "
+                             "redirects are not followed (the headers would go along): give the final URL")  # fmt: skip
+        if resp.status_code in (401, 403):
+            given = "the --header/--tenant given were refused" if self.authenticated else "give --header/--tenant"
+            raise ValueError(f"Prometheus at {self.base} answered HTTP {resp.status_code} for {path} "
+                             f"({'unauthorized' if resp.status_code == 401 else 'forbidden'}: {given})")  # fmt: skip
         if resp.status_code != 200:
             hint = " (is this a Prometheus server?)" if resp.status_code in (404, 405) else ""
             raise ValueError(f"Prometheus at {self.base} answered HTTP {resp.status_code} for {path}{hint}")
         if not isinstance(body, dict) or body.get("status") != "success" or not isinstance(body.get("data"), dict):
             raise ValueError(f"Prometheus at {self.base} sent an unexpected answer for {path} (not a Prometheus API reply)")
+        if body.get("isPartial") is True:
+            raise ValueError(f"Prometheus at {self.base} answered {path} with partial data (isPartial: a storage node "
+                             "did not answer); a diagnosis of part of the series could be wrong: retry when the "
+                             "store is whole")  # fmt: skip
         for warning in body.get("warnings") or ():
             log.warning("Prometheus: %s", warning)
         return body["data"]
+
+    def _refusal(self, params: dict[str, Any], body: dict[str, Any]) -> str:
+        """One line for a query the server refused: a store's limit named with what to change, else its error."""
+        error = str(body.get("error") or "")
+        query = str(params.get("query", ""))
+        short = query if len(query) <= 160 else query[:157] + "..."
+        points = _POINTS_LIMIT.search(error)
+        if points:
+            asked, limit = int(points[1]), int(points[2])
+            step = float(params.get("step") or 0)
+            span = math.floor((limit - 1) * step)  # whole seconds: a bound --since accepts
+            fits = f" (at most {format_duration(span)} at this step)" if span >= 1 else ""
+            return (f"Prometheus at {self.base} refused a range of {asked} points per series: its limit is "
+                    f"-search.maxPointsPerTimeseries={limit}; shorten --since{fits} or raise the limit")  # fmt: skip
+        series = _SERIES_LIMIT.search(error)  # VictoriaMetrics' text names no flag for this one
+        flag = _FLAG_LIMIT.search(error)
+        if series:
+            return (f"Prometheus at {self.base} refused {short!r}: more series match than its limit "
+                    f"-search.maxUniqueTimeseries={series[1]}; narrow the matchers (--selector, or --fleet with fewer "
+                    "targets) or raise the limit")  # fmt: skip
+        if flag:
+            what = f"-search.{flag[1]}" + (f"={flag[2]}" if flag[2] else "")
+            return (f"Prometheus at {self.base} refused {short!r} over its limit {what}: shorten --since or narrow "
+                    "the matchers, or raise the limit")  # fmt: skip
+        if _OTHER_LIMITS.search(error):
+            text = error if len(error) <= 300 else error[:297] + "..."
+            return (f"Prometheus at {self.base} refused {short!r} over one of its limits ({text}): shorten --since "
+                    "or narrow the matchers, or raise the limit")  # fmt: skip
+        text = error if len(error) <= 500 else error[:497] + "..."
+        return f"Prometheus at {self.base} rejected {short!r}: {body.get('errorType')}: {text}"
 
     def _decode(self, resp: httpx.Response) -> Any:
         """The reply's JSON document (a subclass may decode it more lazily)."""
@@ -289,18 +399,20 @@ def load_prometheus(
     step_s: float | None = None,
     timeout_s: float = 30.0,
     until: float | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> Timeline:
     """The last ``since_s`` seconds (up to ``until``, default now) of what ``selector`` matches, as a Timeline.
 
     ``selector`` is PromQL label matchers without braces, e.g. ``job="llm",instance=~"10.0.0.5:.*"``
     (braces are accepted too). ``step_s`` defaults to one point per scrape interval (measured from the
-    raw samples), coarsened so no series exceeds ~10 000 points. Raises ValueError when Prometheus
-    cannot be reached or refuses a query; a selector that matches nothing gives an empty Timeline.
+    raw samples), coarsened so no series exceeds ~10 000 points. ``headers``: sent with every query (see
+    ``request_headers``). Raises ValueError when Prometheus cannot be reached or refuses a query; a selector
+    that matches nothing gives an empty Timeline.
     """
     _check_window(since_s, step_s)
     end = float(until) if until is not None else time.time()
     start = end - float(since_s)
-    prom = _Prometheus(url, selector, timeout_s)
+    prom = _Prometheus(url, selector, timeout_s, headers)
     try:
         step, window = _resolution(prom, end, since_s, step_s)
         q = _Queries(prom, start, end, step, window)
@@ -328,19 +440,28 @@ def _check_window(since_s: float, step_s: float | None) -> None:
 
 def _resolution(prom: _Prometheus, end: float, since_s: float, step_s: float | None) -> tuple[float, float]:
     """(step, rate window) of the range queries: ``step_s`` or one point per measured scrape, within MAX_POINTS."""
-    scrape_s = _scrape_interval(prom, end, min(since_s, PROBE_WINDOW_S))
+    probe_s = min(since_s, PROBE_WINDOW_S)
+    scrape_s = _scrape_interval(prom, end, probe_s)
+    if scrape_s is None and since_s > probe_s:
+        # Nothing in the window's last minutes (the service stopped, the agent died, or history read long after):
+        # measured at the window's start instead of assumed, where a guess of 15 s over series scraped every
+        # second would leave a store without Prometheus' 5-minute lookback (VictoriaMetrics) a point in 15.
+        scrape_s = _scrape_interval(prom, end - since_s + probe_s, probe_s)
+    if scrape_s is None:
+        scrape_s = DEFAULT_SCRAPE_S
     step = step_s if step_s is not None else default_step(since_s, scrape_s)
     step = max(step, since_s / (MAX_POINTS - 1))
     return step, max(4 * step, 4 * scrape_s)
 
 
-def _scrape_interval(prom: _Prometheus, end: float, window_s: float) -> float:
-    """Median spacing of raw samples of a few always-present series (``up``, host memory, request counter)."""
+def _scrape_interval(prom: _Prometheus, end: float, window_s: float) -> float | None:
+    """Median spacing of raw samples of a few always-present series (``up``, host memory, request counter), over
+    ``window_s`` up to ``end``; None when none has three samples there."""
     names = [cat.PROMETHEUS_UP.name, cat.HOST_MEMORY["total"].name, cat.NODE_MEMORY["total"].name, cat.REQUESTS.name,
              cat.VLLM_RUNNING.name, bk.TGI_QUEUE_SIZE.name, bk.LLAMACPP_PROCESSING.name]  # fmt: skip
     results = prom.raw(f"{prom.sel_names(names)}[{_fmt_duration(window_s)}]", end)
     spacings = [float(np.median(np.diff(r.ts))) for r in results if len(r.ts) >= 3]
-    return min(spacings) if spacings else DEFAULT_SCRAPE_S
+    return min(spacings) if spacings else None
 
 
 class _Queries:

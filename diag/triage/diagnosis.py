@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,8 @@ class Source:
     kind: str
     target: str
     selector_labels: tuple[str, ...] = DEFAULT_SELECTOR_LABELS
+    # Request headers of the Prometheus queries (``--header``/``--tenant``): a bearer token, so out of the repr.
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     def describe(self) -> str:
         return f"{self.kind} {self.target}"
@@ -94,7 +96,7 @@ def _init_worker(parent: int) -> None:
 
 def run_analysis(
     kind: str, target: str, selector: str, since_s: float, until: float, labels: dict[str, str] | None = None,
-    firing: bool = False,
+    firing: bool = False, headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """In the worker process: load the window and run the rules; a problem with the source becomes ``error``.
 
@@ -107,7 +109,7 @@ def run_analysis(
         if kind == "prometheus":
             from diag.sources import load_prometheus
 
-            timeline = load_prometheus(target, selector=selector, since_s=since_s, until=until)
+            timeline = load_prometheus(target, selector=selector, since_s=since_s, until=until, headers=headers)
         else:
             from diag.sources import load_recorder
 
@@ -211,7 +213,7 @@ class DiagnosisWorker:
             "SELECT COUNT(*) FROM alerts WHERE incident_id = ? AND status = 'firing'", (inc["id"],)
         ).fetchone()[0] > 0
         future: Future[dict[str, Any]] = self._pool.submit(
-            run_analysis, self.source.kind, self.source.target, selector, since_s, now, labels, firing
+            run_analysis, self.source.kind, self.source.target, selector, since_s, now, labels, firing, dict(self.source.headers)
         )
         try:
             doc = future.result(timeout=600)

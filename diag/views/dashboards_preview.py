@@ -90,10 +90,13 @@ def _legend(fmt: str, metric: dict[str, str]) -> str:
     return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: metric.get(m.group(1), ""), fmt).strip() or "value"
 
 
-def collect(url: str, since_s: float, client: httpx.Client | None = None) -> tuple[Window, list[PanelResult]]:
-    """Run every panel's queries; a failing query is reported in its panel, not raised."""
+def collect(url: str, since_s: float, client: httpx.Client | None = None,
+            headers: dict[str, str] | None = None) -> tuple[Window, list[PanelResult]]:  # fmt: skip
+    """Run every panel's queries; a failing query is reported in its panel, not raised.
+
+    ``headers``: sent with every request (``--header``/``--tenant``), never written into the page."""
     own = client is None
-    client = client or httpx.Client(timeout=30.0, trust_env=False)
+    client = client or httpx.Client(timeout=30.0, trust_env=False, headers=headers or {})
     try:
         w = window(since_s, scrape_interval(client, url))
         results = []
@@ -197,6 +200,6 @@ def page(url: str, since_s: float, w: Window, results: list[PanelResult]) -> str
     return "".join(parts)
 
 
-def preview(url: str, since_s: float) -> tuple[str, list[PanelResult]]:
-    w, results = collect(url.rstrip("/"), since_s)
+def preview(url: str, since_s: float, headers: dict[str, str] | None = None) -> tuple[str, list[PanelResult]]:
+    w, results = collect(url.rstrip("/"), since_s, headers=headers)
     return page(url, since_s, w, results), results
