@@ -207,12 +207,11 @@ def _shape(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _model_path(settings: dict[str, Any], sample: ProcessSample) -> str | None:
-    """The ``--model`` value when it is an absolute path the process holds; else the one model file it holds."""
+    """The ``--model`` value when it is an absolute path (held, or not mapped yet: a server is sampled before it
+    loads); else the model file it holds that ends with that relative path, or the only one it holds."""
     given = settings.get("model_path")
     held = list(sample.model_files)
-    if isinstance(given, str) and given in held:
-        return given
-    if isinstance(given, str) and os.path.isabs(given) and not held:
+    if isinstance(given, str) and os.path.isabs(given) and (given in held or not held):
         return given
     matches = [p for p in held if isinstance(given, str) and p.endswith(given.lstrip("./"))]
     if len(matches) == 1:
@@ -240,8 +239,9 @@ class EngineConfigs:
             settings = llama_cpp_argv(sample.cmdline.split())
             if settings is None:
                 continue
-            if "model_path" in settings and not sample.model_files:
-                continue  # not mapped or opened yet: the next sample sees the file it holds
+            given = settings.get("model_path")
+            if isinstance(given, str) and not os.path.isabs(given) and not sample.model_files:
+                continue  # a relative path, and no file held yet to resolve it: the next sample sees the one it holds
             self._seen.add(key)
             out.append(self._record(ts, sample, settings))
         self._seen &= current  # a process no longer sampled is forgotten (bounded; a new start is a new key)

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -113,7 +114,9 @@ class EngineServer:
             raise RuntimeError("the server is not started")
         return self.proc.pid
 
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> EngineServer:
+    def start(self, timeout_s: float = START_TIMEOUT_S, on_spawn: Callable[[int], object] | None = None) -> EngineServer:
+        """Spawn the server and wait until it serves. ``on_spawn(pid)`` runs as soon as the process exists: a server
+        that dies while it loads (an OOM kill at start-up) must be watched from its first moment, not once ready."""
         reason = unavailable_reason()
         if reason:
             raise EngineUnavailable(reason)
@@ -128,6 +131,8 @@ class EngineServer:
         kwargs = {"stdout": self._log, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL, "env": env}
         self.proc = self.group.spawn(argv, **kwargs) if self.group else subprocess.Popen(argv, **kwargs)
         try:
+            if on_spawn is not None:
+                on_spawn(self.proc.pid)
             self._wait_ready(timeout_s)
         except BaseException:
             self.stop()
