@@ -10,7 +10,8 @@ files.
 What is kept, and only that: the flags in ``_FLAGS`` (context length, batch, threads, mmap/mlock, KV cache types,
 the model's path) -- never another argument's value, so an ``--api_key`` or a URL with a token never reaches a
 record. The command line read is the sampler's redacted display (space-joined argv, secrets already masked): a
-path holding spaces is not split back, and then the model file the process holds stands in for it.
+path holding spaces is not split back (its shape is then missing, and the record says why). A relative ``--model``
+is resolved against the model files the process holds; an absolute one is taken as given.
 
 Bounded: the header is read up to ``MAX_HEADER_BYTES`` and parsed until the wanted keys are found (they come
 before the tokenizer's arrays in converted models); a value past the bound is missing, and the record says so.
@@ -207,16 +208,20 @@ def _shape(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _model_path(settings: dict[str, Any], sample: ProcessSample) -> str | None:
-    """The ``--model`` value when it is an absolute path (held, or not mapped yet: a server is sampled before it
-    loads); else the model file it holds that ends with that relative path, or the only one it holds."""
+    """The ``--model`` value when it is absolute (a server is sampled before it maps its model); a relative one is
+    resolved to the model file the process holds that ends with it (None until it holds one).
+
+    Why not "the one model file it holds": a Python process holds other files with model-like names while it
+    starts (site's ``.pth`` files), and the flag is the truth.
+    """
     given = settings.get("model_path")
-    held = list(sample.model_files)
-    if isinstance(given, str) and os.path.isabs(given) and (given in held or not held):
+    if not isinstance(given, str) or not given:
+        return None
+    if os.path.isabs(given):
         return given
-    matches = [p for p in held if isinstance(given, str) and p.endswith(given.lstrip("./"))]
-    if len(matches) == 1:
-        return matches[0]
-    return held[0] if len(held) == 1 else None
+    tail = "/" + given.removeprefix("./")
+    matches = [p for p in sample.model_files if p.endswith(tail)]
+    return matches[0] if len(matches) == 1 else None
 
 
 @dataclass
@@ -239,17 +244,16 @@ class EngineConfigs:
             settings = llama_cpp_argv(sample.cmdline.split())
             if settings is None:
                 continue
-            given = settings.get("model_path")
-            if isinstance(given, str) and not os.path.isabs(given) and not sample.model_files:
-                continue  # a relative path, and no file held yet to resolve it: the next sample sees the one it holds
+            path = _model_path(settings, sample)
+            if "model_path" in settings and path is None:
+                continue  # a relative path no held file resolves yet: the next sample sees the file once it is mapped
             self._seen.add(key)
-            out.append(self._record(ts, sample, settings))
+            out.append(self._record(ts, settings, sample.pid, path))
         self._seen &= current  # a process no longer sampled is forgotten (bounded; a new start is a new key)
         return out
 
-    def _record(self, ts: float, sample: ProcessSample, settings: dict[str, Any]) -> ServiceConfig:
+    def _record(self, ts: float, settings: dict[str, Any], pid: int, path: str | None) -> ServiceConfig:
         settings = {**_DEFAULTS, **settings, "engine": "llama.cpp"}
-        path = _model_path(settings, sample)
         if path is None:
             settings.pop("model_path", None)
         else:
@@ -262,7 +266,7 @@ class EngineConfigs:
                 settings["model_shape_missing"] = reason
         for key in ("type_k", "type_v"):
             settings[key] = GGML_TYPES.get(int(settings.get(key, F16)), (f"ggml type {settings.get(key)}", 0.0))[0]
-        return ServiceConfig(ts=ts, service=SERVICE, pid=sample.pid, settings=settings)
+        return ServiceConfig(ts=ts, service=SERVICE, pid=pid, settings=settings)
 
 
 __all__ = ["GGML_TYPES", "SERVICE", "EngineConfigs", "llama_cpp_argv", "read_gguf_shape"]

@@ -3,7 +3,8 @@ servers killed while they load share it: the agent, the Timeline, ``diag analyze
 
 Why from the first moment: a server OOM-killed while it loads lives about a second; an agent started once the
 server is ready would never see it. The agent is started from ``EngineServer.start``'s spawn hook, watching the
-group and the new PID, sampling every quarter second, reading the kernel's OOM lines.
+group and the new PID, sampling every quarter second, reading the kernel's OOM lines -- and it has sampled before
+the server's own code runs (the hook holds the process at a gate until it returns).
 """
 
 from __future__ import annotations
@@ -56,7 +57,10 @@ def start_and_record(tmp_path: Path, settings: EngineSettings, group: MemoryGrou
     agents: list[AgentThread] = []
 
     def watch(pid: int) -> None:
-        agents.append(AgentThread(recorder, cgroups=[group.path], pids=[pid], interval_s=INTERVAL_S, kmsg=True).start())
+        """Runs while the server is held at its gate: the agent has sampled the PID before the server starts."""
+        agent = AgentThread(recorder, cgroups=[group.path], pids=[pid], interval_s=INTERVAL_S, kmsg=True).start()
+        agents.append(agent)
+        assert poll_until(lambda: agent.samples >= 2, 15.0)
 
     t0 = time.time()
     server = EngineServer(settings, tmp_path / f"{name}.log", group=group)

@@ -145,6 +145,20 @@ def test_a_relative_model_path_waits_for_the_file_the_process_holds(tmp_path: Pa
     assert cfg.settings["model_path"] == str(model) and cfg.settings["n_layer"] == 16
 
 
+def test_other_held_files_never_stand_in_for_the_model(tmp_path: Path) -> None:
+    """A Python process starting up holds its site's ``.pth`` files: a model-like name that is not the model."""
+    model = _llama(tmp_path / "m.gguf")
+    pth = tmp_path / "__editable__.x.pth"
+    pth.write_text("import x\n")
+    (cfg,) = EngineConfigs().observe(1.0, [_sample(10, 5.0, " ".join([*PY, "--model", str(model)]), [str(pth)])])
+    assert cfg.settings["model_path"] == str(model) and cfg.settings["n_layer"] == 16
+    relative = EngineConfigs()
+    line = " ".join([*PY, "--model", "m.gguf"])
+    assert relative.observe(1.0, [_sample(11, 5.0, line, [str(pth)])]) == []  # waits for the model itself
+    (cfg,) = relative.observe(2.0, [_sample(11, 5.0, line, [str(pth), str(model)])])
+    assert cfg.settings["model_path"] == str(model)
+
+
 def test_an_unreadable_model_is_named_and_the_flags_still_recorded(tmp_path: Path) -> None:
     line = " ".join([*PY, "--model", str(tmp_path / "gone.gguf"), "--n_ctx", "4096"])
     (cfg,) = EngineConfigs().observe(1.0, [_sample(10, 5.0, line)])
