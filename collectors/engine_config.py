@@ -232,6 +232,9 @@ class EngineConfigs:
 
     def __post_init__(self) -> None:
         self._seen: set[tuple[int, float | None]] = set()
+        # The command line last found not to be an engine's, per process: not split again while it stays the same
+        # (a process that execs keeps its key and gets a new command line, so it is looked at again).
+        self._other: dict[tuple[int, float | None], str] = {}
 
     def observe(self, ts: float, processes: Iterable[ProcessSample]) -> list[ServiceConfig]:
         out: list[ServiceConfig] = []
@@ -239,10 +242,11 @@ class EngineConfigs:
         for sample in processes:
             key = (sample.pid, sample.start_time_s)
             current.add(key)
-            if key in self._seen or not sample.cmdline:
+            if key in self._seen or not sample.cmdline or self._other.get(key) == sample.cmdline:
                 continue
             settings = llama_cpp_argv(sample.cmdline.split())
             if settings is None:
+                self._other[key] = sample.cmdline
                 continue
             path = _model_path(settings, sample)
             if "model_path" in settings and path is None:
@@ -250,6 +254,7 @@ class EngineConfigs:
             self._seen.add(key)
             out.append(self._record(ts, settings, sample.pid, path))
         self._seen &= current  # a process no longer sampled is forgotten (bounded; a new start is a new key)
+        self._other = {k: v for k, v in self._other.items() if k in current}
         return out
 
     def _record(self, ts: float, settings: dict[str, Any], pid: int, path: str | None) -> ServiceConfig:

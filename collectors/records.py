@@ -373,7 +373,8 @@ class ServiceConfig(Record):
     ``settings`` keys are free-form but these are understood: workers, max_concurrency, queue_size,
     queue_timeout_s, request_timeout_s, preload (per-worker|shared), refresh (none|every-request|ttl),
     max_prompt_tokens, memory_guard, batching (requests|tokens), max_batch_tokens, weights_bytes,
-    model_path, experts.
+    model_path, experts. The agent writes one for an engine it sees from outside (``collectors.engine_config``:
+    ``engine``, n_ctx, use_mmap, use_mlock, type_k/type_v, and the model's n_layer, n_embd_k_gqa, n_embd_v_gqa ...).
     """
 
     KIND: ClassVar[str] = "config"

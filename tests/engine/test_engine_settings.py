@@ -136,6 +136,15 @@ def test_one_config_per_server_process_with_its_model_and_cache_types(tmp_path: 
     assert len(configs.observe(3.0, [_sample(10, 9.0, line)])) == 1  # the pid reused by a new start: a new server
 
 
+def test_a_process_that_execs_into_a_server_is_looked_at_again(tmp_path: Path) -> None:
+    model = _llama(tmp_path / "m.gguf")
+    configs = EngineConfigs()
+    assert configs.observe(1.0, [_sample(10, 5.0, "/usr/bin/python3 -c gate")]) == []
+    assert configs.observe(2.0, [_sample(10, 5.0, "/usr/bin/python3 -c gate")]) == []
+    (cfg,) = configs.observe(3.0, [_sample(10, 5.0, " ".join([*PY, "--model", str(model)]))])  # same pid, new argv
+    assert cfg.pid == 10
+
+
 def test_a_relative_model_path_waits_for_the_file_the_process_holds(tmp_path: Path) -> None:
     model = _llama(tmp_path / "m.gguf")
     configs = EngineConfigs()
