@@ -356,10 +356,12 @@ def unsafe_config(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | 
         "bound concurrency and the queue, with queue and request timeouts, and reject the excess with 429 + Retry-After",
         "add a memory guard (503 when memory or PSI is high) and cap prompt tokens",
     ]
-    if kv_cache(s) is not None:
+    kv = kv_cache(s)
+    if kv is not None and ((kv.weights and kv.bytes > KV_DOMINATES * kv.weights) or (p.exceeds and p.kv_total)):
         remediation.insert(
             0,
-            "set n_ctx to the longest context the requests need (or quantise the KV cache: --type_k/--type_v q8_0): "
+            "set n_ctx to the longest context the requests need (or quantise the KV cache to q8_0, about half the bytes: "
+            "llama-cpp-python --type_k 8, --type_v 8 with flash attention): "
             "the KV cache is reserved for all of it in every server at start-up",
         )
     if preload == "per-worker" and workers > 1:
