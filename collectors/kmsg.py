@@ -12,6 +12,10 @@ optional continuation lines that start with a space (``KEY=VALUE``; ignored here
   ``Memory cgroup out of memory: Killed process 11092 (python) total-vm:221188kB, anon-rss:204288kB, ...``
 
 (``Out of memory: Killed process ...`` for a host-wide OOM; ``global_oom`` replaces ``oom_memcg=`` there.)
+Before them a memcg OOM prints the group's stats (``Memory cgroup stats for /a/b:``, then one ``key value`` per
+record, or escaped newlines in one record); only ``unevictable`` (``total_unevictable`` on v1) is kept and put
+on the kill of that group: memory reclaim could not free (mlock'd pages), the reason a group with file pages
+still ran out.
 The assembler joins the two by pid into one ``OomEvent``. Either line alone still yields an event:
 the kernel rate-limits the header (and with it the ``oom-kill:`` line) in OOM storms, so later kills
 print only ``Killed process``, and a ``Killed process`` line may be lost to ring-buffer overwrite.
@@ -95,6 +99,9 @@ _KB_FIELDS = {
     "shmem_rss_bytes": re.compile(r"shmem-rss:([0-9]{1,20})kB"),
 }
 _UID_RE = re.compile(r"\bUID:([0-9]{1,10})")
+_STATS_HEAD = "Memory cgroup stats for "
+_UNEVICTABLE_RE = re.compile(r"(?:^|\n|\\x0a)(?P<total>total_)?unevictable (?P<value>[0-9]{1,20})(?=$|\n|\\x0a)")
+STATS_WINDOW_RECORDS = 120  # the stats block is ~80 records on v1; a value farther from its header is not its
 _TAIL_RE = re.compile(r"\) (?=total-vm:)")
 
 
@@ -229,14 +236,23 @@ class OomAssembler:
         self._pending: dict[int, _Pending] = {}
         self._index = 0
         self._emitted_alone: dict[int, int] = {}  # pid -> record index when its summary went out alone
+        # The latest memcg stats block: its group, where its header was, and its unevictable bytes (hierarchical
+        # total_unevictable wins over the group's own when v1 prints both). One block at a time: bounded.
+        self._stats: tuple[str, int] | None = None
+        self._unevictable: tuple[int, bool] | None = None
 
     def feed(self, record: KmsgRecord) -> list[OomEvent]:
         self._index += 1
         events: list[OomEvent] = []
         message = record.message
+        if message.startswith(_STATS_HEAD) or "unevictable " in message:
+            self._feed_stats(message)
         if "oom-kill:" in message:
             fields = parse_oom_kill_line(message)
             if fields is not None:
+                unevictable = self._unevictable_of(fields.get("oom_memcg"))  # type: ignore[arg-type]
+                if unevictable is not None:
+                    fields["unevictable_bytes"] = unevictable
                 pid = int(fields["pid"])  # type: ignore[call-overload]
                 if pid in self._pending:  # a second summary for a pid still waiting: keep both
                     events.append(self._emit_alone(pid))
@@ -256,6 +272,26 @@ class OomAssembler:
             if self._index - pending.index > self._window_records:
                 events.append(self._emit_alone(pid))
         return events
+
+    def _feed_stats(self, message: str) -> None:
+        """Keep the group of a stats header, and the unevictable value of the block that follows it."""
+        if message.startswith(_STATS_HEAD):
+            path = message[len(_STATS_HEAD) :].split("\\x0a", 1)[0].split("\n", 1)[0].rstrip().rstrip(":")
+            self._stats, self._unevictable = (path, self._index), None
+        if self._stats is None or self._index - self._stats[1] > STATS_WINDOW_RECORDS:
+            return
+        for m in _UNEVICTABLE_RE.finditer(message):
+            total = m["total"] is not None
+            if self._unevictable is None or total or not self._unevictable[1]:
+                self._unevictable = (int(m["value"]), total)
+
+    def _unevictable_of(self, oom_memcg: str | None) -> int | None:
+        """The unevictable bytes of the stats block just before a kill of ``oom_memcg`` (None: none, or another group's)."""
+        if self._stats is None or self._unevictable is None or self._index - self._stats[1] > STATS_WINDOW_RECORDS:
+            return None
+        if oom_memcg is not None and self._stats[0] != oom_memcg:
+            return None
+        return self._unevictable[0]
 
     def expire(self) -> list[OomEvent]:
         """Emit ``oom-kill:`` lines that waited longer than ``window_s`` (nothing else arrived to push them out)."""
@@ -298,6 +334,7 @@ class OomAssembler:
             anon_rss_bytes=killed.get("anon_rss_bytes"),  # type: ignore[arg-type]
             file_rss_bytes=killed.get("file_rss_bytes"),  # type: ignore[arg-type]
             shmem_rss_bytes=killed.get("shmem_rss_bytes"),  # type: ignore[arg-type]
+            unevictable_bytes=kill.get("unevictable_bytes"),  # type: ignore[arg-type]
         )
 
 

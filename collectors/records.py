@@ -177,6 +177,7 @@ class ProcessSample(Record):
     pss_bytes: int | None = number("pss")
     uss_bytes: int | None = number("uss")
     swap_bytes: int | None = number("swap")
+    locked_bytes: int | None = number("locked")  # mlock'd (smaps_rollup Locked): memory reclaim cannot take back
     major_faults: int | None = number()
     minor_faults: int | None = number()
     num_threads: int | None = None
@@ -240,6 +241,9 @@ class OomEvent(Record):
     anon_rss_bytes: int | None = None
     file_rss_bytes: int | None = None
     shmem_rss_bytes: int | None = None
+    # The OOM'd group's unevictable (mlock'd) memory, from the stats the kernel prints with the kill: the pages
+    # reclaim could not free, so the reason a group with file pages still ran out.
+    unevictable_bytes: int | None = None
     source: str = "kmsg"
 
 
@@ -369,7 +373,8 @@ class ServiceConfig(Record):
     ``settings`` keys are free-form but these are understood: workers, max_concurrency, queue_size,
     queue_timeout_s, request_timeout_s, preload (per-worker|shared), refresh (none|every-request|ttl),
     max_prompt_tokens, memory_guard, batching (requests|tokens), max_batch_tokens, weights_bytes,
-    model_path, experts.
+    model_path, experts. The agent writes one for an engine it sees from outside (``collectors.engine_config``:
+    ``engine``, n_ctx, use_mmap, use_mlock, type_k/type_v, and the model's n_layer, n_embd_k_gqa, n_embd_v_gqa ...).
     """
 
     KIND: ClassVar[str] = "config"

@@ -14,12 +14,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from collectors.cgroup import CgroupSampler, clean_cgroup_path
+from collectors.engine_config import EngineConfigs
 from collectors.gpu import GpuSampler
 from collectors.host import HostSampler
 from collectors.kmsg import KmsgOomWatcher
 from collectors.processes import DEFAULT_MODEL_EXTENSIONS, ProcessSampler, model_process_counts
 from collectors.procfs import under
-from collectors.records import CgroupSnapshot, GpuSnapshot, HostSnapshot, OomEvent, ProcessSample, Record, WatchScope
+from collectors.records import (
+    CgroupSnapshot,
+    GpuSnapshot,
+    HostSnapshot,
+    OomEvent,
+    ProcessSample,
+    Record,
+    ServiceConfig,
+    WatchScope,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +60,11 @@ class Snapshot:
     errors: dict[str, str] = field(default_factory=dict)  # sampler -> why it produced nothing
     duration_s: float = 0.0
     scope: WatchScope | None = None  # what --pid/--cgroup asked for and what exists now (None: nothing asked)
+    configs: list[ServiceConfig] = field(default_factory=list)  # engines' settings read from outside, once per process
 
     def records(self) -> list[Record]:
         """Everything worth storing, in one list (what the agent writes to the flight recorder)."""
-        return [self.host, *self.cgroups, *self.processes, self.gpu, *self.ooms]
+        return [self.host, *self.cgroups, *self.processes, self.gpu, *self.ooms, *self.configs]
 
     def model_processes(self) -> dict[str, int]:
         return model_process_counts(self.processes)
@@ -75,6 +86,7 @@ class SnapshotTaker:
         self._explicit_cgroups = bool(config.pids or config.cgroups)
         self._holders: tuple[int, ...] = ()
         self.cgroups = CgroupSampler(config.proc_root, config.sys_root, pids=config.pids, cgroups=config.cgroups)
+        self.engines = EngineConfigs()
 
     def take(self) -> Snapshot:
         started = time.perf_counter()
@@ -91,7 +103,8 @@ class SnapshotTaker:
         if self.kmsg is not None and self.kmsg.error:
             errors.setdefault("kmsg", self.kmsg.error)
         scope = _guard("scope", errors, lambda: self._scope(now, cgroups), lambda: None) if self._explicit_cgroups else None
-        return Snapshot(now, host, cgroups, processes, gpu, ooms, errors, time.perf_counter() - started, scope)
+        configs = _guard("engine_config", errors, lambda: self.engines.observe(now, processes), list)
+        return Snapshot(now, host, cgroups, processes, gpu, ooms, errors, time.perf_counter() - started, scope, configs)
 
     def _scope(self, now: float, cgroups: Sequence[CgroupSnapshot]) -> WatchScope:
         """Which asked-for pids and groups exist now, and for each missing one why and where it was sought.

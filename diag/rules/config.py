@@ -6,6 +6,12 @@ at start-up. Usually a *contributing* factor (the engine's causal weight for it 
 confidence reaches 0.5 only when the arithmetic says the limit will be exceeded. Each risky setting
 on its own (no timeouts, unbounded queue, per-worker preload ...) is listed with a small confidence.
 
+An engine's context length is arithmetic too: llama.cpp reserves the KV cache for its whole ``n_ctx`` when the
+context is created (2 x layers x n_ctx x the KV width x bytes per element), before any request. When that
+reservation outweighs the model itself it is named as a risky setting with what it costs, and it is part of
+the idle footprint the limit must hold, once per server (the settings and the model's dimensions come from
+``collectors.engine_config``, which reads them from the server's command line and the GGUF header).
+
 Per-request memory comes from the records when they allow it: the Theil-Sen slope of the service's
 memory against requests in flight (per time bucket) -- bytes per in-flight request, and its intercept
 as the idle footprint. Weights come from ``weights_bytes`` (times workers with per-worker preload).
@@ -25,6 +31,7 @@ from diag.rules.context import AnalysisContext
 from diag.rules.requestload import analyse_requests
 from diag.rules.stats import limit_for, memory_series, service_context
 from diag.timeline import Series, Timeline
+from diag.units import format_bytes
 
 GIB = float(1 << 30)
 HUGE_PROMPT_CAP = 100_000
@@ -35,6 +42,65 @@ RISKS_CEILING = 0.45  # risky settings alone are a risk, not a cause: below 0.5 
 FAR_OVER_LIMIT = 1.5  # projected memory at 1.5x the limit or more adds confidence
 NEAR_LIMIT = 0.9  # observed peak at >= 90 % of the limit corroborates the projection
 UNBOUNDED_REACH = 4.0  # unbounded concurrency counts as "will exceed" when the limit falls within 4x the observed peak in flight
+
+
+KV_DOMINATES = 1.0  # a KV cache reservation larger than the weights is the server's main memory cost
+
+
+@dataclass
+class KvCache:
+    """What one server's context length reserves, and the arithmetic that says so."""
+
+    n_ctx: int
+    bytes: float
+    formula: str
+    weights: float | None
+
+
+def kv_cache(s: dict[str, Any]) -> KvCache | None:
+    """llama.cpp's KV cache for the configured ``n_ctx`` (None without the model's dimensions or a known cache type).
+
+    Why from the settings and not from memory: the reservation is fixed when the context is created, so the
+    settings give it exactly, for every server, whether or not it was sampled before it died.
+    """
+    n_ctx, n_layer = _num(s, "n_ctx"), _num(s, "n_layer")
+    k_width, v_width = _num(s, "n_embd_k_gqa"), _num(s, "n_embd_v_gqa")
+    if n_ctx == 0 and _num(s, "context_length"):
+        n_ctx = _num(s, "context_length")  # 0 means the model's own context length
+    widths = {
+        "f32": 4.0,
+        "f16": 2.0,
+        "bf16": 2.0,
+        "q8_0": 34 / 32,
+        "q5_1": 24 / 32,
+        "q5_0": 22 / 32,
+        "q4_1": 20 / 32,
+        "q4_0": 18 / 32,
+    }
+    k_bytes, v_bytes = widths.get(str(s.get("type_k", "f16"))), widths.get(str(s.get("type_v", "f16")))
+    if not (n_ctx and n_layer and k_width and v_width and k_bytes and v_bytes):
+        return None
+    total = n_layer * n_ctx * (k_width * k_bytes + v_width * v_bytes)
+    if k_width == v_width and k_bytes == v_bytes:
+        formula = (
+            f"KV cache {s.get('type_k', 'f16')} = 2 x {n_layer:.0f} layers x n_ctx {n_ctx:.0f} x {k_width:.0f} (KV width) "
+            f"x {k_bytes:g} B = {format_bytes(total)}"
+        )
+    else:
+        formula = (
+            f"KV cache = {n_layer:.0f} layers x n_ctx {n_ctx:.0f} x ({k_width:.0f} x {k_bytes:g} B + {v_width:.0f} x "
+            f"{v_bytes:g} B) = {format_bytes(total)}"
+        )
+    return KvCache(int(n_ctx), total, formula, _num(s, "weights_bytes"))
+
+
+def _engine_kv(tl: Timeline) -> list[tuple[int | None, KvCache]]:
+    """Each engine server's KV reservation, from its latest configuration (one per pid)."""
+    latest: dict[int | None, dict[str, Any]] = {}
+    for cfg in tl.configs:
+        if cfg.settings.get("engine"):
+            latest[cfg.pid] = dict(cfg.settings)
+    return [(pid, kv) for pid, s in latest.items() if (kv := kv_cache(s)) is not None]
 
 
 @dataclass
@@ -95,6 +161,8 @@ class Projection:
     copies: int  # resident copies of the weights (workers with per-worker preload, else one)
     weights_total: float | None
     idle: float  # the footprint with no request in flight (weights included)
+    kv_total: float = 0.0  # engine servers' KV cache reservations, part of ``idle`` (none measured from requests)
+    kv_servers: int = 0
     projected: float | None = None  # memory at full configured concurrency (or the idle footprint when that alone is over)
     reach: float | None = None  # in-flight requests at which an unbounded service hits the limit
     exceeds: bool = False
@@ -131,6 +199,15 @@ def _risky_settings(s: dict[str, Any], workers: int, preload: str) -> list[Issue
         issues.append(Issue("refresh=every-request: the model is re-read inside every request", True))
     if str(s.get("batching") or "") == "requests":
         issues.append(Issue("batching by request count, not by a token budget", False))
+    kv = kv_cache(s)
+    if kv is not None and kv.weights and kv.bytes > KV_DOMINATES * kv.weights:
+        issues.append(
+            Issue(
+                f"n_ctx {kv.n_ctx}: {kv.formula} per server, {kv.bytes / kv.weights:.1f} x the weights "
+                f"({format_bytes(kv.weights)}), reserved whether or not any request uses that context",
+                True,
+            )
+        )
     return issues
 
 
@@ -152,6 +229,12 @@ def _project(tl: Timeline, ac: AnalysisContext | None, s: dict[str, Any], worker
         # Private per-worker copies are anon already, so the intercept includes them.
         shared_file = preload != "per-worker" and fp.source.endswith("stat.anon")
         p.idle = fp.idle + (weights_total or 0.0) if shared_file else max(fp.idle, weights_total or 0.0)
+    else:
+        # No footprint measured from requests: an engine's KV reservations are known from its settings alone,
+        # anonymous memory each server holds from start-up, beside the weights (one shared mmap'd file).
+        kv = _engine_kv(tl)
+        p.kv_total, p.kv_servers = sum(k.bytes for _, k in kv), len(kv)
+        p.idle += p.kv_total
     conc = _num(s, "max_concurrency")
     if limit and p.idle >= limit:
         p.exceeds, p.projected = True, p.idle  # the idle footprint (weights) alone does not fit
@@ -202,6 +285,8 @@ def _evidence(
         evidence.append(
             Evidence(f"model weights resident ({p.copies} cop{'y' if p.copies == 1 else 'ies'})", int(p.weights_total), "bytes")
         )
+    if p.kv_total:
+        evidence.append(Evidence(f"KV cache reserved by n_ctx ({p.kv_servers} server(s))", int(p.kv_total), "bytes"))
     if p.limit:
         evidence.append(Evidence(p.limit_src, int(p.limit), "bytes"))
     else:
@@ -229,6 +314,11 @@ def _evidence(
 def _headline(issues: list[Issue], p: Projection) -> str:
     """The one number that matters: what exceeds the limit and by how much, else how many settings are risky."""
     limit = p.limit
+    if p.exceeds and p.projected is not None and limit and p.projected == p.idle and p.kv_total:
+        return (
+            f"the model weights and the KV cache n_ctx reserves ({format_bytes(p.idle)}, {format_bytes(p.kv_total)} of it "
+            f"KV for {p.kv_servers} server(s)) alone exceed the {format_bytes(limit)} limit"
+        )
     if p.exceeds and p.projected is not None and limit and p.projected == p.idle:
         return f"the idle footprint with the model weights ({p.idle / GIB:.2f} GiB) alone exceeds the {limit / GIB:.2f} GiB limit"
     if p.exceeds and p.projected and limit:
@@ -266,6 +356,14 @@ def unsafe_config(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | 
         "bound concurrency and the queue, with queue and request timeouts, and reject the excess with 429 + Retry-After",
         "add a memory guard (503 when memory or PSI is high) and cap prompt tokens",
     ]
+    kv = kv_cache(s)
+    if kv is not None and ((kv.weights and kv.bytes > KV_DOMINATES * kv.weights) or (p.exceeds and p.kv_total)):
+        remediation.insert(
+            0,
+            "set n_ctx to the longest context the requests need (or quantise the KV cache to q8_0, about half the bytes: "
+            "llama-cpp-python --type_k 8, --type_v 8 with flash attention): "
+            "the KV cache is reserved for all of it in every server at start-up",
+        )
     if preload == "per-worker" and workers > 1:
         remediation.append("load the model once and share it (preload before forking, or mmap one file) instead of per worker")
     return Finding(

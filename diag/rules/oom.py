@@ -104,6 +104,71 @@ def _kill_evidence(timeline: Timeline, ev: OomEvent, kind: str) -> tuple[list[Ev
     return out, rules_out
 
 
+def _locked_evidence(timeline: Timeline, ev: OomEvent, group: str) -> tuple[list[Evidence], float]:
+    """What the group could not reclaim at the kill: its unevictable (mlock'd) memory, the victim's locked pages, and
+    the victim's own setting that locks them -- and the largest locked amount of these (0 when nothing was locked).
+
+    Why: file pages are reclaimable, so a group that still ran out while holding them had them pinned; the kernel's
+    own stats at the kill say how much, the samples before it corroborate, the configuration says who pinned them.
+    """
+    out: list[Evidence] = []
+    locked = 0.0
+    if ev.unevictable_bytes:
+        locked = float(ev.unevictable_bytes)
+        out.append(
+            Evidence(
+                f"{group} unevictable (mlock'd) memory at the kill (kernel OOM report)",
+                ev.unevictable_bytes,
+                "bytes",
+                ev.ts,
+                ev.ts,
+            )
+        )
+    unevictable = _series_before(timeline.cgroups.get(group, {}).get("stat.unevictable"), ev.ts)
+    if len(unevictable) and unevictable.values.max() > 0:
+        locked = max(locked, float(unevictable.values.max()))
+        out.append(
+            Evidence(
+                f"{group} memory.stat unevictable before the kill, max",
+                float(unevictable.values.max()),
+                "bytes",
+                float(unevictable.ts[0]),
+                ev.ts,
+            )
+        )
+    for track in timeline.processes.values():
+        if track.pid != ev.pid:
+            continue
+        vmlck = _series_before(track.series.get("locked"), ev.ts)
+        if len(vmlck) and vmlck.values.max() > 0:
+            locked = max(locked, float(vmlck.values.max()))
+            out.append(
+                Evidence(
+                    "victim's locked memory (VmLck) before the kill, max",
+                    float(vmlck.values.max()),
+                    "bytes",
+                    float(vmlck.ts[0]),
+                    ev.ts,
+                )
+            )
+    for cfg in timeline.configs:
+        if cfg.pid == ev.pid and cfg.settings.get("use_mlock") is True:
+            weights = cfg.settings.get("weights_bytes")
+            size = f" ({format_bytes(weights)})" if isinstance(weights, (int, float)) else ""
+            out.append(
+                Evidence(
+                    "victim's setting (its command line)",
+                    f"use_mlock true: the model's weights{size} are locked in RAM",
+                    "",
+                    cfg.ts,
+                    cfg.ts,
+                )
+            )
+    return out, locked
+
+
+LOCKED_SHARE = 0.25  # locked memory worth naming as why the group ran out: a quarter of its limit or more
+
 ATTRIBUTE_S = 30.0  # a counted kill is owned by a group whose oom_kill counter rose within this of it
 
 
@@ -177,6 +242,13 @@ def _from_kernel_lines(
     evidence, rules_out = _kill_evidence(timeline, ev, kind)
     evidence.insert(0, Evidence("kernel OOM kills in the window", len(kills), "kills", kills[0].ts, kills[-1].ts))
     group = ev.oom_memcg if kind == "memcg" else None
+    locked = 0.0
+    if group:
+        locked_evidence, locked = _locked_evidence(timeline, ev, group)
+        evidence.extend(locked_evidence)
+    limit = stats.cgroup_limit(timeline, group) if group else None
+    pinned = bool(locked and limit and locked >= LOCKED_SHARE * limit)
+    mlock = any(e.what.startswith("victim's setting") for e in evidence)
     corroborated = (group in per_group) if group else host_kills > 0
     if group in per_group:
         evidence.append(
@@ -205,6 +277,18 @@ def _from_kernel_lines(
         summary += " -- not one of the service's processes"
     if len(kills) > 1:
         summary += f" ({len(kills)} kills in the window)"
+    remediation = list(_REMEDIATION_MEMCG if kind == "memcg" else _REMEDIATION_HOST)
+    if pinned:
+        who = "the weights use_mlock pinned" if mlock else "locked pages (mlock)"
+        summary += (
+            f"; {format_bytes(locked)} of its {format_bytes(limit)} was unevictable -- {who}, which reclaim cannot drop, "
+            "so the kernel killed instead of reclaiming"
+        )
+        remediation.insert(
+            0,
+            "Do not lock the model in a group smaller than it: turn mlock off (use_mlock=false: mapped weights are then "
+            "reclaimable page cache) or give the group room for the whole model plus the server's working memory.",
+        )
     return Finding(
         "host_oom",
         "oom.host",
@@ -212,7 +296,7 @@ def _from_kernel_lines(
         summary,
         evidence,
         rules_out,
-        list(_REMEDIATION_MEMCG if kind == "memcg" else _REMEDIATION_HOST),
+        remediation,
         ev.ts,
         ev.ts,
     )

@@ -90,6 +90,9 @@ BACKLOG_UNDER_KV = 0.45  # a suspect at most: the wait is for KV blocks, not for
 CUDA_OOM_FIRM = 0.6  # the GPU OOM rule's confidence for a really full device
 UNDER_THE_CUDA_OOM = 0.05
 
+CONFIG_OVER_FIRM = 0.7  # the config rule's confidence once its arithmetic is over the limit and memory got there (0.6 alone)
+UNDER_THE_CONFIG = 0.05
+
 BACKLOG_FIRM = 0.55  # every backlog rule's confidence once the service time stayed flat or the wait dwarfs it (0.4: a symptom)
 UNDER_THE_BACKLOG = 0.05
 _NEIGHBOUR_UNDER_BACKLOG_WHY = (
@@ -163,6 +166,18 @@ PRECEDENCE: tuple[Precedence, ...] = (
             why=_NEIGHBOUR_UNDER_BACKLOG_WHY,
         )
         for backlog in ("requests.queue_backlog", "aggregated.queue_vs_thrash", "aggregated.queue_from_gauges")
+    ),
+    Precedence(
+        rule="oom.host",
+        yields_to="config.unsafe",
+        firm_at=CONFIG_OVER_FIRM,
+        step=JustUnder(UNDER_THE_CONFIG),
+        note="the configuration alone does not fit the limit: see the unsafe-configuration finding (the kill is how it showed)",
+        why=(
+            "a kill the configuration's own arithmetic predicts -- its settings need more than the limit, and memory got "
+            "there -- is explained by the settings: changing them is what stops the kills, so the kill stays contributing "
+            "just under it; settings that are only risky (below 0.5) or over the limit on paper alone (0.6) change nothing"
+        ),
     ),
     Precedence(
         rule="kv_cache.saturation",

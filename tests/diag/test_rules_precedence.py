@@ -30,6 +30,7 @@ CLASS_OF = {
     "kv_cache.saturation": "kv_cache_saturation",
     "oom.gpu": "gpu_oom",
     "placement.noisy_neighbour": "noisy_neighbour",
+    "config.unsafe": "unsafe_config",
 }
 KV_NOTE = "the KV cache is full and the engine preempts: the wait is for KV blocks, see the KV-cache finding"
 
@@ -136,7 +137,20 @@ def test_kv_saturation_ranks_just_under_a_cuda_oom() -> None:
     assert kv.confidence == pytest.approx(0.65) and "CUDA allocations failed" in kv.summary
 
 
+def test_an_oom_kill_ranks_just_under_a_configuration_that_does_not_fit() -> None:
+    found = _found(**{"oom.host": 0.85, "config.unsafe": 0.7})
+    applied = apply_precedence(found)
+    kill = found["oom.host"]
+    assert kill.confidence == pytest.approx(0.65) and "see the unsafe-configuration finding" in kill.summary
+    assert applied == ["oom.host gives way to config.unsafe (from 0.7): just under it (0.05 below) when it would outrank it"]
+    # Over the limit on paper only (0.6), or merely risky settings: the kill stands.
+    for other in (0.6, 0.45):
+        theirs = _found(**{"oom.host": 0.85, "config.unsafe": other})
+        assert apply_precedence(theirs) == [] and theirs["oom.host"].confidence == 0.85
+
+
 ENTRY_TESTS = {
+    ("oom.host", "config.unsafe"): test_an_oom_kill_ranks_just_under_a_configuration_that_does_not_fit,
     ("requests.queue_backlog", "kv_cache.saturation"): test_backlog_gives_way_to_a_firm_kv_saturation,
     ("aggregated.queue_vs_thrash", "kv_cache.saturation"): test_aggregated_backlog_gives_way_to_a_firm_kv_saturation,
     ("aggregated.queue_from_gauges", "kv_cache.saturation"): test_gauge_backlog_gives_way_to_a_firm_kv_saturation,

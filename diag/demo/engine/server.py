@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -37,6 +38,8 @@ from diag.demo.scenarios.cgroups import MemoryGroup
 
 PORT_RE = re.compile(r"Uvicorn running on https?://127\.0\.0\.1:(\d+)")
 START_TIMEOUT_S = 60.0
+# Waits for one byte (or EOF) on stdin, then becomes the server: ``os.execv`` keeps the PID and the group.
+_GATE = "import os, sys; sys.stdin.buffer.read(1); os.execv(sys.argv[1], sys.argv[1:])"
 
 
 def unavailable_reason() -> str | None:
@@ -113,7 +116,14 @@ class EngineServer:
             raise RuntimeError("the server is not started")
         return self.proc.pid
 
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> EngineServer:
+    def start(self, timeout_s: float = START_TIMEOUT_S, on_spawn: Callable[[int], object] | None = None) -> EngineServer:
+        """Spawn the server and wait until it serves.
+
+        ``on_spawn(pid)``: the process is held at a gate (a Python that waits for one byte on stdin, then execs the
+        server in place: same PID, same group) until ``on_spawn`` returns. A server that dies while it loads (an OOM
+        kill at start-up, a second after exec) is then watched from its first moment: whatever ``on_spawn`` starts
+        is running before the server is.
+        """
         reason = unavailable_reason()
         if reason:
             raise EngineUnavailable(reason)
@@ -125,9 +135,20 @@ class EngineServer:
         if self.wrap_recorder is not None:
             wrap = ["wrap", "--recorder", str(self.wrap_recorder), "--model", "engine", "--"]
             argv = [sys.executable, "-m", "diag.cli", *wrap, *argv]
-        kwargs = {"stdout": self._log, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL, "env": env}
+        stdin = subprocess.DEVNULL
+        if on_spawn is not None:
+            argv, stdin = [sys.executable, "-c", _GATE, *argv], subprocess.PIPE
+        kwargs = {"stdout": self._log, "stderr": subprocess.STDOUT, "stdin": stdin, "env": env}
         self.proc = self.group.spawn(argv, **kwargs) if self.group else subprocess.Popen(argv, **kwargs)
         try:
+            if on_spawn is not None:
+                assert self.proc.stdin is not None
+                try:
+                    on_spawn(self.proc.pid)
+                finally:
+                    with contextlib.suppress(OSError):
+                        self.proc.stdin.write(b"\n")  # open the gate (also when on_spawn failed: stop() then ends it)
+                        self.proc.stdin.close()
             self._wait_ready(timeout_s)
         except BaseException:
             self.stop()
