@@ -33,6 +33,31 @@ import pytest
 BINARY = "prometheus"
 
 
+def wait_ready(proc: subprocess.Popen[bytes], url: str, name: str, timeout_s: float, log_tail: Callable[[], str]) -> None:
+    """Poll ``url`` until it answers 200 (a server we started); its exit or the deadline is an error with its log's tail."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}: {log_tail()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1.0, trust_env=False).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name} not ready after {timeout_s} s: {log_tail()}")
+        time.sleep(0.05)
+
+
+def stop(proc: subprocess.Popen[bytes] | None) -> None:
+    """End a server we started, by its PID: SIGTERM, then SIGKILL if it has not exited within 10 s."""
+    if proc is not None and proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
 def free_port() -> int:
     """A port nobody listens on right now (bound and released; the race is harmless on loopback in tests)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -154,23 +179,8 @@ def prometheus(
                 stdout=log, stderr=subprocess.STDOUT, cwd=folder,
             )  # fmt: skip
         server = PromServer(f"http://127.0.0.1:{port}", proc.pid, folder)
-        deadline = time.monotonic() + ready_timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited with {proc.returncode}: {server.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{server.url}/-/ready", timeout=1.0, trust_env=False).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"prometheus not ready after {ready_timeout_s} s: {server.log_tail()}")
-            time.sleep(0.05)
+        wait_ready(proc, f"{server.url}/-/ready", "prometheus", ready_timeout_s, server.log_tail)
         yield server
     finally:
-        if proc is not None and proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        stop(proc)
         shutil.rmtree(folder, ignore_errors=True)

@@ -19,14 +19,11 @@ than adding a protobuf and a snappy package to the test dependencies for one fix
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shutil
-import signal
 import struct
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +31,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.promserver import free_port
+from tests.promserver import free_port, stop, wait_ready
 
 BINARY = "victoria-metrics"
 
@@ -154,23 +151,8 @@ def victoria_metrics(flags: Sequence[str] = (), ready_timeout_s: float = 20.0) -
                 stdout=log, stderr=subprocess.STDOUT, cwd=folder,
             )  # fmt: skip
         server = VmServer(f"http://127.0.0.1:{port}", proc.pid, folder)
-        deadline = time.monotonic() + ready_timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"victoria-metrics exited with {proc.returncode}: {server.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{server.url}/health", timeout=1.0, trust_env=False).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"victoria-metrics not ready after {ready_timeout_s} s: {server.log_tail()}")
-            time.sleep(0.05)
+        wait_ready(proc, f"{server.url}/health", "victoria-metrics", ready_timeout_s, server.log_tail)
         yield server
     finally:
-        if proc is not None and proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        stop(proc)
         shutil.rmtree(folder, ignore_errors=True)

@@ -21,7 +21,6 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from markupsafe import Markup
 
 from collectors.redact import redact_argv, redact_text
 from diag.bundle import svgplot
+from diag.bundle.charts import Chart, GiB, MiB
 from diag.bundle.report import environment
 from diag.gate.runner import GateReport, StepReport
 from diag.gate.timeseries import RunSeries, run_series
@@ -38,18 +38,8 @@ from diag.timeline import Series, Timeline
 from diag.units import format_value
 from diag.views.charts import PALETTE, reduce_minmax
 
-GiB = float(1 << 30)
-MiB = float(1 << 20)
 BOUNDARY = "#888888"
 LIMIT = "#c0392b"
-
-
-@dataclass
-class Chart:
-    key: str
-    title: str
-    caption: str
-    svg: str
 
 
 # --------------------------------------------------------------------------- charts
