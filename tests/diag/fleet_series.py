@@ -22,6 +22,13 @@ from diag.demo.scenarios.recording import read_jsonl_gz
 from tests.paths import FIXTURES
 
 CLUSTER = "fleet-a"
+# The fleet the Prometheus and VictoriaMetrics tests build: these machines carry a recorded incident of that class,
+# the rest a healthy recording; THIN one too short to judge.
+SICK = {"node03": "queue_backlog", "node07": "memory_leak", "node11": "host_oom", "node14": "queue_backlog",
+        "node17": "memory_leak", "node20": "host_oom"}  # fmt: skip
+SCENARIO = {"queue_backlog": "queue", "memory_leak": "leak", "host_oom": "host-oom"}  # class -> recorded scenario
+THIN = "node21"
+SINCE_S = 80.0  # the recordings are 50-66 s long, all ending at the fleet's end
 SELECTOR = f'cluster="{CLUSTER}"'
 
 

@@ -32,17 +32,12 @@ from diag.cli.fleet import judge_fleet
 from diag.rules.engine import analyze
 from diag.sources.fleet import load_fleet
 from diag.sources.prometheus import load_prometheus
-from tests.diag.fleet_series import SELECTOR, recording, write_fleet
+from tests.diag.fleet_series import SCENARIO, SELECTOR, SICK, SINCE_S, THIN, recording, write_fleet
 from tests.promserver import PromServer, prometheus, require_prometheus
 from tests.vmserver import VmServer, require_victoria_metrics, victoria_metrics
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
-SICK = {"node03": "queue_backlog", "node07": "memory_leak", "node11": "host_oom", "node14": "queue_backlog",
-        "node17": "memory_leak", "node20": "host_oom"}  # fmt: skip
-SCENARIO = {"queue_backlog": "queue", "memory_leak": "leak", "host_oom": "host-oom"}
-THIN = "node21"
-SINCE_S = 80.0  # the recordings are 50-66 s long, all ending at END
 
 
 @dataclass
