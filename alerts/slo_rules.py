@@ -146,9 +146,15 @@ def period_group(spec: Spec, slo: SLO) -> dict[str, Any]:
     return {"name": f"llmdiag-slo-{slo.name}-period", "interval": "5m", "rules": rules}
 
 
+# The highest error ratio a burn alert may wait for. At 100 % or more it can never fire (e.g. 14.4 x a 10 % budget);
+# just under, it fires only in a total outage -- which the availability of every other signal already shows -- and
+# its generated promtool tests could not place a moment on either side of a threshold that close to every request.
+MAX_FIRING_RATIO = 0.97
+
+
 def tier_can_fire(slo: SLO, tier: Tier, period: str) -> bool:
-    """A tier whose threshold is >= 100 % errors can never fire (e.g. 14.4 x a 10 % budget)."""
-    return tier.burn_factor(period) * slo.budget < 1
+    """Whether the tier's threshold (burn factor x budget) is an error ratio a real incident can cross: under 97 %."""
+    return tier.burn_factor(period) * slo.budget < MAX_FIRING_RATIO
 
 
 def _period_words(period: str) -> str:
@@ -235,8 +241,11 @@ def slo_rule_groups(spec: Spec, slo: SLO) -> tuple[list[dict[str, Any]], list[st
         if tier_can_fire(slo, tier, spec.period):
             alerts.append(burn_alert(spec, slo, tier))
         else:
-            warnings.append(f"slo {slo.name}: tier {tier.name} can never fire ({format_number(tier.burn_factor(spec.period))}"
-                            f" x a {format_number(slo.budget)} budget >= 100 % errors); left out")  # fmt: skip
+            never = tier.burn_factor(spec.period) * slo.budget >= 1
+            what, why = ("can never fire", ">= 100 % errors") if never else (
+                "would fire only in a total outage", f">= {MAX_FIRING_RATIO * 100:g} % errors")
+            warnings.append(f"slo {slo.name}: tier {tier.name} {what} ({format_number(tier.burn_factor(spec.period))}"
+                            f" x a {format_number(slo.budget)} budget {why}); left out")  # fmt: skip
     if total_metric(slo) is not None:  # a raw total query that reads no metric by name has nothing to watch
         alerts.append(absent_alert(spec, slo))
     groups = [recording_group(spec, slo), period_group(spec, slo), {"name": group_names(slo)[2], "rules": alerts}]

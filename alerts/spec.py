@@ -25,8 +25,7 @@ Shape (see ``alerts/slo.yaml`` for the shipped, commented default)::
       - name: ttft
         objective: 99
         latency: {metric, threshold}  # seconds; must be a bucket boundary
-        tiers: [fast, slow]          # optional: keep only these tiers (a tier that could never fire at the
-                                     # objective -- burn factor x budget >= 0.97 -- must be left out: refused)
+        tiers: [fast, slow]          # optional: keep only these tiers
       - name: e2e
         objective: 99
         histogram: tgi_request_duration   # the same as latency:, spelt flat
@@ -48,7 +47,6 @@ from __future__ import annotations
 import math
 import re
 import reprlib
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -382,26 +380,6 @@ def _tier(doc: Any, where: str) -> Tier:
     return Tier(name, severity, long, short, budget, int(min_events))
 
 
-# The highest error ratio a burn alert may need before it fires: at or above it the alert could never fire (a ratio
-# over 1) or could not be told from a total outage, and its generated promtool tests could not place a moment on
-# either side of its threshold.
-MAX_FIRING_RATIO = 0.97
-
-
-def _check_tiers_can_fire(where: str, objective: float, tiers: Sequence[Tier], period: str) -> None:
-    budget = round(1 - objective / 100, 10)
-    for tier in tiers:
-        factor = tier.burn_factor(period)
-        needs = factor * budget
-        if needs >= MAX_FIRING_RATIO:
-            what = ("can never fire: it needs an error ratio over 1" if needs >= 1
-                    else f"fires only when {needs:.0%} of requests fail, a total outage")  # fmt: skip
-            raise SpecError(
-                f"{where}: with objective {objective:g} % the {tier.name} tier {what} (burn {factor:g} x budget "
-                f"{budget:.3g} = {needs:.3g}); raise the objective or leave the tier out ({where}.tiers)"
-            )
-
-
 DEFAULT_TIERS: tuple[Tier, ...] = (
     Tier("fast", "page", "1h", "5m", 2, 20),
     Tier("medium", "page", "6h", "30m", 5, 50),
@@ -638,7 +616,6 @@ def parse_spec(doc: Any, live_buckets: dict[str, tuple[float, ...]] | None = Non
                 if t not in names:
                     raise SpecError(f"{where}.tiers: {_show(t)} is not a tier (tiers: {', '.join(names)})")
             chosen = tuple(t for t in tiers if t.name in keep)
-        _check_tiers_can_fire(where, objective, chosen, period)
         slos.append(SLO(name, objective, _string(s, "description", where, ""), _sli(s, where, live_buckets), chosen,
                         _labels(s.get("labels"), f"{where}.labels")))  # fmt: skip
     return Spec(

@@ -88,6 +88,24 @@ def test_tier_that_cannot_fire_is_warned_and_left_out(tmp_path: Path) -> None:
     assert tiers == ["medium", "slow", "long"]
 
 
+def test_a_tier_that_would_fire_only_in_a_total_outage_is_left_out_too() -> None:
+    """Objective 2 %: the long tier (burn 1) waits for 98 % errors -- only a total outage, and no moment on either
+    side of its threshold for a generated test to assert; left out with a warning, and the rest still renders."""
+    from alerts.slo_rules import slo_rule_groups
+
+    doc = yaml.safe_load(Path("alerts/slo.yaml").read_text())
+    doc["slos"] = [doc["slos"][0]]
+    doc["slos"][0]["objective"] = 2
+    spec = parse_spec(doc)
+    groups, warnings = slo_rule_groups(spec, spec.slos[0])
+    tiers = [r["labels"]["tier"] for g in groups for r in g["rules"] if r.get("alert") == "LLMDiagSLOBurn"]
+    assert tiers == []
+    assert any("tier long would fire only in a total outage (1 x a 0.98 budget >= 97 % errors); left out" in w
+               for w in warnings), warnings  # fmt: skip
+    assert any("tier fast can never fire" in w for w in warnings), warnings
+    assert render(spec, INCIDENT_CLASSES, "spec.yaml").files  # its promtool tests generate without a burn tier
+
+
 def test_cause_classes_are_the_engines() -> None:
     classes = {c.diag_class for c in CAUSES if c.diag_class is not None}
     assert classes <= set(INCIDENT_CLASSES)
