@@ -56,7 +56,7 @@ HTML = "text/html; charset=utf-8"
 class ReceiverConfig:
     host: str = "127.0.0.1"
     port: int = 9095
-    db: Path = Path("triage.db")
+    db: Path | str = Path("triage.db")  # a SQLite file, or a postgresql:// URL (diag.triage.pg)
     policy: lifecycle.Policy = field(default_factory=lifecycle.Policy)
     source: Source | None = None
     token: str = ""
