@@ -176,6 +176,13 @@ def serve(
         str, typer.Option(help="Firing again within this long reopens; later opens a new incident (e.g. 24h, 7d).")
     ] = "24h",
     flap_window: Annotated[str, typer.Option(help="Window in which state changes are counted for flapping.")] = "1h",
+    claim_lease: Annotated[
+        str,
+        typer.Option(
+            help="With a postgresql:// store: how long a receiver's claim on a ticket action holds; a receiver that "
+            "dies mid-send has its actions taken over by the others this long after (longer than a tracker request)."
+        ),
+    ] = "60s",
     flap_threshold: Annotated[int, typer.Option(min=2, help="State changes within --flap-window that mark flapping.")] = 4,
     lookback: Annotated[str, typer.Option(help="Diagnose from startsAt minus this much, up to now.")] = "30m",
     max_body: Annotated[str, typer.Option(help="Largest webhook body accepted (413 above); 1KiB to 64MiB.")] = "1MiB",
@@ -342,6 +349,9 @@ def _serve_config(**opts: Any) -> Any:
         if opts["no_diagnosis"]:
             policy_args["ticket_hold_s"] = 0.0  # nothing to wait for
         lookback_s = _duration("--lookback", opts["lookback"], "30m, 1h or 90m")
+        claim_lease_s = _duration("--claim-lease", opts["claim_lease"], "60s, 2m or 30s")
+        if claim_lease_s < 1:
+            raise ValueError(f"--claim-lease {opts['claim_lease']}: at least 1s")
         max_body = _body_size(opts["max_body"])
         if (opts["header"] or opts["tenant"] is not None) and not opts["prometheus"]:
             raise ValueError("--header/--tenant apply only with --prometheus (they go with its queries)")
@@ -371,6 +381,7 @@ def _serve_config(**opts: Any) -> Any:
         token=os.environ.get(opts["token_env"], ""), max_body_bytes=max_body or payload.MAX_BODY_BYTES, sinks=sinks,
         bundle_on=opts["bundle_on"] if opts["bundle_on"] == "page" else None,
         bundle_dir=opts["bundle_dir"] or state / "bundles", page_url=opts["page_url"], lookback_s=lookback_s,
+        claim_lease_s=claim_lease_s,
     )  # fmt: skip
 
 

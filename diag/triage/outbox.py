@@ -42,7 +42,7 @@ from typing import Any
 
 from diag.triage.sinks import Notice, Sink, SinkError, Ticket
 from diag.triage.sinks.text import Block, Bullets, Doc, Item, code, from_plain, link, para, plain, strong, text
-from diag.triage.store import IncidentView, add_event, claim_outbox, connect, get_incident, transaction
+from diag.triage.store import CLAIM_LEASE_S, IncidentView, add_event, claim_outbox, connect, get_incident, transaction
 
 log = logging.getLogger(__name__)
 
@@ -159,8 +159,9 @@ class Dispatcher:
 
     def __init__(
         self, path: str | Path, sinks: Mapping[str, Sink], *, page_url: str = "", base_backoff_s: float = BASE_BACKOFF_S,
-        start: bool = True,
+        start: bool = True, claim_lease_s: float = CLAIM_LEASE_S,
     ) -> None:  # fmt: skip
+        self.claim_lease_s = claim_lease_s
         self.sinks = dict(sinks)
         self.page_url = page_url
         self.base_backoff_s = base_backoff_s
@@ -214,7 +215,7 @@ class Dispatcher:
                 break
             # another receiver on the same store may have taken it since: only the claimant sends, and from the
             # row as it is now
-            if not claim_outbox(self._db, row["id"], time.time()):
+            if not claim_outbox(self._db, row["id"], time.time(), self.claim_lease_s):
                 continue
             fresh = self._db.execute("SELECT * FROM outbox WHERE id = ?", (row["id"],)).fetchone()
             if fresh is not None:

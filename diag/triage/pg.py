@@ -189,8 +189,10 @@ class PgConnection:
         import psycopg
 
         head = sql.lstrip()[:20].upper()
-        if head.startswith("ROLLBACK") and not head.startswith("ROLLBACK TO") and (
-            self._conn is None or self._conn.closed or self._conn.broken
+        if (
+            head.startswith("ROLLBACK")
+            and not head.startswith("ROLLBACK TO")
+            and (self._conn is None or self._conn.closed or self._conn.broken)
         ):
             self._in_tx = False  # nothing to roll back: the server ended the transaction with the connection
             self._drop()

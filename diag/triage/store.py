@@ -437,11 +437,12 @@ def claim_outbox(db: sqlite3.Connection, outbox_id: int, now: float, lease_s: fl
     write, so no fsync, per action; a restarted receiver carries on at once with what it was sending)."""
     if not is_shared(db):
         return True
-    return db.execute(
+    cur = db.execute(
         "UPDATE outbox SET claimed_until = ? WHERE id = (SELECT id FROM outbox WHERE id = ? AND done_at IS NULL"
         " AND failed_at IS NULL AND (claimed_until IS NULL OR claimed_until <= ?) FOR UPDATE SKIP LOCKED)",
         (now + lease_s, outbox_id, now),
-    ).rowcount == 1
+    )
+    return cur.rowcount == 1
 
 
 def add_event(db: sqlite3.Connection, incident_id: int, kind: str, text: str, ts: float | None = None) -> None:
