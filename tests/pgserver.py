@@ -15,6 +15,7 @@ import contextlib
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.promserver import free_port, stop
+from tests.promserver import free_port
 
 BIN = Path("/usr/lib/postgresql/15/bin")
 USER = "diag"  # the database superuser initdb creates; trust authentication on loopback only
@@ -77,7 +78,7 @@ class PgServer:
         cmd = [str(BIN / "postgres"), "-D", str(self.root / "data"), "-k", str(self.root), "-h", "127.0.0.1",
                "-p", str(self.port), "-c", "max_connections=100"]  # fmt: skip
         with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, **_run_as())  # type: ignore[call-overload]
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **_run_as())  # type: ignore[call-overload]
         self.starts += 1
         deadline = time.monotonic() + timeout_s
         while True:
@@ -94,9 +95,19 @@ class PgServer:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        """A fast shutdown (SIGTERM: sessions are ended, the data is kept); SIGKILL after 10 s."""
-        stop(self.proc)
-        self.proc = None
+        """A fast shutdown: SIGINT (open sessions are ended, committed data kept -- SIGTERM would wait for every
+        client to leave); after 10 s an immediate one (SIGQUIT), then SIGKILL of the server's own process group
+        (so no backend outlives it)."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        for sig in (signal.SIGINT, signal.SIGQUIT):
+            os.kill(proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+                return
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
 
     def restart(self) -> None:
         self.stop()

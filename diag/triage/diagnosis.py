@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from diag.triage import lifecycle
-from diag.triage.store import add_event, connect, is_shared, transaction
+from diag.triage.store import add_event, connect, is_shared, store_target, transaction
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ class DiagnosisWorker:
         bundle_on: str | None = None,
         bundle_dir: Path | None = None,
     ) -> None:
-        self.path = Path(path)
+        self.path = store_target(path)
         self.source = source
         self.policy = policy
         self.lookback_s = lookback_s

@@ -209,7 +209,15 @@ class PgConnection:
                 self._in_tx = False
                 conn.execute(sql)
                 return Cursor([], 0, None)
-            cur = conn.execute(translate(sql), tuple(params))
+            try:
+                cur = conn.execute(translate(sql), tuple(params))
+            except psycopg.OperationalError:
+                # a read outside a transaction on a connection the server dropped (it restarted since): the query
+                # never ran, so it is sent once more on a new connection
+                if self._in_tx or not conn.broken or not head.startswith("SELECT"):
+                    raise
+                conn = self._usable()
+                cur = conn.execute(translate(sql), tuple(params))
             rows = cur.fetchall() if cur.description is not None else []
             lastrowid = None
             if rows and sql.lstrip().upper().startswith("INSERT"):

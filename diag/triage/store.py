@@ -340,6 +340,8 @@ def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
 
     if pg.is_url(path):
         return pg.connect(str(path), readonly=readonly)  # type: ignore[return-value]
+    if str(path).startswith(("postgresql:/", "postgres:/")):  # a URL that went through Path(): never a file to create
+        raise ValueError(f"{path}: a PostgreSQL URL folded into a path (pass the URL as a string)")
     path = Path(path)
     _check_header(path)
     if readonly:
@@ -453,7 +455,7 @@ def add_event(db: sqlite3.Connection, incident_id: int, kind: str, text: str, ts
 
 
 def bump_stat(db: sqlite3.Connection, name: str, by: int = 1) -> None:
-    db.execute("INSERT INTO stats (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = value + ?", (name, by, by))
+    db.execute("INSERT INTO stats (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = stats.value + ?", (name, by, by))
 
 
 @dataclass
