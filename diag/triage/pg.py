@@ -202,8 +202,14 @@ class PgConnection:
             if head.startswith("BEGIN"):
                 conn.execute("BEGIN")
                 self._in_tx = True
-                if not self.readonly:
-                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK,))
+                try:
+                    if not self.readonly:
+                        conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK,))
+                except BaseException:  # the caller's transaction never started: it will not roll back
+                    self._in_tx = False
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
+                    raise
                 return Cursor([], 0, None)
             if head.startswith(("COMMIT", "ROLLBACK")) and not head.startswith("ROLLBACK TO"):
                 self._in_tx = False

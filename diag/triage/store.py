@@ -455,7 +455,9 @@ def add_event(db: sqlite3.Connection, incident_id: int, kind: str, text: str, ts
 
 
 def bump_stat(db: sqlite3.Connection, name: str, by: int = 1) -> None:
-    db.execute("INSERT INTO stats (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = stats.value + ?", (name, by, by))
+    db.execute(
+        "INSERT INTO stats (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = stats.value + ?", (name, by, by)
+    )
 
 
 @dataclass
