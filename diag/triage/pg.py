@@ -66,10 +66,18 @@ class Row(tuple):  # type: ignore[type-arg]
         return list(self._names)
 
 
+@lru_cache(maxsize=256)
+def _row_class(names: tuple[str, ...]) -> type[Row]:
+    """One Row class per column list (the triage code's statements are few; building a class per query was a
+    measurable share of a delivery's CPU)."""
+    return type("Row", (Row,), {"_names": names})
+
+
 def _row_factory(cursor: Any) -> Any:
-    names = tuple(d.name for d in cursor.description or ())
-    cls = type("Row", (Row,), {"_names": names})
-    return lambda values: cls(values)
+    res = cursor.pgresult  # the names straight from libpq: ``description`` builds a Column object per column per query
+    if res is None:
+        return _row_class(())
+    return _row_class(tuple(res.fname(i).decode() for i in range(res.nfields)))
 
 
 def _outside_literals(sql: str) -> Iterator[tuple[bool, str]]:
