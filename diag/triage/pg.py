@@ -244,19 +244,3 @@ class PgConnection:
     def close(self) -> None:
         self._in_tx = False
         self._drop()
-
-
-def connect(url: str, *, readonly: bool = False) -> PgConnection:
-    """A connection to the store at ``url``; creates or migrates the schema unless ``readonly``. An unreachable
-    server is ``sqlite3.OperationalError`` with psycopg's one-line reason."""
-    from diag.triage import store
-
-    db = PgConnection(url, readonly=readonly)
-    if readonly:
-        return db
-    try:
-        store.ensure_schema_pg(db)
-    except BaseException:
-        db.close()
-        raise
-    return db

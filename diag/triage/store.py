@@ -339,7 +339,14 @@ def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
     from diag.triage import pg
 
     if pg.is_url(path):
-        return pg.connect(str(path), readonly=readonly)  # type: ignore[return-value]
+        conn = pg.PgConnection(str(path), readonly=readonly)  # an unreachable server: OperationalError, one line
+        if not readonly:
+            try:
+                ensure_schema_pg(conn)
+            except BaseException:
+                conn.close()
+                raise
+        return conn  # type: ignore[return-value]
     if str(path).startswith(("postgresql:/", "postgres:/")):  # a URL that went through Path(): never a file to create
         raise ValueError(f"{path}: a PostgreSQL URL folded into a path (pass the URL as a string)")
     path = Path(path)

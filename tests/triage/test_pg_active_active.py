@@ -24,7 +24,7 @@ import pytest
 
 from tests.pgserver import reset
 from tests.triage.helpers import FakeTracker, ReceiverProcess
-from tests.triage.test_load_kill9 import CONCURRENCY, GROUPS, TOTAL, plan
+from tests.triage.loadplan import CONCURRENCY, GROUPS, TOTAL, plan
 
 pytestmark = [pytest.mark.process, pytest.mark.slow, pytest.mark.live]
 

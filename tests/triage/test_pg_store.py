@@ -3,6 +3,7 @@ foreign database refused, and a receiver that answers 503 while the database is 
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
@@ -12,13 +13,19 @@ import httpx
 import psycopg
 import pytest
 
-from diag.triage import lifecycle
+from diag.triage import lifecycle, payload
 from diag.triage.diagnosis import DiagnosisWorker
 from diag.triage.pg import redact, translate
 from diag.triage.store import SCHEMA_VERSION, StoreCorrupt, claim_outbox, connect, list_incidents, transaction
 from tests.pgserver import reset
 from tests.triage.helpers import ReceiverProcess, alert, body
-from tests.triage.test_lifecycle import BASE, run
+
+BASE = {"alertname": "ErrorBudgetBurnFast", "job": "llm-api", "instance": "10.0.0.5:8000", "severity": "page"}
+
+
+def run(db, policy, doc, now):
+    with transaction(db):
+        return lifecycle.apply(db, policy, payload.parse(json.dumps(doc).encode()), now)
 
 
 def test_translation_rewrites_placeholders_and_inserts_but_not_string_literals():
