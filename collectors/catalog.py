@@ -509,6 +509,18 @@ WATCH_TARGETS_FOUND = _declare(
     )
 )
 
+# The caps on process and cgroup label values (collectors.series_cap): kind = process | cgroup.
+SERIES_FOLDED = _declare(MetricSpec(
+    "llmdiag_series_folded", "gauge",
+    "Process or cgroup label values beyond the agent's cap (--max-processes, --max-cgroups) at the last sample, "
+    "folded into the pid=\"other\" / cgroup=\"other\" series, by kind (process|cgroup).",
+    ("kind",), "", "collectors.exporter"))  # fmt: skip
+SERIES_OVERFLOW = _declare(MetricSpec(
+    "llmdiag_series_overflow_total", "counter",
+    "Samples at which some label values of this kind (process|cgroup) were beyond the cap and folded into the "
+    "overflow series: rising means the cap is too small for the host to show each one.",
+    ("kind",), "", "collectors.exporter"))  # fmt: skip
+
 # --------------------------------------------------------------------------- the agent's scrapes of backends
 
 # ``diag collect --scrape``: the health of each scrape of an inference backend's own /metrics (collectors.scrape).
