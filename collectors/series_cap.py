@@ -20,7 +20,7 @@ from typing import TypeVar
 K = TypeVar("K", bound=Hashable)
 
 DEFAULT_MAX_PROCESSES = 30  # the sampler's default top 10 by RSS plus room for a service's workers
-DEFAULT_MAX_CGROUPS = 20  # named groups and the model holders' groups: a few on an inference host
+DEFAULT_MAX_CGROUPS = 10  # named groups and the model holders' groups: a few on an inference host
 HYSTERESIS_MARGIN = 0.25  # a newcomer must be 25 % larger than a kept one to take its place
 OVERFLOW = "other"  # the label value of the overflow series (never a pid or a cgroup path)
 
