@@ -789,6 +789,8 @@ VLLM_SUCCESS = _external(
 DCGM_FB_USED = _external("DCGM_FI_DEV_FB_USED", "gauge", "dcgm-exporter", "3.x/4.x", "Framebuffer used, MiB.")
 DCGM_FB_FREE = _external("DCGM_FI_DEV_FB_FREE", "gauge", "dcgm-exporter", "3.x/4.x", "Framebuffer free, MiB.")
 PROMETHEUS_UP = _external("up", "gauge", "Prometheus", "any", "Per scrape target: 1 when its last scrape succeeded.")
+PROMETHEUS_SCRAPED = _external("scrape_samples_scraped", "gauge", "Prometheus", "any",
+                               "Per scrape target: the samples its last scrape exposed (one per series).")  # fmt: skip
 EXTERNAL = (*EXTERNAL, *_EXTERNAL_ADDED)
 
 
