@@ -1,10 +1,12 @@
 """The agent's cap on process and cgroup label values: which are kept, what the overflow series holds.
 
 The choice and the folded counters are checked on their own and through the exporter's rendering of
-snapshots; tests/collectors/test_live_series_cap.py scrapes a real agent.
+snapshots; tests/collectors/test_series_cap_agent.py scrapes a real agent.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
@@ -177,3 +179,15 @@ def test_once_exposition_honours_the_caps() -> None:
     pids = {s.labels["pid"] for fam in text_string_to_metric_families(text) for s in fam.samples
             if s.name == "llmdiag_process_resident_memory_bytes"}  # fmt: skip
     assert pids == {"104", "105", OVERFLOW}
+
+
+def test_a_cap_below_one_is_refused_in_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from diag.cli.main import app
+
+    for option in ("--max-processes", "--max-cgroups"):
+        result = CliRunner().invoke(app, ["collect", option, "0", "--recorder", str(tmp_path / "r.db")])
+        assert result.exit_code == 2, result.output
+        assert f"{option} 0: at least 1" in result.stderr and "Traceback" not in result.stderr
+        assert not (tmp_path / "r.db").exists()  # refused before the recorder was made
