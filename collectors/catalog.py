@@ -282,7 +282,8 @@ PROCESS_RSS = _declare(
     MetricSpec(
         "llmdiag_process_resident_memory_bytes",
         "gauge",
-        "Resident set size of a watched process (top-N by RSS, plus every process holding a model file).",
+        "Resident set size of a watched process (top-N by RSS, plus every process holding a model file; beyond "
+        "--max-processes the smallest are summed into pid=\"other\").",
         _PROC,
         "bytes",
         "collectors.processes",
@@ -342,7 +343,8 @@ MODEL_PROCESS_INFO = _declare(
     MetricSpec(
         "llmdiag_model_process_info",
         "gauge",
-        "1 for each process that maps or holds open a model file (pid, comm as on the process series): joined with "
+        "1 for each process that maps or holds open a model file (pid, comm as on the process series; one folded into "
+        "pid=\"other\" is left out, llmdiag_model_processes still counts it): joined with "
         "llmdiag_process_uss_bytes / _rss_bytes it tells private copies from processes sharing one mapping.",
         ("model", "pid", "comm"),
         "",

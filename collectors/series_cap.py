@@ -68,13 +68,13 @@ class FoldedCounters:
 
     def __init__(self) -> None:
         self._last: dict[tuple[Hashable, Hashable], float] = {}
-        self.totals: dict[Hashable, float] = {}
+        self.totals: dict[Hashable, float] = {}  # only families some folded member has had: no invented zeros
 
     def observe(self, values: Mapping[tuple[Hashable, Hashable], float], folded: set[Hashable]) -> None:
         """``values``: (family, member) -> the member's counter now, for every member present."""
         for (fam, member), value in values.items():
-            self.totals.setdefault(fam, 0.0)
             if member in folded:
+                self.totals.setdefault(fam, 0.0)
                 last = self._last.get((fam, member))
                 if last is not None and value >= last:
                     self.totals[fam] += value - last

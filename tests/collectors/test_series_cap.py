@@ -86,6 +86,8 @@ def test_folded_counters_never_go_down_when_members_come_and_go() -> None:
     assert folded.totals["f"] == 41
     folded.observe({("f", 2): 3}, {2})  # a counter that went back (a reused pid) adds nothing
     assert folded.totals["f"] == 41
+    folded.observe({("f", 2): 4, ("g", 9): 50}, {2})  # a family only kept members have: no overflow series for it
+    assert "g" not in folded.totals and folded.totals["f"] == 42
 
 
 def test_exporter_folds_the_smallest_processes_into_other() -> None:
@@ -159,6 +161,7 @@ def test_cgroups_fold_with_summed_memory_and_counters_and_no_summed_limit() -> N
     assert _value(series, "llmdiag_cgroup_memory_limit_bytes", cgroup=OVERFLOW) is None
     assert _value(series, "llmdiag_cgroup_memory_events_total", cgroup=OVERFLOW, event="oom_kill", scope="hierarchical") == 3
     assert _value(series, "llmdiag_cgroup_memory_pgmajfault_total", cgroup=OVERFLOW) == 15
+    assert _value(series, "llmdiag_cgroup_pressure_memory_stalled_seconds_total", cgroup=OVERFLOW) is None  # none has PSI
     assert _value(series, "llmdiag_series_folded", kind="cgroup") == 3
     assert _value(series, "llmdiag_series_overflow_total", kind="cgroup") == 2
 
