@@ -28,7 +28,7 @@ from collectors.recorder import FlightRecorder
 from collectors.records import RequestTiming
 from diag.demo.engine.client import completion, drive, drive_until
 from diag.demo.engine.copies import limit_for_one_short, start_together
-from diag.demo.engine.model import EngineUnavailable, WrittenModel, write_model
+from diag.demo.engine.model import WrittenModel, write_model
 from diag.demo.engine.pagecache import anon_bytes, set_limit
 from diag.demo.engine.server import EngineServer, EngineSettings, EngineStartError, unavailable_reason
 from diag.demo.scenarios.cgroups import MemoryGroup
@@ -36,6 +36,17 @@ from diag.demo.scenarios.context import MiB, ScenarioContext, evict_from_page_ca
 from diag.demo.scenarios.registry import scenario
 
 ATTACHMENTS = ("outside", "wrapped")
+# The attachments each scenario takes: those that serve requests both; those that never serve one (a server killed
+# while it loads, copies that only sit in memory) outside only -- wrapping the server changes nothing they show.
+ENGINE_ATTACHMENTS: dict[str, tuple[str, ...]] = {
+    "engine-healthy": ATTACHMENTS,
+    "engine-queue": ATTACHMENTS,
+    "engine-thrash": ATTACHMENTS,
+    "engine-mlock": ("outside",),
+    "engine-copies": ("outside",),
+    "engine-fourth-copy": ("outside",),
+    "engine-n-ctx": ("outside",),
+}
 MODEL_SEED = 7
 START_INTERVAL_S = 0.25  # the agent's interval for a server that may die while it loads (it lives about a second)
 
@@ -51,13 +62,15 @@ def _model(ctx: ScenarioContext, mib: int) -> WrittenModel:
     return write_model(path, mib * MiB, seed=MODEL_SEED)
 
 
-def _check(p: dict[str, Any], attachments: tuple[str, ...] = ATTACHMENTS) -> None:
-    """Refuse, before anything starts, an attachment the scenario cannot take or an engine that is not installed."""
+def refuse(name: str, p: dict[str, Any]) -> None:
+    """Refuse (ValueError, one line), before anything starts, an attachment the scenario cannot take or a host
+    without the engine: ``Scenario.params`` calls it, so ``diag demo --scenario`` says so as a usage error."""
+    attachments = ENGINE_ATTACHMENTS[name]
     if p["attachment"] not in attachments:
-        raise ValueError(f"attachment {p['attachment']!r}: this scenario takes {' or '.join(attachments)}")
+        raise ValueError(f"scenario {name}: attachment {p['attachment']!r}: it takes {' or '.join(attachments)}")
     reason = unavailable_reason()
     if reason:
-        raise EngineUnavailable(reason)
+        raise ValueError(f"scenario {name} runs llama.cpp: {reason}")
 
 
 @contextlib.contextmanager
@@ -137,7 +150,7 @@ def _start_and_die(ctx: ScenarioContext, servers: list[EngineServer], settings: 
     ctx.notes["oom_kills"] = group.oom_kills()
 
 
-ENGINE = {"model_mib": 64, "attachment": "outside"}
+ENGINE: dict[str, Any] = {"model_mib": 64, "attachment": "outside", "check": refuse}
 
 
 # --------------------------------------------------------------------------- serving: healthy, queue, thrashing
@@ -154,7 +167,6 @@ ENGINE = {"model_mib": 64, "attachment": "outside"}
 )
 def engine_healthy(ctx: ScenarioContext, p: dict[str, Any]) -> None:
     """Signals: one request at a time, no queue wait, memory flat, PSI ~0, no OOM kill."""
-    _check(p)
     model = _model(ctx, p["model_mib"])
     group = ctx.group("service", 1024 * MiB)
     assert group is not None
@@ -180,7 +192,6 @@ def engine_healthy(ctx: ScenarioContext, p: dict[str, Any]) -> None:
 )
 def engine_queue(ctx: ScenarioContext, p: dict[str, Any]) -> None:
     """Signals: queue wait growing to many times the inference time, inference flat, memory flat, PSI ~0."""
-    _check(p)
     model = _model(ctx, p["model_mib"])
     group = ctx.group("service", 1024 * MiB)
     assert group is not None
@@ -208,7 +219,6 @@ def engine_queue(ctx: ScenarioContext, p: dict[str, Any]) -> None:
 def engine_thrash(ctx: ScenarioContext, p: dict[str, Any]) -> None:
     """Signals: major faults and refaults climbing, memory PSI in the group, slow tokens; no OOM kill (file pages
     can always be dropped)."""
-    _check(p)
     model = _model(ctx, p["model_mib"])
     evict_from_page_cache(model.path)  # its pages must be charged to the engine's group, not to their writer's
     group = ctx.group("service", 1024 * MiB)
@@ -243,7 +253,6 @@ def engine_thrash(ctx: ScenarioContext, p: dict[str, Any]) -> None:
 def engine_mlock(ctx: ScenarioContext, p: dict[str, Any]) -> None:
     """Signals: a memcg OOM kill while the server loads, the group's unevictable memory at the kill, the server's
     own ``--use_mlock true``; it never serves."""
-    _check(p, ("outside",))
     model = _model(ctx, p["model_mib"])
     probe = ctx.group("probe", 1024 * MiB)
     assert probe is not None
@@ -271,7 +280,6 @@ def engine_mlock(ctx: ScenarioContext, p: dict[str, Any]) -> None:
 )
 def engine_copies(ctx: ScenarioContext, p: dict[str, Any]) -> None:
     """Signals: the servers' USS each about the model's size, the group's anonymous memory about that many copies."""
-    _check(p, ("outside",))
     model = _model(ctx, p["model_mib"])
     group = ctx.group("service", 1024 * MiB)
     assert group is not None
@@ -298,7 +306,6 @@ def engine_copies(ctx: ScenarioContext, p: dict[str, Any]) -> None:
 def engine_fourth_copy(ctx: ScenarioContext, p: dict[str, Any]) -> None:
     """Signals: the running servers' USS each about the model's size; the fourth server's start charges its copy to
     the group and the kernel OOM-kills one of the copies (the largest process); the group's oom_kill count rises."""
-    _check(p, ("outside",))
     model = _model(ctx, p["model_mib"])
     group = ctx.group("service", 2048 * MiB)
     assert group is not None
@@ -331,7 +338,6 @@ def engine_fourth_copy(ctx: ScenarioContext, p: dict[str, Any]) -> None:
 def engine_n_ctx(ctx: ScenarioContext, p: dict[str, Any]) -> None:
     """Signals: the server's ``--n_ctx`` on its command line and the model's dimensions in the GGUF header (the
     agent's config record), a memcg OOM kill while the server reserves the KV cache; it never serves."""
-    _check(p, ("outside",))
     model = _model(ctx, p["model_mib"])
     group = ctx.group("service", p["group_in_models"] * model.file_bytes)
     assert group is not None
