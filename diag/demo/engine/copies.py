@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from diag.demo.engine.pagecache import anon_bytes
 from diag.demo.engine.server import EngineServer, EngineSettings
 from diag.demo.scenarios.cgroups import MemoryGroup
 
@@ -35,11 +34,11 @@ def start_together(
     return servers
 
 
-def limit_for_one_short(group: MemoryGroup, running: int, model_bytes: int) -> int:
-    """The hard limit that holds the ``running`` private copies now in ``group`` and a next server's interpreter
-    and buffers, but only half of its weights (see the module doc)."""
-    if running < 1:
-        raise ValueError("at least one running copy is needed to measure what a server costs")
-    anon = anon_bytes(group)
+def limit_for_one_short(anon: int, running: int, model_bytes: int) -> int:
+    """The hard limit that holds ``running`` private copies whose group holds ``anon`` bytes of anonymous memory
+    (``pagecache.anon_bytes``), and a next server's interpreter and buffers, but only half of its weights (see the
+    module doc)."""
+    if running < 1 or anon <= 0 or model_bytes <= 0:
+        raise ValueError("running copies, their anonymous memory and the model's size must all be positive")
     per_server = anon / running
     return int(anon + max(per_server - model_bytes, 0) + model_bytes // 2)

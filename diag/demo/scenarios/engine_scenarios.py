@@ -315,7 +315,7 @@ def engine_fourth_copy(ctx: ScenarioContext, p: dict[str, Any]) -> None:
         started = start_together(settings, group, logs, on_started=servers.append)
         ctx.extra_pids.update(s.pid for s in started)
         ctx.notes["copies"] = [s.pid for s in started]
-        limit = limit_for_one_short(group, len(started), model.file_bytes)
+        limit = limit_for_one_short(anon_bytes(group), len(started), model.file_bytes)
         set_limit(group, limit)
         ctx.notes["limit_mib"] = round(limit / MiB, 1)
         ctx.progress(f"{len(started)} private copies (pids {ctx.notes['copies']}); limit set to {limit / MiB:.0f} MiB: "
