@@ -183,15 +183,23 @@ def engine_healthy(ctx: ScenarioContext, p: dict[str, Any]) -> None:
 @scenario(
     "engine-queue",
     "queue_backlog",
-    "more concurrent requests than llama.cpp decodes: they wait behind llama-cpp-python's model lock",
+    "one client at a time, then more concurrent requests than llama.cpp decodes: they wait behind its model lock",
     needs_cgroups=True,
+    calm_s=8.0,
     requests=48,
     concurrency=8,
     tokens=24,
     **ENGINE,
 )
 def engine_queue(ctx: ScenarioContext, p: dict[str, Any]) -> None:
-    """Signals: queue wait growing to many times the inference time, inference flat, memory flat, PSI ~0."""
+    """Signals: no wait while one client sends, then queue wait growing to many times the inference time,
+    inference flat, memory flat, PSI ~0.
+
+    Why a calm phase first: an incident starts from a service that kept up, and the backlog is judged against it
+    (wait rising with load while inference holds). Straight into the overload, the window's only calm is the
+    server's start-up: under ``diag wrap`` its readiness poll is a request row too, and the queue was empty
+    between it and the load -- measured, that left the wrapped run with no calm to compare with and a queue that
+    had emptied, so no backlog was named."""
     model = _model(ctx, p["model_mib"])
     group = ctx.group("service", 1024 * MiB)
     assert group is not None
@@ -199,8 +207,9 @@ def engine_queue(ctx: ScenarioContext, p: dict[str, Any]) -> None:
         server = _serve(ctx, servers, EngineSettings(model=model.path, n_ctx=256), group, p["attachment"])
         ctx.record()
         ctx.pause(2, "baseline")
+        rows = drive_until(server.url, p["calm_s"], concurrency=1, max_tokens=p["tokens"], pid=server.pid)
         prompts = [f"request {i}: why is the service slow?" for i in range(p["requests"])]
-        rows = drive(server.url, prompts, concurrency=p["concurrency"], max_tokens=p["tokens"], pid=server.pid)
+        rows += drive(server.url, prompts, concurrency=p["concurrency"], max_tokens=p["tokens"], pid=server.pid)
         _settle(ctx)
         _write_rows(ctx, rows, p["attachment"])
 
