@@ -26,7 +26,7 @@ from typing import Any
 from diag.gate.http_client import HttpClient, HttpError
 from diag.gate.spec import GateSpec, Step
 
-SPIN_S = 0.0015  # the last stretch before a send is spent yielding to the loop, not sleeping: epoll wakes ms-late
+SPIN_S = 0.001  # the last stretch before a send is spent yielding to the loop: epoll rounds a wait up to whole ms
 STOP_CHECK_S = 0.05  # waits longer than this also watch the stop event (a task each: too dear at high rates)
 WORDS = ("the", "of", "and", "model", "token", "serve", "memory", "queue", "cache", "batch", "route", "slot")
 
