@@ -12,9 +12,9 @@ First it measures the host's floor: how late a process that only sleeps wakes up
 No generator on this host can send more punctually than that, so a lag figure is read against it: on a shared
 machine the scheduler, not the generator, often sets the p99.
 
-With ``--guidellm PATH`` (its executable) the same rates are also run by guidellm against the same stub, and its
-own send lag (a request's start behind the time its scheduler meant to send it), the rate it reached and its
-CPU per request (its whole process, start-up included, less a one-request run's) are printed beside ours.
+With ``--guidellm PATH`` (its executable) the same rates are also run by guidellm against the same stub, and the
+rate it reached (its requests over the span of their starts) and its CPU per request (its process and workers,
+less a one-request run's, i.e. without its start-up) are printed beside ours.
 
     .venv/bin/python bench/gate.py                                  # rates 100 .. 3000, 5 s each
     .venv/bin/python bench/gate.py --rates 500,2000 --seconds 10 --guidellm /path/to/bin/guidellm
@@ -100,58 +100,43 @@ def ours(url: str, rate: float, seconds: float) -> Figures:
 
 
 def _guidellm_run(exe: str, url: str, rate: float, seconds: float, work: Path) -> tuple[dict, float]:
-    """One guidellm run; its report and its CPU (the child's user + system)."""
-    prompts = work / "prompts.jsonl"
-    if not prompts.exists():
-        rng = random.Random(0)
-        with prompts.open("w") as f:
-            for _ in range(1000):
-                row = {"prompt": gate_load.prompt_text(PROMPT_TOKENS, rng), "output_tokens_count": OUTPUT_TOKENS}
-                f.write(json.dumps(row) + "\n")
+    """One guidellm run (non-streamed, as ours; no health check: the stub has no /health); its report and its CPU
+    (the child's and its workers' user + system)."""
+    prompts = work / f"prompts-{rate:g}.jsonl"
+    rng = random.Random(0)
+    with prompts.open("w") as f:  # enough for the whole run: guidellm stops when its data runs out
+        for _ in range(max(50, int(rate * seconds * 1.5))):
+            row = {"prompt": gate_load.prompt_text(PROMPT_TOKENS, rng), "output_tokens_count": OUTPUT_TOKENS}
+            f.write(json.dumps(row) + "\n")
     out = work / f"guidellm-{rate:g}.json"
     if seconds > 0:
         profile, limit = f"kind=poisson,rate={rate:g}", f"kind=max_duration,seconds={seconds:g}"
     else:
-        profile, limit = "kind=synchronous", "kind=max_requests,num=1"
-    cmd = [exe, "run", f"--backend=kind=openai_http,target={url}", f"--profile={profile}", f"--constraint={limit}",
+        profile, limit = "kind=synchronous", "kind=max_requests,count=1"
+    backend = f"kind=openai_http,target={url},validate_backend=false,model=stub,stream=false"
+    cmd = [exe, "run", f"--backend={backend}", f"--profile={profile}", f"--constraint={limit}",
            f"--data=kind=json_file,path={prompts}", f"--output=kind=json,path={out}", "--disable-console"]  # fmt: skip
     cpu0 = _cpu_s(resource.RUSAGE_CHILDREN)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "NO_PROXY": "*"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120 + 3 * seconds, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300 + 3 * seconds, check=False)
     cpu = _cpu_s(resource.RUSAGE_CHILDREN) - cpu0
     if proc.returncode != 0 or not out.exists():
         raise RuntimeError(f"guidellm exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-400:]}")
     return json.loads(out.read_text()), cpu
 
 
-def guidellm_requests(report: dict) -> list[dict]:
-    """Every request of the report's first benchmark with its scheduler timings (successful and errored)."""
-    bench = report["benchmarks"][0]
-    reqs = bench.get("requests") or {}
-    return [r for kind in ("successful", "errored", "incomplete") for r in (reqs.get(kind) or [])]
-
-
-def guidellm_timing(req: dict) -> tuple[float | None, float | None]:
-    """(scheduled, started) wall times of one of guidellm's requests, where its report has them."""
-    info = req.get("info") or req.get("scheduler_info") or {}
-    timings = info.get("timings") or info.get("request_timings") or {}
-    scheduled = timings.get("targeted_start") or info.get("targeted_start_time")
-    started = timings.get("request_start") or timings.get("resolve_start") or info.get("request_start_time")
-    return scheduled, started
-
-
 def theirs(exe: str, url: str, rate: float, seconds: float, work: Path, startup_cpu: float) -> Figures:
+    """guidellm's figures. Its send lag is not printed: its report's per-request target times (a start time plus a
+    relative offset, per worker process) do not order its own sends consistently, so no lag can be derived."""
     report, cpu = _guidellm_run(exe, url, rate, seconds, work)
-    reqs = guidellm_requests(report)
-    bench = report["benchmarks"][0]
-    errored = len((bench.get("requests") or {}).get("errored") or [])
-    lags = [s - q for q, s in map(guidellm_timing, reqs) if q is not None and s is not None]
-    starts = sorted(s for _, s in map(guidellm_timing, reqs) if s is not None)
+    reqs = report["benchmarks"][0]["requests"]
+    done = [r for kind in ("successful", "errored", "incomplete") for r in (reqs.get(kind) or [])]
+    starts = sorted(r["info"]["timings"]["request_start"] for r in done if r["info"]["timings"].get("request_start"))
     span = (starts[-1] - starts[0]) if len(starts) > 1 else seconds
-    n = len(reqs)
+    n = len(done)
     nan = float("nan")
-    p50, p99, top = (quantile(lags, 0.5), quantile(lags, 0.99), max(lags)) if lags else (nan, nan, nan)
-    return Figures(n / span if span else nan, n, errored, p50, p99, top, max(0.0, cpu - startup_cpu) / max(1, n))
+    errors = len(reqs.get("errored") or []) + len(reqs.get("incomplete") or [])
+    return Figures(n / span if span else nan, n, errors, nan, nan, nan, max(0.0, cpu - startup_cpu) / max(1, n))
 
 
 def _row(label: str, rate: float, f: Figures) -> str:
