@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from diag.gate import load as gate_load
 from diag.gate.criteria import quantile
+from diag.gate.http_client import HttpClient
 from diag.gate.load import StepLoad, make_client, run_step
 from diag.gate.spec import parse_spec
 from tests.gate.stubproc import stub_server
@@ -63,6 +64,27 @@ def host_floor(seconds: float = 2.0, rate: float = 1000.0) -> tuple[float, float
         time.sleep(d)
         late.append(time.perf_counter() - at)
     return quantile(late, 0.5), quantile(late, 0.99)
+
+
+async def _sequential_cpu(url: str, n: int) -> tuple[float, float]:
+    """CPU per request of ``n`` POSTs one after another on one keep-alive connection: httpx's and this client's.
+    The clients' own cost, apart from any scheduling: what bounds the rate one event loop can send."""
+    import httpx
+
+    body = json.dumps({"prompt": "the model token serve", "max_tokens": OUTPUT_TOKENS}).encode()
+    headers = {"Content-Type": "application/json"}
+    async with httpx.AsyncClient(base_url=url, trust_env=False) as client:
+        await client.post("/v1/completions", content=body, headers=headers)
+        cpu0 = _cpu_s()
+        for _ in range(n):
+            (await client.post("/v1/completions", content=body, headers=headers)).json()
+        theirs = (_cpu_s() - cpu0) / n
+    async with HttpClient(url, max_connections=1) as ours:
+        await ours.post("/v1/completions", body)
+        cpu0 = _cpu_s()
+        for _ in range(n):
+            json.loads((await ours.post("/v1/completions", body)).body)
+        return theirs, (_cpu_s() - cpu0) / n
 
 
 async def _step(url: str, rate: float, seconds: float) -> tuple[StepLoad, float]:
@@ -158,6 +180,9 @@ def main() -> None:
     heads = ("tool", "rate", "achieved", "sent", "err", "lag p50", "lag p99", "lag max", "cpu/req")
     print(" ".join(f"{h:>{w}}" for h, w in zip(heads, (8, 6, 9, 6, 5, 9, 9, 9, 9), strict=True)))
     with stub_server() as stub, tempfile.TemporaryDirectory(prefix="bench-gate-") as tmp:
+        httpx_cpu, our_cpu = asyncio.run(_sequential_cpu(stub.url, 1000))
+        print(f"client CPU per request, 1000 sequential POSTs on one connection: httpx {httpx_cpu * 1e6:.0f} us, "
+              f"diag.gate.http_client {our_cpu * 1e6:.0f} us")  # fmt: skip
         startup = 0.0
         if args.guidellm:
             _, startup = _guidellm_run(args.guidellm, stub.url, 1, 0, Path(tmp))
