@@ -10,11 +10,13 @@ guidellm is not installed by the project: it depends on torch (from the package 
 NVIDIA wheels) for its data loader, which no test here otherwise needs. Point ``GUIDELLM`` at its executable (or put
 it on ``PATH``) to run this check; it is skipped, saying so, otherwise.
 
-The rates are fixed, not Poisson, on guidellm's side (its ``constant`` profile) so that only our seeded Poisson draw
-varies the count: 100 requests/s for 40 s is 4 000 arrivals, whose count has a 1.6 % standard deviation -- 5 % is
-three of them. The stub answers after 0.2 s (the first token), so 5 % of the TTFT is 10 ms: far above the
-milliseconds either tool's own overhead adds on a busy host, far below a first token read at the end of the stream
-(0.2 s + 7 x 20 ms later)."""
+The rate is 50 requests/s, streamed. guidellm's side is fixed, not Poisson (its ``constant`` profile); ours is the
+spec's seeded Poisson draw, so its count is fixed too -- 3 017 arrivals in 60 s, 0.6 % above the rate -- and the test
+checks it stays within 2 % of the rate, so the 5 % compares the tools and not the draw. At 100 requests/s on this
+2-core host shared with other jobs guidellm fell behind (83 requests/s, its median first token 1.1 s: its own workers
+late, the stub's first token comes at 0.2 s), which is guidellm's limit here rather than a disagreement on the server.
+The stub sends the first token after 0.2 s, so 5 % of the TTFT is 10 ms: far above the milliseconds either tool's
+own overhead adds, far below a first token read at the end of the stream (7 x 20 ms later)."""
 
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from tests.gate.stubproc import stub_server
 
 pytestmark = [pytest.mark.live, pytest.mark.process, pytest.mark.slow]
 
-RATE, SECONDS, PROMPT, OUTPUT = 100, 40, 16, 8
+RATE, SECONDS, PROMPT, OUTPUT = 50, 60, 16, 8
 TTFT_S, ITL_S = 0.2, 0.02
 
 
@@ -78,7 +80,9 @@ def _ours(url: str) -> tuple[float, float, int]:
     load = asyncio.run(go())
     ok = [r for r in load.results if r.ok]
     ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
-    return len(ok) / (load.load_end - load.t0), statistics.median(ttft), len(load.results) - len(ok) + load.dropped
+    sent = len(load.results) + load.dropped
+    assert abs(sent - RATE * SECONDS) <= 0.02 * RATE * SECONDS, sent  # the seeded draw, not the tools, would differ
+    return len(ok) / (load.load_end - load.t0), statistics.median(ttft), sent - len(ok)
 
 
 def test_guidellm_and_diag_gate_agree_on_throughput_and_ttft(tmp_path: Path) -> None:
