@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import random
@@ -118,6 +119,11 @@ def ours(url: str, rate: float, seconds: float) -> Figures:
     n = len(load.results)
     errors = sum(1 for r in load.results if not r.ok) + load.dropped
     p50, p99 = quantile(lags, 0.5), quantile(lags, 0.99)
+    kinds = collections.Counter(r.error or f"HTTP {r.status}" for r in load.results if not r.ok)
+    if load.dropped:
+        kinds["dropped at max_in_flight"] = load.dropped
+    if kinds:
+        print(f"{'':>8} {rate:>6.0f} errors: " + ", ".join(f"{k} x{v}" for k, v in kinds.most_common()), flush=True)
     return Figures(n / (load.load_end - load.t0), n, errors, p50, p99, max(lags), cpu / max(1, n))
 
 
