@@ -295,8 +295,12 @@ def _oomd_check(oomd: OomdState, group: Group | str | None) -> Check:
     watched = oomd.monitors(path)
     if watched is None:
         return Check("systemd_oomd", "PASS", "active", oomd.why or "no target group to look up in oomctl")
-    return Check("systemd_oomd", "PASS" if watched else "WARN", "active",
-                 f"oomctl {'lists' if watched else 'does not list'} {path} (or a parent) among the groups it watches")
+    return Check(
+        "systemd_oomd",
+        "PASS" if watched else "WARN",
+        "active",
+        f"oomctl {'lists' if watched else 'does not list'} {path} (or a parent) among the groups it watches",
+    )
 
 
 def check_infrastructure(req: InfraSpec, *, pids: Sequence[int] = (), cgroups: Sequence[str] = (),

@@ -439,7 +439,9 @@ def _probe(path: str, value: Any, defaults: dict[str, float], *, need: tuple[str
         if need:
             raise SpecError(f"{path}: give a mapping with {need[0]}, e.g. {{{need[0]}: {int(defaults.get(need[0], 4))}}}")
         value = {}
-    body = _mapping(path, value, frozenset({"prompt_tokens", "output_tokens", "within", "requests"} & (set(defaults) | set(need))))
+    body = _mapping(
+        path, value, frozenset({"prompt_tokens", "output_tokens", "within", "requests"} & (set(defaults) | set(need)))
+    )
     for key in need:
         if key not in body:
             raise SpecError(f"{path}.{key}: missing; e.g. {key}: {int(defaults.get(key, 4))}")
