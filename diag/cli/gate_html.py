@@ -2,8 +2,9 @@
 
 What it shows: the verdict, the infrastructure and application gates (each check's state, the value read and
 why), the steps x criteria table (PASS/FAIL and the measured value, the limit beside it), each step's diagnosis
-(the primary class and the leading finding's evidence in one line), where the first failed step's bundle went, and four charts over the run with every step's boundaries marked -- the load asked, sent and
-served; the latency quantiles; the memory PSI; the target's memory.
+(the primary class and the leading finding's evidence in one line), where the first failed step's bundle went,
+and four charts over the run with every step's boundaries marked -- the load asked, sent and served; the latency
+quantiles; the memory PSI; the target's memory.
 
 Why in the cli layer: the gate and the bundle are peers in the layer order and neither imports the other, so
 the page that joins the gate's result to the bundle report's template environment, filters and SVG plotting
