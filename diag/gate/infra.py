@@ -6,7 +6,8 @@ read (the group's own ``memory.pressure`` on cgroup2, else the host's ``/proc/pr
 whether the kernel accounts memory at all (``/proc/cgroups``, and a unit's ``MemoryAccounting``); the swap policy
 (swap present, the group's ``memory.swap.max`` / v1 ``memory.memsw.limit_in_bytes``, ``swappiness``); the group's
 *effective* limits -- the lowest ``memory.max`` / ``memory.high`` on its path to the root, because a parent's limit
-binds a child whose own file says ``max`` (v1: ``hierarchical_memory_limit``, and the soft limit); and with
+binds a child whose own file says ``max``, and a child's memory.low/min protect only as far as its parent's do
+(without the ``memory_recursiveprot`` mount option) (v1: ``hierarchical_memory_limit``, and the soft limit); and with
 ``--unit`` what systemd applied, plus systemd-oomd's state.
 
 Why nothing is written or signalled here: the gate runs against production-shaped hosts; it reports what it finds.
@@ -274,7 +275,10 @@ def _limits_checks(req: InfraSpec, group: Group | str | None, unit: UnitInfo | N
         return [Check("memory_max", _state(False, req.require_memory_max), "unlimited",
                       f"{group.path} and its ancestors set no hard limit: the host's OOM killer decides{systemd}{need}"),
                 protection]  # fmt: skip
-    where = f"set at {at}" if at and at != group.path else f"on {group.path}"
+    if at == "hierarchical_memory_limit":
+        where = f"{group.path}: memory.stat hierarchical_memory_limit (the lowest limit on its path to the root)"
+    else:
+        where = f"set at {at}" if at and at != group.path else f"on {group.path}"
     return [Check("memory_max", "PASS", format_bytes(limit), f"{where}{systemd}"), protection]
 
 
