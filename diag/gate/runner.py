@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from diag.gate.app_gate import before_load, graceful_termination, start_time
 from diag.gate.criteria import HostFacts, Verdict, judge, quantile
 from diag.gate.gates import Check, GateResult
@@ -168,6 +170,7 @@ class RunOptions:
     unit: UnitInfo | None = None  # --unit: what systemd applied (its cgroup and MainPID are in cgroups/pids)
     oomd: OomdState | None = None  # systemd-oomd's state, where it was asked
     terminate_pid: int | None = None  # the one process graceful_termination may signal (--pid or the unit's MainPID)
+    transport: Any = None  # an httpx transport in place of the network (an in-process ASGI app); None: real HTTP
 
 
 def _diagnose(opts: RunOptions, sampler: HostSampler, load: StepLoad) -> tuple[HostFacts, Analysis | None, str]:
@@ -219,7 +222,7 @@ async def _run(spec: GateSpec, opts: RunOptions, sampler: HostSampler, report: G
         loop.add_signal_handler(signal.SIGINT, stop.set)
         handled = True
     try:
-        async with make_client(opts.target, spec) as client:
+        async with _client(opts, spec) as client:
             if spec.application is not None:
                 app = report.gates["application"] = await before_load(client, spec, spec.application, progress)
                 if app.stopped:
@@ -248,6 +251,12 @@ async def _run(spec: GateSpec, opts: RunOptions, sampler: HostSampler, report: G
     finally:
         if handled:
             loop.remove_signal_handler(signal.SIGINT)
+
+
+def _client(opts: RunOptions, spec: GateSpec) -> httpx.AsyncClient:
+    if opts.transport is None:
+        return make_client(opts.target, spec)
+    return httpx.AsyncClient(base_url=opts.target, transport=opts.transport, timeout=spec.request_timeout_s)
 
 
 async def _terminate_last(client: Any, spec: GateSpec, opts: RunOptions, report: GateReport, progress: Progress) -> None:
