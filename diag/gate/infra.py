@@ -50,10 +50,19 @@ def _is_dir(p: Path) -> bool:
         return False
 
 
-def _group_at(path: str, mounts: Mounts, source: str, v2_hint: str | None = None) -> Group | str:
+def _twin_hint(v1_dir: Path, proc_root: str) -> str | None:
+    """The cgroup2 path of the first process in a v1 group (its ``0::`` line): where a hybrid host keeps its PSI."""
+    first = (read_text(v1_dir / "cgroup.procs", max_bytes=4096).text or "").split("\n", 1)[0].strip()
+    if not first.isdigit():
+        return None
+    v2 = parse_proc_cgroup(read_text(under(proc_root, first, "cgroup")).text).v2
+    return clean_cgroup_path(v2) if v2 else None
+
+
+def _group_at(path: str, mounts: Mounts, source: str, proc_root: str, v2_hint: str | None = None) -> Group | str:
     """The group at ``path``: v1 memory first (memory is accounted there on a v1 or hybrid host), then cgroup2."""
     if mounts.v1_memory is not None and _is_dir(d := under(mounts.v1_memory, path)):
-        twin_path = v2_hint or path
+        twin_path = v2_hint or _twin_hint(d, proc_root) or path
         # a process in cgroup2's root has no group of its own there: the root's pressure is the whole host's
         twin = under(mounts.v2, twin_path) if mounts.v2 is not None and twin_path != "/" else None
         return Group(path, "v1", d, mounts.v1_memory, twin if twin is not None and _is_dir(twin) else None, source)
@@ -68,10 +77,10 @@ def resolve_group(cgroups: Sequence[str], pids: Sequence[int], mounts: Mounts, p
     """The first target's group (the unit's, else the first --cgroup, else the first --pid's); a string says why
     it could not be found; None when no target was named."""
     if unit is not None and unit.cgroup:
-        return _group_at(unit.cgroup, mounts, f"unit {unit.name}")
+        return _group_at(unit.cgroup, mounts, f"unit {unit.name}", proc_root)
     for raw in cgroups:
         path = clean_cgroup_path(raw)
-        return _group_at(path, mounts, f"--cgroup {raw}") if path else f"--cgroup {raw!r}: not a cgroup path"
+        return _group_at(path, mounts, f"--cgroup {raw}", proc_root) if path else f"--cgroup {raw!r}: not a cgroup path"
     for pid in [*pids, *([unit.main_pid] if unit is not None and unit.main_pid else [])]:
         text = read_text(under(proc_root, str(pid), "cgroup")).text
         if text is None:
@@ -81,7 +90,7 @@ def resolve_group(cgroups: Sequence[str], pids: Sequence[int], mounts: Mounts, p
         clean = clean_cgroup_path(path) if path else None
         if clean is None:
             return f"--pid {pid}: no memory cgroup in /proc/{pid}/cgroup"
-        return _group_at(clean, mounts, f"--pid {pid}", member.v2)
+        return _group_at(clean, mounts, f"--pid {pid}", proc_root, member.v2)
     return None
 
 

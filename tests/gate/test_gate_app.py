@@ -11,16 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from diag.gate.app_gate import before_load, graceful_termination, readiness
 from diag.gate.report import render
 from diag.gate.runner import RunOptions, run_gate
 from diag.gate.spec import AppSpec, Probe, Readiness, SpecError, parse_spec
+from tests.paths import REPO
 
 STEP = {"prompt_tokens": 4, "output_tokens": 4}
 
@@ -177,3 +184,83 @@ def test_readiness_check_alone_and_spec_errors() -> None:
         with pytest.raises(SpecError) as err:
             parse_spec({"steps": [{"rate": 1, "duration": 1, **STEP}], "application": doc})
         assert says in str(err.value)
+
+
+SHOW_TEMPLATE = """LoadState=loaded
+ActiveState=active
+ControlGroup={cgroup}
+MainPID={pid}
+MemoryAccounting=yes
+MemoryHigh=infinity
+MemoryMax={max}
+MemoryLow=0
+MemoryMin=0
+"""
+
+
+def _fake_systemctl(folder: Path, show: str) -> Path:
+    """A ``systemctl`` that prints ``show`` for ``systemctl show`` and says systemd-oomd is inactive: the interface
+    of the real one, which cannot run on this host (systemd is not PID 1 here)."""
+    (folder / "show.txt").write_text(show)
+    exe = folder / "systemctl"
+    exe.write_text(f'#!/bin/sh\ncase "$1" in\n  show) cat "{folder / "show.txt"}" ;;\n'
+                   '  is-active) echo inactive; exit 3 ;;\n  *) exit 1 ;;\nesac\n')  # fmt: skip
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    return folder
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_unit_and_graceful_termination_on_the_reference_backend(tmp_path: Path) -> None:
+    """``--unit`` (a fake systemctl naming the demo as the unit's MainPID and its cgroup), both gates passing, and
+    the graceful termination last: the demo, sent SIGTERM with two requests in flight, completes them and exits."""
+    from diag.demo.harness import start_demo
+    from diag.demo.scenarios.cgroups import ScenarioCgroups, unavailable_reason
+
+    groups = None if unavailable_reason() else ScenarioCgroups(prefix="llmdiag-gateapp")
+    try:
+        group = groups.create("service", 1 << 30) if groups is not None else None
+        srv = start_demo(["--max-concurrency", "1", "--min-step-ms", "20"], weights_mb=8, weights_dir=tmp_path / "w",
+                         log_dir=tmp_path, cgroup=group)  # fmt: skip
+        try:
+            member = Path(f"/proc/{srv.pid}/cgroup").read_text()
+            cgroup = group.path if group is not None else next(
+                (ln.split(":", 2)[2] for ln in member.splitlines() if ln.split(":")[1] in ("", "memory")), "/")  # fmt: skip
+            show = SHOW_TEMPLATE.format(cgroup=cgroup, pid=srv.pid, max=(1 << 30) if group is not None else "infinity")
+            bin_dir = _fake_systemctl(tmp_path, show)
+            spec = tmp_path / "gate.yaml"
+            spec.write_text(yaml.safe_dump({
+                "request_timeout": "30s",
+                "infrastructure": {"require_memory_max": group is not None, "require_psi": True},
+                "application": {"readiness": "/healthz", "short_request": {"output_tokens": 4, "within": 10},
+                                "graceful_termination": {"requests": 2, "output_tokens": 48, "within": 30}},
+                "steps": [{"name": "light", "rate": 2, "duration": 2, **STEP, "criteria": {"error_ratio": 0}}],
+            }))  # fmt: skip
+            env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
+            argv = [sys.executable, "-m", "diag.cli", "gate", "--spec", str(spec), "--target", srv.url, "--unit", "llm.service",
+                    "--json", str(tmp_path / "gate.json"), "--no-bundle"]  # fmt: skip
+            run = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+            print(run.stdout, run.stderr)
+            exit_status = srv.proc.wait(10)  # it exited on the gate's SIGTERM: reaped here
+        finally:
+            if srv.proc.poll() is None:
+                os.kill(srv.pid, signal.SIGKILL)
+            srv.stop()
+    finally:
+        if groups is not None:
+            groups.close()
+            assert not groups.leftovers
+    assert "Traceback" not in run.stderr and run.returncode == 0, run.stdout
+    doc = json.loads((tmp_path / "gate.json").read_text())
+    infra = {c["check"]: c for c in doc["gates"]["infrastructure"]["checks"]}
+    assert f"MainPID={srv.pid}" in infra["unit"]["value"] and f"ControlGroup={cgroup}" in infra["unit"]["value"]
+    assert infra["systemd_oomd"]["state"] == "NOT AVAILABLE" and infra["systemd_oomd"]["value"] == "inactive"
+    if group is not None:
+        assert infra["memory_max"]["value"] == "1.0 GiB" and infra["memory_max"]["state"] == "PASS"
+        if group.v2_dir is not None:  # its cgroup2 twin: the group's own memory PSI
+            assert infra["psi"]["state"] == "PASS" and infra["psi"]["value"].startswith("per-group: "), infra["psi"]
+    app = doc["gates"]["application"]["checks"]
+    assert [c["check"] for c in app] == ["readiness", "short_request", "graceful_termination"]
+    assert all(c["state"] == "PASS" for c in app), app
+    assert app[-1]["value"].startswith("2/2 in-flight requests completed; exited ")
+    assert doc["passed"] and exit_status == 0 and "SIGTERM to pid" in run.stderr

@@ -121,13 +121,13 @@ def _hybrid(tmp: Path, pid: int, *, memsw: str | None) -> tuple[str, str]:
         "memory/memory.usage_in_bytes": "1\n", "memory/apps/memory.limit_in_bytes": f"{2 * GiB}\n",
         grp + "memory.limit_in_bytes": UNLIMITED_V1 + "\n", grp + "memory.soft_limit_in_bytes": f"{GiB}\n",
         grp + "memory.stat": f"cache 0\nrss 0\nhierarchical_memory_limit {2 * GiB}\n", grp + "memory.swappiness": "10\n",
-        "unified/cgroup.controllers": "\n", "unified/apps/llm/memory.pressure": PSI,
+        "unified/cgroup.controllers": "\n", "unified/other/llm/memory.pressure": PSI, grp + "cgroup.procs": f"{pid}\n",
     }  # fmt: skip
     if memsw is not None:
         files[grp + "memory.memsw.limit_in_bytes"] = memsw + "\n"
     _write(base, files)
     proc = _proc(tmp, swap_kib=1 << 20)
-    _write(Path(proc), {f"{pid}/cgroup": "4:memory:/apps/llm\n1:cpu:/\n0::/apps/llm\n"})
+    _write(Path(proc), {f"{pid}/cgroup": "4:memory:/apps/llm\n1:cpu:/\n0::/other/llm\n"})
     return proc, str(tmp / "sys")
 
 
@@ -137,11 +137,14 @@ def test_v1_on_a_hybrid_host_found_by_pid(tmp_path: Path) -> None:
     c = _by_name(gate)
     assert c["cgroup"].state == "FAIL" and c["cgroup"].value == "v1 memory controller on /apps/llm"
     assert "hybrid" in c["cgroup"].detail and "--pid 4242" in c["cgroup"].detail
-    assert c["psi"].state == "PASS" and "unified/apps/llm/memory.pressure" in c["psi"].value  # the v2 twin's
+    assert c["psi"].state == "PASS" and "unified/other/llm/memory.pressure" in c["psi"].value  # its cgroup2 group's
     assert c["memory_max"].value == "2.0 GiB" and "hierarchical_memory_limit" in c["memory_max"].detail
     assert c["memory_protection"].value == "soft limit 1.0 GiB"
     assert c["swap"].state == "WARN" and "swappiness 10 (the group's)" in c["swap"].value
     assert [x.name for x in gate.checks if x.state == "FAIL"] == ["cgroup"]
+    # named by path, the group's cgroup2 twin is its first process's
+    by_path = check_infrastructure(InfraSpec(), cgroups=["/apps/llm"], proc_root=proc, sys_root=sys_root)
+    assert "unified/other/llm/memory.pressure" in _by_name(by_path)["psi"].value
 
 
 def test_v1_swap_is_off_when_memsw_equals_the_limit(tmp_path: Path) -> None:
