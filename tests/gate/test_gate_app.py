@@ -23,6 +23,7 @@ import httpx
 import pytest
 import yaml
 
+from diag.cli.gate_html import render_html
 from diag.gate.app_gate import before_load, graceful_termination, readiness
 from diag.gate.report import render
 from diag.gate.runner import RunOptions, run_gate
@@ -128,6 +129,10 @@ def test_readiness_that_never_comes_stops_the_run_before_the_load(tmp_path: Path
     assert {"infrastructure", "application"} == set(doc["gates"])
     text = render(report)
     assert "application gate: FAIL" in text and "GATE FAILED: application (readiness), 1 steps not run" in text
+    page = render_html(report, None, argv=["diag", "gate"])
+    assert '<tr id="check-application-readiness"><td>readiness</td><td class="bad">FAIL</td>' in page
+    assert 'id="gate-infrastructure"' in page and "<strong>Stopped here:</strong> the target was not ready" in page
+    assert "GATE FAILED: application (readiness), 1 steps not run</section>" in page
 
 
 def test_both_gates_and_the_steps_pass_to_exit_0(tmp_path: Path) -> None:
