@@ -224,7 +224,11 @@ async def _run(spec: GateSpec, opts: RunOptions, sampler: HostSampler, report: G
     try:
         async with _client(opts, spec) as client:
             if spec.application is not None:
-                app = report.gates["application"] = await before_load(client, spec, spec.application, progress)
+                app = await _unless_stopped(before_load(client, spec, spec.application, progress), stop)
+                if app is None:  # Ctrl-C during the application gate (a readiness deadline can be a minute)
+                    report.interrupted = True
+                    return
+                report.gates["application"] = app
                 if app.stopped:
                     report.notes.append(f"application gate: {app.stopped}")
                     return
@@ -251,6 +255,20 @@ async def _run(spec: GateSpec, opts: RunOptions, sampler: HostSampler, report: G
     finally:
         if handled:
             loop.remove_signal_handler(signal.SIGINT)
+
+
+async def _unless_stopped(work: Any, stop: asyncio.Event) -> Any:
+    """``await work``, or None as soon as ``stop`` is set (the work is cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopper = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    stopper.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
 
 
 def _client(opts: RunOptions, spec: GateSpec) -> httpx.AsyncClient:

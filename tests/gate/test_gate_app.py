@@ -269,3 +269,20 @@ def test_unit_and_graceful_termination_on_the_reference_backend(tmp_path: Path) 
     assert all(c["state"] == "PASS" for c in app), app
     assert app[-1]["value"].startswith("2/2 in-flight requests completed; exited ")
     assert doc["passed"] and exit_status == 0 and "SIGTERM to pid" in run.stderr
+
+
+def test_a_stop_during_the_application_gate_cancels_it() -> None:
+    """Ctrl-C sets the run's stop event: a readiness poll with a minute left is cancelled, not waited out."""
+    from diag.gate.runner import _unless_stopped
+
+    async def go() -> tuple[Any, float]:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        async with httpx.AsyncClient(base_url="http://gate.test", transport=httpx.ASGITransport(Server(ready_after=10**6))) as c:
+            loop.call_later(0.3, stop.set)
+            t0 = loop.time()
+            out = await _unless_stopped(readiness(c, Readiness("/health", 60)), stop)
+            return out, loop.time() - t0
+
+    out, took = asyncio.run(go())
+    assert out is None and took < 5
