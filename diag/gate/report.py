@@ -78,7 +78,7 @@ def render(report: GateReport) -> str:
         lines.append(f"note: {note}")
     lines.append("")
     if report.passed:
-        gates = f"; {' and '.join(report.gates)} gates passed" if report.gates else ""
+        gates = f"; {' and '.join(report.gates)} gate{'s' if len(report.gates) > 1 else ''} passed" if report.gates else ""
         lines.append(f"GATE PASSED: {len(report.steps)} steps, every criterion met{gates}")
     elif report.interrupted:
         lines.append(f"GATE NOT PASSED: interrupted after {len(report.steps)} of {len(report.spec.steps)} steps")
