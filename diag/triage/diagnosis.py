@@ -57,8 +57,20 @@ class Source:
         return f"{self.kind} {self.target}"
 
 
+MACHINE_LABEL = "host"
+
+
 def promql_selector(labels: dict[str, str], names: tuple[str, ...]) -> str:
-    """``job="llm",instance="10.0.0.5:8000"`` from the alert's labels (PromQL string escaping applied)."""
+    """``job="llm",instance="10.0.0.5:8000"`` from the alert's labels (PromQL string escaping applied): the alert's
+    own target rather than every target of the job.
+
+    An alert that carries a ``host`` label is diagnosed on that machine (``host="gpu-07"``) in place of the
+    ``job`` and ``instance`` asked for: the shipped scrape config gives every target of one machine -- the agent
+    on :9464, the engine on :8000, each its own job -- the same ``host``, and the rules need both (the host's
+    memory and the engine's queue), while a job and instance name only the one target that fired.
+    """
+    if labels.get(MACHINE_LABEL) and "instance" in names:
+        names = (MACHINE_LABEL, *(n for n in names if n not in ("job", "instance", MACHINE_LABEL)))
     parts = []
     for name in names:
         value = labels.get(name)
