@@ -1,7 +1,7 @@
 """Two ``diag triage serve`` receivers active-active on one real PostgreSQL 15: 5 000 Alertmanager deliveries
 (30 % duplicates) at concurrency 32, spread over both; one receiver is ``kill -9``'d and PostgreSQL is restarted
 mid-run. 0 lost alerts, 0 duplicate incidents, 0 duplicate external tickets. Its wall time is printed, not
-asserted (timing belongs in bench/triage.py --only stores): 104-187 s on the shared 2-core host it was written on.
+asserted (timing belongs in bench/triage.py --only stores): 58-187 s on the shared 2-core host it was written on.
 
 The client behaves like Alertmanager behind a load balancer: a delivery goes to one receiver, and on a connection
 error or a 5xx it is retried (to the other receiver first: the killed one is away for a while) until a 2xx; a 4xx
