@@ -34,6 +34,13 @@ Other modes for diagnosis: ``otel`` (stock instrumentation, every request traced
 (spans at <pct> %; ``-norec`` no flight recorder; ``-notrack`` the handler does not track: edge
 sampling + server spans alone; ``-noserver`` no server span: the tracker's ``llm.*`` spans are roots).
 
+``--callgrind`` prints the tracking-cost figures by instruction count: the reference backend's app with the model
+stubbed, untracked; with tracker + metrics + middleware only; with everything (admission, flight recorder, spans
+on 10 %). Each is (count of a run of LARGE requests - count of a run of SMALL) / (LARGE - SMALL), so start-up,
+imports and shutdown cancel without toggling callgrind's instrumentation; counted on the event loop (the main
+thread, ``--separate-threads=yes``), all threads beside it; the sampling draw is seeded, so a run repeats the same
+instructions and ``--runs`` shows how little they move.
+
 ``--instructions`` instead counts CPU instructions per request with valgrind (callgrind) for the
 ASGI app alone, driven in-process: deterministic, so it still compares modes when other jobs share
 the machine and wall-clock figures swing by +-20 %. The reference-backend modes count there with the
@@ -43,6 +50,7 @@ lies; ``demo-tracked`` takes ``-norec``, ``-nospans`` and ``-noadmission`` to ta
 
     .venv/bin/python bench/overhead.py [--rounds 9] [--duration 6] [--demo-duration 6] [--demo-pairs 3]
     .venv/bin/python bench/overhead.py --modes bare,otel,llmdiag-100      # any subset, same table
+    .venv/bin/python bench/overhead.py --callgrind [--runs 3] [--callgrind-requests 300,1300]
     .venv/bin/python bench/overhead.py --instructions [--modes bare,otel-edge-10,llmdiag-10]
     .venv/bin/python bench/overhead.py --instructions --modes demo-untracked,demo-tracked,demo-tracked-nospans
     .venv/bin/python bench/overhead.py --modes demo-untracked,demo-tracked --demo-max-tokens 128
@@ -419,7 +427,10 @@ def _wrk(url: str, duration: int, connections: int, script: str | None = None) -
 def asgi_loop(mode: str, n: int, weights: str | None = None) -> None:
     """Drive ``n`` requests straight through the ASGI app (no sockets, no uvicorn): the code under test only."""
     import asyncio
+    import random
 
+    if os.environ.get("BENCH_SEED"):  # the traced tenth is the same requests in every count: deterministic figures
+        random.seed(int(os.environ["BENCH_SEED"]))
     recorder_dir = tempfile.mkdtemp(prefix="llmdiag-bench-")
     if mode.startswith("demo"):
         app: Any = _stub_model_demo_app(mode, recorder_dir, weights or "")
@@ -468,7 +479,11 @@ def _stub_model_demo_app(mode: str, recorder_dir: str, weights: str) -> Any:
     the model's CPU swamping the count."""
     from diag.demo.batcher import Batcher, Completion
 
-    async def submit(self: Batcher, ids: list[int], max_tokens: int, on_first_token: Any = None) -> Completion:
+    async def submit(
+        self: Batcher, ids: list[int], max_tokens: int, on_first_token: Any = None, on_scheduled: Any = None
+    ) -> Completion:
+        if on_scheduled is not None:
+            on_scheduled()
         if on_first_token is not None:
             on_first_token()
         return Completion(list(ids[:max_tokens]), len(ids), 4, 4 * len(ids))
@@ -477,47 +492,93 @@ def _stub_model_demo_app(mode: str, recorder_dir: str, weights: str) -> Any:
     return make_demo_app(mode, recorder_dir, weights)
 
 
+# The three figures of ``--callgrind``: (label, mode, target of the instructions added over the untracked app).
+CALLGRIND_FIGURES = (
+    ("untracked (the reference backend's app, model stubbed)", "demo-untracked", None),
+    ("tracker + metrics + middleware", "demo-tracked-norec-nospans-noadmission", 100_000),
+    ("+ admission, flight recorder, spans on 10 %", "demo-tracked", 250_000),
+)
+CALLGRIND_SEED = 20261203  # the sampling draws' seed in the counted child: the same requests are traced every run
+
+
+@dataclasses.dataclass(frozen=True)
+class Counted:
+    """Instructions of one callgrind run: on the main thread (the event loop) and on every thread together."""
+
+    event_loop: int
+    all_threads: int
+
+
+def _callgrind_totals(prefix: str) -> Counted:
+    """Read ``--separate-threads=yes`` output: ``<prefix>-01`` is the main thread, one file per thread."""
+    per_thread: dict[int, int] = {}
+    for path in Path(prefix).parent.glob(Path(prefix).name + "-*"):
+        m = re.search(r"^(?:summary|totals):\s*(\d+)", path.read_text(errors="replace"), re.MULTILINE)
+        if m:
+            per_thread[int(path.name.rsplit("-", 1)[1])] = int(m.group(1))
+    if 1 not in per_thread:
+        raise RuntimeError(f"no callgrind output for the main thread under {prefix}")
+    return Counted(per_thread[1], sum(per_thread.values()))
+
+
+def _count_instructions(mode: str, n: int, weights: str | None) -> Counted:
+    """One valgrind run of ``--asgi-loop mode`` for ``n`` requests (imports and start-up included)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "BENCH_QUEUE_SPAN_MIN_S": "1.0", "BENCH_SEED": str(CALLGRIND_SEED)}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    work = tempfile.mkdtemp(prefix="llmdiag-bench-cg-")
+    try:
+        if mode.startswith("demo-tracked"):  # as in the wrk runs: `diag demo serve` always sets it
+            os.makedirs(os.path.join(work, "prom"))
+            env["PROMETHEUS_MULTIPROC_DIR"] = os.path.join(work, "prom")
+        prefix = os.path.join(work, "cg.out")
+        out = subprocess.run(
+            ["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={prefix}",
+             sys.executable, __file__, "--asgi-loop", mode, "--requests", str(n),
+             *(["--weights", weights] if weights else [])],
+            env=env, cwd=ROOT, capture_output=True, text=True,
+        )  # fmt: skip
+        if out.returncode != 0:
+            raise RuntimeError(f"{mode}: valgrind exited {out.returncode}:\n{out.stderr[-2000:]}")
+        return _callgrind_totals(prefix)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _stub_weights(modes: list[str]) -> str | None:
+    """A small checkpoint, made once, for the reference-backend modes (the model never runs: ``_stub_model_demo_app``)."""
+    if not any(m.startswith("demo") for m in modes):
+        return None
+    from diag.demo.server import prepare_weights
+    from diag.demo.weights import ModelConfig, default_weights_dir
+
+    return str(prepare_weights(default_weights_dir(), ModelConfig.for_budget(8)))
+
+
+def _per_request(mode: str, weights: str | None, small: int, large: int) -> tuple[float, float]:
+    """Instructions per request (event loop, all threads): a run of ``large`` requests minus one of ``small``,
+    over ``large - small``. The difference cancels interpreter start-up, imports, app and lifespan set-up and
+    the shutdown flush, so no toggling of callgrind's instrumentation around the loop is needed."""
+    a, b = _count_instructions(mode, small, weights), _count_instructions(mode, large, weights)
+    n = large - small
+    return (b.event_loop - a.event_loop) / n, (b.all_threads - a.all_threads) / n
+
+
 def instructions(modes: list[str]) -> None:
     """CPU instructions per request (callgrind), ASGI app only: deterministic, unlike wall-clock on a busy box."""
     if shutil.which("valgrind") is None:
         sys.exit("valgrind not found: apt-get install -y valgrind")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "BENCH_QUEUE_SPAN_MIN_S": "1.0"}
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
-
-    weights = None
-    if any(m.startswith("demo") for m in modes):
-        # A small checkpoint, made here once: the model never runs in this loop (see _stub_model_demo_app).
-        from diag.demo.server import prepare_weights
-        from diag.demo.weights import ModelConfig, default_weights_dir
-
-        weights = str(prepare_weights(default_weights_dir(), ModelConfig.for_budget(8)))
-    prom_dir = tempfile.mkdtemp(prefix="llmdiag-bench-prom-")
-
-    def count(mode: str, n: int) -> int:
-        mode_env = env
-        if mode.startswith("demo-tracked"):  # as in the wrk runs: `diag demo serve` always sets it
-            shutil.rmtree(prom_dir, ignore_errors=True)
-            os.makedirs(prom_dir)
-            mode_env = {**env, "PROMETHEUS_MULTIPROC_DIR": prom_dir}
-        out = subprocess.run(
-            ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__, "--asgi-loop", mode,
-             "--requests", str(n), *(["--weights", weights] if weights else [])],
-            env=mode_env, cwd=ROOT, capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        m = re.search(r"Collected : (\d+)", out.stderr)
-        if not m:
-            raise RuntimeError(out.stderr[-2000:])
-        return int(m.group(1))
-
+    weights = _stub_weights(modes)
     per_request = {}
     width = max(16, *map(len, modes))
-    try:
-        for mode in modes:
-            per_request[mode] = (count(mode, 1300) - count(mode, 300)) / 1000
-            print(f"{mode:<{width}} {per_request[mode] / 1000:8.0f}k instructions/request", flush=True)
-    finally:
-        shutil.rmtree(prom_dir, ignore_errors=True)
+    for mode in modes:
+        loop, everything = _per_request(mode, weights, 300, 1300)
+        per_request[mode] = loop
+        print(
+            f"{mode:<{width}} {loop / 1000:8.1f}k instructions/request on the event loop, "
+            f"{everything / 1000:8.1f}k on all threads",
+            flush=True,
+        )
     for base_mode, what in (
         ("bare", "ASGI app only; add ~630k for uvicorn + h11 + sockets per request on this box"),
         ("demo-untracked", "the reference backend's event-loop path, model stubbed out"),
@@ -528,7 +589,48 @@ def instructions(modes: list[str]) -> None:
         print(f"\nadded over {base_mode} ({what}):")
         for mode in modes:
             if mode.startswith("demo") == base_mode.startswith("demo"):
-                print(f"{mode:<{width}} {(per_request[mode] - base) / 1000:+8.0f}k")
+                print(f"{mode:<{width}} {(per_request[mode] - base) / 1000:+8.1f}k")
+
+
+def callgrind(runs: int, small: int, large: int) -> None:
+    """The tracking-cost figures by instruction count: untracked, tracker + metrics + middleware, everything with
+    spans on 10 % -- each ``runs`` times, with the spread. Counted on the event loop (the main thread: what a
+    request's latency and the server's throughput pay for); the other threads (flight-recorder writer, span
+    export) are shown beside, they run off the request path and their share depends on timing."""
+    if shutil.which("valgrind") is None:
+        sys.exit("valgrind not found: apt-get install -y valgrind")
+    if runs < 1 or small < 1 or large <= small:
+        sys.exit("--runs must be >= 1 and --requests larger than --requests-base (>= 1)")
+    modes = [mode for _, mode, _ in CALLGRIND_FIGURES]
+    weights = _stub_weights(modes)
+    loop: dict[str, list[float]] = {m: [] for m in modes}
+    every: dict[str, list[float]] = {m: [] for m in modes}
+    started = time.strftime("%H:%M:%S", time.gmtime())
+    for r in range(runs):
+        for mode in modes:
+            a, b = _per_request(mode, weights, small, large)
+            loop[mode].append(a)
+            every[mode].append(b)
+        print(f"run {r + 1}: " + ", ".join(f"{m} {loop[m][-1] / 1000:.1f}k" for m in modes), flush=True)
+    print(
+        f"\ncallgrind, {runs} run(s) from {started} to {time.strftime('%H:%M:%S', time.gmtime())} UTC; per request = "
+        f"(run of {large} requests - run of {small}) / {large - small}; sampling seeded ({CALLGRIND_SEED})\n"
+    )
+    base = statistics.median(loop[modes[0]])
+    header = f"{'figure':<48} {'event loop':>11} {'spread':>9} {'added':>9} {'target':>8} {'all threads':>12}"
+    print(header)
+    print("-" * len(header))
+    for label, mode, target in CALLGRIND_FIGURES:
+        med = statistics.median(loop[mode])
+        spread = max(loop[mode]) - min(loop[mode])
+        added = med - base
+        verdict = "" if target is None else (f"<= {target // 1000}k " + ("met" if added <= target else "NOT met"))
+        print(
+            f"{label:<48} {med / 1000:>10.1f}k {spread / 1000:>8.2f}k "
+            f"{'' if target is None else f'{added / 1000:+.1f}k':>9} {verdict:>8} "
+            f"{statistics.median(every[mode]) / 1000:>11.1f}k"
+        )
+    print("\nper-run event-loop instructions/request: " + json.dumps({m: [round(v) for v in loop[m]] for m in modes}))
 
 
 def _loadavg() -> float:
@@ -778,6 +880,18 @@ def main() -> None:
     parser.add_argument(
         "--instructions", action="store_true", help="count CPU instructions per request with valgrind instead of wrk"
     )
+    parser.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="the tracking-cost figures by instruction count (valgrind): untracked, tracker + metrics + middleware, "
+        "everything with spans on 10 %%; see --runs and --callgrind-requests",
+    )
+    parser.add_argument("--runs", type=int, default=3, help="--callgrind: runs of each figure (the spread is printed)")
+    parser.add_argument(
+        "--callgrind-requests",
+        default="300,1300",
+        help="--callgrind: SMALL,LARGE requests; per request = (count at LARGE - count at SMALL) / (LARGE - SMALL)",
+    )
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--asgi-loop", help=argparse.SUPPRESS)
     parser.add_argument("--requests", type=int, default=1000, help=argparse.SUPPRESS)
@@ -790,6 +904,13 @@ def main() -> None:
         return
     if args.asgi_loop:
         asgi_loop(args.asgi_loop, args.requests, args.weights)
+        return
+    if args.callgrind:
+        try:
+            small, large = (int(v) for v in args.callgrind_requests.split(","))
+        except ValueError:
+            sys.exit(f"--callgrind-requests {args.callgrind_requests!r}: two integers SMALL,LARGE, e.g. 300,1300")
+        callgrind(args.runs, small, large)
         return
     modes = [m for m in args.modes.split(",") if m]
     unknown = [m for m in modes if not _MODE_RE.fullmatch(m)]
