@@ -36,13 +36,14 @@ sampling + server spans alone; ``-noserver`` no server span: the tracker's ``llm
 
 ``--callgrind`` prints the tracking-cost figures by instruction count: the reference backend's app with the model
 stubbed, untracked; with tracker + metrics + middleware only; with everything (admission, flight recorder, spans
-on 10 %). Each is (count of a run of LARGE requests - count of a run of SMALL) / (LARGE - SMALL), so start-up,
-imports and shutdown cancel without toggling callgrind's instrumentation; counted on the event loop (the main
-thread, ``--separate-threads=yes``), all threads beside it; the sampling draw is seeded, so a run repeats the same
-instructions and ``--runs`` shows how little they move.
+on 10 %). One valgrind run per figure: after WARMUP requests the loop calls ``os.getppid()``, then N requests and
+the tracker's flush, then ``os.getppid()`` again; callgrind dumps the main thread's counts at each call
+(``--dump-before``), so the second part is exactly the N requests -- start-up, imports, warm-up and shutdown are
+cut out without toggling the instrumentation. Counted on the event loop (the main thread, ``--separate-threads``);
+the sampling draw is seeded, so a run repeats the same instructions and ``--runs`` shows how little they move.
 
-``--instructions`` instead counts CPU instructions per request with valgrind (callgrind) for the
-ASGI app alone, driven in-process: deterministic, so it still compares modes when other jobs share
+``--instructions`` instead counts CPU instructions per request on the event loop with valgrind (callgrind), the
+same way, for the ASGI app alone, driven in-process: deterministic, so it still compares modes when other jobs share
 the machine and wall-clock figures swing by +-20 %. The reference-backend modes count there with the
 model stubbed out (an instant answer), i.e. a request's event-loop path, where tracking's own cost
 lies; ``demo-tracked`` takes ``-norec``, ``-nospans`` and ``-noadmission`` to take that cost apart
@@ -50,7 +51,7 @@ lies; ``demo-tracked`` takes ``-norec``, ``-nospans`` and ``-noadmission`` to ta
 
     .venv/bin/python bench/overhead.py [--rounds 9] [--duration 6] [--demo-duration 6] [--demo-pairs 3]
     .venv/bin/python bench/overhead.py --modes bare,otel,llmdiag-100      # any subset, same table
-    .venv/bin/python bench/overhead.py --callgrind [--runs 3] [--callgrind-requests 300,1300]
+    .venv/bin/python bench/overhead.py --callgrind [--runs 3] [--callgrind-requests 200,500]
     .venv/bin/python bench/overhead.py --instructions [--modes bare,otel-edge-10,llmdiag-10]
     .venv/bin/python bench/overhead.py --instructions --modes demo-untracked,demo-tracked,demo-tracked-nospans
     .venv/bin/python bench/overhead.py --modes demo-untracked,demo-tracked --demo-max-tokens 128
@@ -424,8 +425,12 @@ def _wrk(url: str, duration: int, connections: int, script: str | None = None) -
 # --------------------------------------------------------------------------- CPU instructions (valgrind)
 
 
-def asgi_loop(mode: str, n: int, weights: str | None = None) -> None:
-    """Drive ``n`` requests straight through the ASGI app (no sockets, no uvicorn): the code under test only."""
+def asgi_loop(mode: str, n: int, weights: str | None = None, warmup: int = 0) -> None:
+    """Drive ``n`` requests straight through the ASGI app (no sockets, no uvicorn): the code under test only.
+
+    With ``warmup``: that many requests first, then ``os.getppid()`` (``MARKER``), the ``n`` requests and the
+    tracker's flush, then ``MARKER`` again -- callgrind's ``--dump-before`` on it cuts out exactly the measured
+    requests (nothing else here calls it)."""
     import asyncio
     import random
 
@@ -458,11 +463,17 @@ def asgi_loop(mode: str, n: int, weights: str | None = None) -> None:
     async def run() -> None:
         lifespan = app.router.lifespan_context(app) if mode.startswith("demo") else contextlib.nullcontext()
         async with lifespan:
+            for _ in range(warmup):  # first-request paths, caches: not measured
+                await app(dict(scope), receive, send)
+            if warmup:
+                os.getppid()  # MARKER: callgrind dumps here
             for _ in range(n):
                 await app(dict(scope), receive, send)
             tracker = getattr(app.state, "tracker", None)
             if tracker is not None:
-                tracker.flush()  # the recorder's work belongs to the requests
+                tracker.flush()  # the recorder's work (and the batched metrics') belongs to the requests
+            if warmup:
+                os.getppid()  # MARKER
 
     asyncio.run(run())
     tracker = getattr(app.state, "tracker", None)
@@ -501,28 +512,15 @@ CALLGRIND_FIGURES = (
 CALLGRIND_SEED = 20261203  # the sampling draws' seed in the counted child: the same requests are traced every run
 
 
-@dataclasses.dataclass(frozen=True)
-class Counted:
-    """Instructions of one callgrind run: on the main thread (the event loop) and on every thread together."""
-
-    event_loop: int
-    all_threads: int
+MARKER = "os_getppid*"  # CPython's C function behind os.getppid(): asgi_loop calls it around the measured requests
 
 
-def _callgrind_totals(prefix: str) -> Counted:
-    """Read ``--separate-threads=yes`` output: ``<prefix>-01`` is the main thread, one file per thread."""
-    per_thread: dict[int, int] = {}
-    for path in Path(prefix).parent.glob(Path(prefix).name + "-*"):
-        m = re.search(r"^(?:summary|totals):\s*(\d+)", path.read_text(errors="replace"), re.MULTILINE)
-        if m:
-            per_thread[int(path.name.rsplit("-", 1)[1])] = int(m.group(1))
-    if 1 not in per_thread:
-        raise RuntimeError(f"no callgrind output for the main thread under {prefix}")
-    return Counted(per_thread[1], sum(per_thread.values()))
-
-
-def _count_instructions(mode: str, n: int, weights: str | None) -> Counted:
-    """One valgrind run of ``--asgi-loop mode`` for ``n`` requests (imports and start-up included)."""
+def _count_marked(mode: str, warmup: int, n: int, weights: str | None) -> float:
+    """Event-loop instructions per request of one valgrind run: callgrind dumps the main thread's counts at each
+    ``MARKER`` (``--dump-before``), so the second part is exactly the ``n`` measured requests (and the tracker's
+    flush after them) -- no start-up, imports, warm-up or shutdown in it, and no toggling of the instrumentation.
+    The main thread is the event loop (``--separate-threads=yes``): what a request's latency and the server's
+    throughput pay for; the recorder's writer and the metrics flusher run on their own threads."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "BENCH_QUEUE_SPAN_MIN_S": "1.0", "BENCH_SEED": str(CALLGRIND_SEED)}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
@@ -533,14 +531,20 @@ def _count_instructions(mode: str, n: int, weights: str | None) -> Counted:
             env["PROMETHEUS_MULTIPROC_DIR"] = os.path.join(work, "prom")
         prefix = os.path.join(work, "cg.out")
         out = subprocess.run(
-            ["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={prefix}",
-             sys.executable, __file__, "--asgi-loop", mode, "--requests", str(n),
-             *(["--weights", weights] if weights else [])],
+            ["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--dump-before={MARKER}",
+             f"--callgrind-out-file={prefix}", sys.executable, __file__, "--asgi-loop", mode, "--requests", str(n),
+             "--warmup", str(warmup), *(["--weights", weights] if weights else [])],
             env=env, cwd=ROOT, capture_output=True, text=True,
         )  # fmt: skip
         if out.returncode != 0:
             raise RuntimeError(f"{mode}: valgrind exited {out.returncode}:\n{out.stderr[-2000:]}")
-        return _callgrind_totals(prefix)
+        parts = sorted(Path(work).glob("cg.out.*-01"))
+        if [p.name for p in parts] != ["cg.out.1-01", "cg.out.2-01"]:
+            raise RuntimeError(f"{mode}: expected two marker dumps of the main thread, got {[p.name for p in parts]}")
+        m = re.search(r"^totals:\s*(\d+)", parts[1].read_text(errors="replace"), re.MULTILINE)
+        if not m:
+            raise RuntimeError(f"{mode}: no totals in {parts[1]}")
+        return int(m.group(1)) / n
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -555,30 +559,17 @@ def _stub_weights(modes: list[str]) -> str | None:
     return str(prepare_weights(default_weights_dir(), ModelConfig.for_budget(8)))
 
 
-def _per_request(mode: str, weights: str | None, small: int, large: int) -> tuple[float, float]:
-    """Instructions per request (event loop, all threads): a run of ``large`` requests minus one of ``small``,
-    over ``large - small``. The difference cancels interpreter start-up, imports, app and lifespan set-up and
-    the shutdown flush, so no toggling of callgrind's instrumentation around the loop is needed."""
-    a, b = _count_instructions(mode, small, weights), _count_instructions(mode, large, weights)
-    n = large - small
-    return (b.event_loop - a.event_loop) / n, (b.all_threads - a.all_threads) / n
-
-
 def instructions(modes: list[str]) -> None:
-    """CPU instructions per request (callgrind), ASGI app only: deterministic, unlike wall-clock on a busy box."""
+    """CPU instructions per request on the event loop (callgrind), ASGI app only: deterministic, unlike wall-clock on
+    a busy box. 300 warm-up requests, 1000 counted (see ``_count_marked``)."""
     if shutil.which("valgrind") is None:
         sys.exit("valgrind not found: apt-get install -y valgrind")
     weights = _stub_weights(modes)
     per_request = {}
     width = max(16, *map(len, modes))
     for mode in modes:
-        loop, everything = _per_request(mode, weights, 300, 1300)
-        per_request[mode] = loop
-        print(
-            f"{mode:<{width}} {loop / 1000:8.1f}k instructions/request on the event loop, "
-            f"{everything / 1000:8.1f}k on all threads",
-            flush=True,
-        )
+        per_request[mode] = _count_marked(mode, 300, 1000, weights)
+        print(f"{mode:<{width}} {per_request[mode] / 1000:8.1f}k instructions/request on the event loop", flush=True)
     for base_mode, what in (
         ("bare", "ASGI app only; add ~630k for uvicorn + h11 + sockets per request on this box"),
         ("demo-untracked", "the reference backend's event-loop path, model stubbed out"),
@@ -592,32 +583,27 @@ def instructions(modes: list[str]) -> None:
                 print(f"{mode:<{width}} {(per_request[mode] - base) / 1000:+8.1f}k")
 
 
-def callgrind(runs: int, small: int, large: int) -> None:
+def callgrind(runs: int, warmup: int, n: int) -> None:
     """The tracking-cost figures by instruction count: untracked, tracker + metrics + middleware, everything with
-    spans on 10 % -- each ``runs`` times, with the spread. Counted on the event loop (the main thread: what a
-    request's latency and the server's throughput pay for); the other threads (flight-recorder writer, span
-    export) are shown beside, they run off the request path and their share depends on timing."""
+    spans on 10 % -- each ``runs`` times, with the spread; event-loop instructions per request (``_count_marked``)."""
     if shutil.which("valgrind") is None:
         sys.exit("valgrind not found: apt-get install -y valgrind")
-    if runs < 1 or small < 1 or large <= small:
-        sys.exit("--runs must be >= 1 and --requests larger than --requests-base (>= 1)")
+    if runs < 1 or warmup < 1 or n < 1:
+        sys.exit("--runs and both numbers of --callgrind-requests must be >= 1")
     modes = [mode for _, mode, _ in CALLGRIND_FIGURES]
     weights = _stub_weights(modes)
     loop: dict[str, list[float]] = {m: [] for m in modes}
-    every: dict[str, list[float]] = {m: [] for m in modes}
     started = time.strftime("%H:%M:%S", time.gmtime())
     for r in range(runs):
         for mode in modes:
-            a, b = _per_request(mode, weights, small, large)
-            loop[mode].append(a)
-            every[mode].append(b)
+            loop[mode].append(_count_marked(mode, warmup, n, weights))
         print(f"run {r + 1}: " + ", ".join(f"{m} {loop[m][-1] / 1000:.1f}k" for m in modes), flush=True)
     print(
-        f"\ncallgrind, {runs} run(s) from {started} to {time.strftime('%H:%M:%S', time.gmtime())} UTC; per request = "
-        f"(run of {large} requests - run of {small}) / {large - small}; sampling seeded ({CALLGRIND_SEED})\n"
+        f"\ncallgrind, {runs} run(s) from {started} to {time.strftime('%H:%M:%S', time.gmtime())} UTC; event-loop "
+        f"instructions per request over {n} requests after {warmup} warm-up; sampling seeded ({CALLGRIND_SEED})\n"
     )
     base = statistics.median(loop[modes[0]])
-    header = f"{'figure':<48} {'event loop':>11} {'spread':>9} {'added':>9} {'target':>8} {'all threads':>12}"
+    header = f"{'figure':<48} {'per request':>11} {'spread':>9} {'added':>9} {'target':>15}"
     print(header)
     print("-" * len(header))
     for label, mode, target in CALLGRIND_FIGURES:
@@ -627,8 +613,7 @@ def callgrind(runs: int, small: int, large: int) -> None:
         verdict = "" if target is None else (f"<= {target // 1000}k " + ("met" if added <= target else "NOT met"))
         print(
             f"{label:<48} {med / 1000:>10.1f}k {spread / 1000:>8.2f}k "
-            f"{'' if target is None else f'{added / 1000:+.1f}k':>9} {verdict:>8} "
-            f"{statistics.median(every[mode]) / 1000:>11.1f}k"
+            f"{'' if target is None else f'{added / 1000:+.1f}k':>9} {verdict:>15}"
         )
     print("\nper-run event-loop instructions/request: " + json.dumps({m: [round(v) for v in loop[m]] for m in modes}))
 
@@ -889,12 +874,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="--callgrind: runs of each figure (the spread is printed)")
     parser.add_argument(
         "--callgrind-requests",
-        default="300,1300",
-        help="--callgrind: SMALL,LARGE requests; per request = (count at LARGE - count at SMALL) / (LARGE - SMALL)",
+        default="200,500",
+        help="--callgrind: WARMUP,N: N requests counted after WARMUP uncounted ones",
     )
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--asgi-loop", help=argparse.SUPPRESS)
     parser.add_argument("--requests", type=int, default=1000, help=argparse.SUPPRESS)
+    parser.add_argument("--warmup", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--recorder-dir", help=argparse.SUPPRESS)
     parser.add_argument("--weights", help=argparse.SUPPRESS)
@@ -903,14 +889,14 @@ def main() -> None:
         serve(args.serve, args.port, args.recorder_dir, args.weights)
         return
     if args.asgi_loop:
-        asgi_loop(args.asgi_loop, args.requests, args.weights)
+        asgi_loop(args.asgi_loop, args.requests, args.weights, args.warmup)
         return
     if args.callgrind:
         try:
-            small, large = (int(v) for v in args.callgrind_requests.split(","))
+            warmup, n = (int(v) for v in args.callgrind_requests.split(","))
         except ValueError:
-            sys.exit(f"--callgrind-requests {args.callgrind_requests!r}: two integers SMALL,LARGE, e.g. 300,1300")
-        callgrind(args.runs, small, large)
+            sys.exit(f"--callgrind-requests {args.callgrind_requests!r}: two integers WARMUP,N, e.g. 200,500")
+        callgrind(args.runs, warmup, n)
         return
     modes = [m for m in args.modes.split(",") if m]
     unknown = [m for m in modes if not _MODE_RE.fullmatch(m)]
