@@ -51,7 +51,7 @@ lies; ``demo-tracked`` takes ``-norec``, ``-nospans`` and ``-noadmission`` to ta
 
     .venv/bin/python bench/overhead.py [--rounds 9] [--duration 6] [--demo-duration 6] [--demo-pairs 3]
     .venv/bin/python bench/overhead.py --modes bare,otel,llmdiag-100      # any subset, same table
-    .venv/bin/python bench/overhead.py --callgrind [--runs 3] [--callgrind-requests 200,500]
+    .venv/bin/python bench/overhead.py --callgrind [--runs 3] [--jobs 3] [--callgrind-requests 200,500]
     .venv/bin/python bench/overhead.py --instructions [--modes bare,otel-edge-10,llmdiag-10]
     .venv/bin/python bench/overhead.py --instructions --modes demo-untracked,demo-tracked,demo-tracked-nospans
     .venv/bin/python bench/overhead.py --modes demo-untracked,demo-tracked --demo-max-tokens 128
@@ -583,7 +583,7 @@ def instructions(modes: list[str]) -> None:
                 print(f"{mode:<{width}} {(per_request[mode] - base) / 1000:+8.1f}k")
 
 
-def callgrind(runs: int, warmup: int, n: int) -> None:
+def callgrind(runs: int, warmup: int, n: int, jobs: int = 1) -> None:
     """The tracking-cost figures by instruction count: untracked, tracker + metrics + middleware, everything with
     spans on 10 % -- each ``runs`` times, with the spread; event-loop instructions per request (``_count_marked``)."""
     if shutil.which("valgrind") is None:
@@ -594,9 +594,13 @@ def callgrind(runs: int, warmup: int, n: int) -> None:
     weights = _stub_weights(modes)
     loop: dict[str, list[float]] = {m: [] for m in modes}
     started = time.strftime("%H:%M:%S", time.gmtime())
+    from concurrent.futures import ThreadPoolExecutor
+
     for r in range(runs):
-        for mode in modes:
-            loop[mode].append(_count_marked(mode, warmup, n, weights))
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:  # counts do not depend on what runs beside them
+            counted = list(pool.map(lambda mode: _count_marked(mode, warmup, n, weights), modes))
+        for mode, value in zip(modes, counted, strict=True):
+            loop[mode].append(value)
         print(f"run {r + 1}: " + ", ".join(f"{m} {loop[m][-1] / 1000:.1f}k" for m in modes), flush=True)
     print(
         f"\ncallgrind, {runs} run(s) from {started} to {time.strftime('%H:%M:%S', time.gmtime())} UTC; event-loop "
@@ -872,6 +876,7 @@ def main() -> None:
         "everything with spans on 10 %%; see --runs and --callgrind-requests",
     )
     parser.add_argument("--runs", type=int, default=3, help="--callgrind: runs of each figure (the spread is printed)")
+    parser.add_argument("--jobs", type=int, default=1, help="--callgrind: valgrind runs side by side")
     parser.add_argument(
         "--callgrind-requests",
         default="200,500",
@@ -896,7 +901,7 @@ def main() -> None:
             warmup, n = (int(v) for v in args.callgrind_requests.split(","))
         except ValueError:
             sys.exit(f"--callgrind-requests {args.callgrind_requests!r}: two integers WARMUP,N, e.g. 200,500")
-        callgrind(args.runs, warmup, n)
+        callgrind(args.runs, warmup, n, args.jobs)
         return
     modes = [m for m in args.modes.split(",") if m]
     unknown = [m for m in modes if not _MODE_RE.fullmatch(m)]
