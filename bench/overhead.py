@@ -607,7 +607,7 @@ def callgrind(runs: int, warmup: int, n: int, jobs: int = 1) -> None:
         f"instructions per request over {n} requests after {warmup} warm-up; sampling seeded ({CALLGRIND_SEED})\n"
     )
     base = statistics.median(loop[modes[0]])
-    header = f"{'figure':<48} {'per request':>11} {'spread':>9} {'added':>9} {'target':>15}"
+    header = f"{'figure':<56} {'per request':>11} {'spread':>9} {'added':>9} {'target':>15}"
     print(header)
     print("-" * len(header))
     for label, mode, target in CALLGRIND_FIGURES:
@@ -616,7 +616,7 @@ def callgrind(runs: int, warmup: int, n: int, jobs: int = 1) -> None:
         added = med - base
         verdict = "" if target is None else (f"<= {target // 1000}k " + ("met" if added <= target else "NOT met"))
         print(
-            f"{label:<48} {med / 1000:>10.1f}k {spread / 1000:>8.2f}k "
+            f"{label:<56} {med / 1000:>10.1f}k {spread / 1000:>8.2f}k "
             f"{'' if target is None else f'{added / 1000:+.1f}k':>9} {verdict:>15}"
         )
     print("\nper-run event-loop instructions/request: " + json.dumps({m: [round(v) for v in loop[m]] for m in modes}))
