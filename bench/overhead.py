@@ -262,11 +262,18 @@ def make_demo_app(mode: str, recorder_dir: str, weights: str) -> object:
     from diag.demo.app import create_app
 
     class CountingExporter(SpanExporter):
-        def export(self, spans: object) -> SpanExportResult:
+        """Counts the ``llm.inference`` spans: one per traced request (``--callgrind`` prints how many were traced)."""
+
+        def __init__(self) -> None:
+            self.inference = 0
+
+        def export(self, spans: Any) -> SpanExportResult:
+            self.inference += sum(1 for span in spans if span.name == "llm.inference")
             return SpanExportResult.SUCCESS
 
+    exporter = CountingExporter()
     provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(CountingExporter()))
+    provider.add_span_processor(BatchSpanProcessor(exporter))
     admission = AdmissionConfig(
         max_concurrency=settings.max_concurrency,
         queue_size=settings.queue_size,
@@ -282,7 +289,9 @@ def make_demo_app(mode: str, recorder_dir: str, weights: str) -> object:
         tracer_provider=provider,
         span_sample_ratio=0.0 if "-nospans" in mode else 0.1,
     )
-    return create_app(settings, tracker)
+    app = create_app(settings, tracker)
+    app.state.traced = lambda: (provider.force_flush(), exporter.inference)[1]  # requests traced so far
+    return app
 
 
 def _untracked_demo_app(settings: Any) -> object:
@@ -465,6 +474,8 @@ def asgi_loop(mode: str, n: int, weights: str | None = None, warmup: int = 0) ->
         async with lifespan:
             for _ in range(warmup):  # first-request paths, caches: not measured
                 await app(dict(scope), receive, send)
+            traced = getattr(app.state, "traced", lambda: 0)
+            traced_before = traced() if warmup else 0  # before the marker: not counted
             if warmup:
                 os.getppid()  # MARKER: callgrind dumps here
             for _ in range(n):
@@ -474,6 +485,7 @@ def asgi_loop(mode: str, n: int, weights: str | None = None, warmup: int = 0) ->
                 tracker.flush()  # the recorder's work (and the batched metrics') belongs to the requests
             if warmup:
                 os.getppid()  # MARKER
+                print(f"traced {traced() - traced_before}", flush=True)
 
     asyncio.run(run())
     tracker = getattr(app.state, "tracker", None)
@@ -512,6 +524,7 @@ CALLGRIND_FIGURES = (
 CALLGRIND_SEED = 20261203  # the sampling draws' seed in the counted child: the same requests are traced every run
 
 
+TRACED: dict[str, int] = {}  # requests traced among the counted ones, per mode (the last run's)
 MARKER = "os_getppid*"  # CPython's C function behind os.getppid(): asgi_loop calls it around the measured requests
 
 
@@ -544,6 +557,8 @@ def _count_marked(mode: str, warmup: int, n: int, weights: str | None) -> float:
         m = re.search(r"^totals:\s*(\d+)", parts[1].read_text(errors="replace"), re.MULTILINE)
         if not m:
             raise RuntimeError(f"{mode}: no totals in {parts[1]}")
+        traced = re.search(r"^traced (\d+)$", out.stdout, re.MULTILINE)
+        TRACED[mode] = int(traced.group(1)) if traced else 0
         return int(m.group(1)) / n
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -620,6 +635,7 @@ def callgrind(runs: int, warmup: int, n: int, jobs: int = 1) -> None:
             f"{'' if target is None else f'{added / 1000:+.1f}k':>9} {verdict:>15}"
         )
     print("\nper-run event-loop instructions/request: " + json.dumps({m: [round(v) for v in loop[m]] for m in modes}))
+    print(f"traced among the {n} counted requests (llm.inference spans): " + json.dumps(TRACED))
 
 
 def _loadavg() -> float:
