@@ -535,6 +535,7 @@ def _count_marked(mode: str, warmup: int, n: int, weights: str | None) -> float:
     The main thread is the event loop (``--separate-threads=yes``): what a request's latency and the server's
     throughput pay for; the recorder's writer and the metrics flusher run on their own threads."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "BENCH_QUEUE_SPAN_MIN_S": "1.0", "BENCH_SEED": str(CALLGRIND_SEED)}
+    env["PYTHONHASHSEED"] = "0"  # str hashes (dict and set layouts) the same in every run: ~2k/request of spread otherwise
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
     work = tempfile.mkdtemp(prefix="llmdiag-bench-cg-")
