@@ -34,8 +34,16 @@ Other modes for diagnosis: ``otel`` (stock instrumentation, every request traced
 (spans at <pct> %; ``-norec`` no flight recorder; ``-notrack`` the handler does not track: edge
 sampling + server spans alone; ``-noserver`` no server span: the tracker's ``llm.*`` spans are roots).
 
-``--instructions`` instead counts CPU instructions per request with valgrind (callgrind) for the
-ASGI app alone, driven in-process: deterministic, so it still compares modes when other jobs share
+``--callgrind`` prints the tracking-cost figures by instruction count: the reference backend's app with the model
+stubbed, untracked; with tracker + metrics + middleware only; with everything (admission, flight recorder, spans
+on 10 %). One valgrind run per figure: after WARMUP requests the loop calls ``os.getppid()``, then N requests and
+the tracker's flush, then ``os.getppid()`` again; callgrind dumps the main thread's counts at each call
+(``--dump-before``), so the second part is exactly the N requests -- start-up, imports, warm-up and shutdown are
+cut out without toggling the instrumentation. Counted on the event loop (the main thread, ``--separate-threads``);
+the sampling draw is seeded, so a run repeats the same instructions and ``--runs`` shows how little they move.
+
+``--instructions`` instead counts CPU instructions per request on the event loop with valgrind (callgrind), the
+same way, for the ASGI app alone, driven in-process: deterministic, so it still compares modes when other jobs share
 the machine and wall-clock figures swing by +-20 %. The reference-backend modes count there with the
 model stubbed out (an instant answer), i.e. a request's event-loop path, where tracking's own cost
 lies; ``demo-tracked`` takes ``-norec``, ``-nospans`` and ``-noadmission`` to take that cost apart
@@ -43,6 +51,7 @@ lies; ``demo-tracked`` takes ``-norec``, ``-nospans`` and ``-noadmission`` to ta
 
     .venv/bin/python bench/overhead.py [--rounds 9] [--duration 6] [--demo-duration 6] [--demo-pairs 3]
     .venv/bin/python bench/overhead.py --modes bare,otel,llmdiag-100      # any subset, same table
+    .venv/bin/python bench/overhead.py --callgrind [--runs 3] [--jobs 3] [--callgrind-requests 200,500]
     .venv/bin/python bench/overhead.py --instructions [--modes bare,otel-edge-10,llmdiag-10]
     .venv/bin/python bench/overhead.py --instructions --modes demo-untracked,demo-tracked,demo-tracked-nospans
     .venv/bin/python bench/overhead.py --modes demo-untracked,demo-tracked --demo-max-tokens 128
@@ -253,11 +262,18 @@ def make_demo_app(mode: str, recorder_dir: str, weights: str) -> object:
     from diag.demo.app import create_app
 
     class CountingExporter(SpanExporter):
-        def export(self, spans: object) -> SpanExportResult:
+        """Counts the ``llm.inference`` spans: one per traced request (``--callgrind`` prints how many were traced)."""
+
+        def __init__(self) -> None:
+            self.inference = 0
+
+        def export(self, spans: Any) -> SpanExportResult:
+            self.inference += sum(1 for span in spans if span.name == "llm.inference")
             return SpanExportResult.SUCCESS
 
+    exporter = CountingExporter()
     provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(CountingExporter()))
+    provider.add_span_processor(BatchSpanProcessor(exporter))
     admission = AdmissionConfig(
         max_concurrency=settings.max_concurrency,
         queue_size=settings.queue_size,
@@ -273,7 +289,9 @@ def make_demo_app(mode: str, recorder_dir: str, weights: str) -> object:
         tracer_provider=provider,
         span_sample_ratio=0.0 if "-nospans" in mode else 0.1,
     )
-    return create_app(settings, tracker)
+    app = create_app(settings, tracker)
+    app.state.traced = lambda: (provider.force_flush(), exporter.inference)[1]  # requests traced so far
+    return app
 
 
 def _untracked_demo_app(settings: Any) -> object:
@@ -416,10 +434,17 @@ def _wrk(url: str, duration: int, connections: int, script: str | None = None) -
 # --------------------------------------------------------------------------- CPU instructions (valgrind)
 
 
-def asgi_loop(mode: str, n: int, weights: str | None = None) -> None:
-    """Drive ``n`` requests straight through the ASGI app (no sockets, no uvicorn): the code under test only."""
-    import asyncio
+def asgi_loop(mode: str, n: int, weights: str | None = None, warmup: int = 0) -> None:
+    """Drive ``n`` requests straight through the ASGI app (no sockets, no uvicorn): the code under test only.
 
+    With ``warmup``: that many requests first, then ``os.getppid()`` (``MARKER``), the ``n`` requests and the
+    tracker's flush, then ``MARKER`` again -- callgrind's ``--dump-before`` on it cuts out exactly the measured
+    requests (nothing else here calls it)."""
+    import asyncio
+    import random
+
+    if os.environ.get("BENCH_SEED"):  # the traced tenth is the same requests in every count: deterministic figures
+        random.seed(int(os.environ["BENCH_SEED"]))
     recorder_dir = tempfile.mkdtemp(prefix="llmdiag-bench-")
     if mode.startswith("demo"):
         app: Any = _stub_model_demo_app(mode, recorder_dir, weights or "")
@@ -447,11 +472,20 @@ def asgi_loop(mode: str, n: int, weights: str | None = None) -> None:
     async def run() -> None:
         lifespan = app.router.lifespan_context(app) if mode.startswith("demo") else contextlib.nullcontext()
         async with lifespan:
+            for _ in range(warmup):  # first-request paths, caches: not measured
+                await app(dict(scope), receive, send)
+            traced = getattr(app.state, "traced", lambda: 0)
+            traced_before = traced() if warmup else 0  # before the marker: not counted
+            if warmup:
+                os.getppid()  # MARKER: callgrind dumps here
             for _ in range(n):
                 await app(dict(scope), receive, send)
             tracker = getattr(app.state, "tracker", None)
             if tracker is not None:
-                tracker.flush()  # the recorder's work belongs to the requests
+                tracker.flush()  # the recorder's work (and the batched metrics') belongs to the requests
+            if warmup:
+                os.getppid()  # MARKER
+                print(f"traced {traced() - traced_before}", flush=True)
 
     asyncio.run(run())
     tracker = getattr(app.state, "tracker", None)
@@ -468,7 +502,11 @@ def _stub_model_demo_app(mode: str, recorder_dir: str, weights: str) -> Any:
     the model's CPU swamping the count."""
     from diag.demo.batcher import Batcher, Completion
 
-    async def submit(self: Batcher, ids: list[int], max_tokens: int, on_first_token: Any = None) -> Completion:
+    async def submit(
+        self: Batcher, ids: list[int], max_tokens: int, on_first_token: Any = None, on_scheduled: Any = None
+    ) -> Completion:
+        if on_scheduled is not None:
+            on_scheduled()
         if on_first_token is not None:
             on_first_token()
         return Completion(list(ids[:max_tokens]), len(ids), 4, 4 * len(ids))
@@ -477,47 +515,77 @@ def _stub_model_demo_app(mode: str, recorder_dir: str, weights: str) -> Any:
     return make_demo_app(mode, recorder_dir, weights)
 
 
-def instructions(modes: list[str]) -> None:
-    """CPU instructions per request (callgrind), ASGI app only: deterministic, unlike wall-clock on a busy box."""
-    if shutil.which("valgrind") is None:
-        sys.exit("valgrind not found: apt-get install -y valgrind")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "BENCH_QUEUE_SPAN_MIN_S": "1.0"}
+# The three figures of ``--callgrind``: (label, mode, target of the instructions added over the untracked app).
+CALLGRIND_FIGURES = (
+    ("untracked (the reference backend's app, model stubbed)", "demo-untracked", None),
+    ("tracker + metrics + middleware", "demo-tracked-norec-nospans-noadmission", 100_000),
+    ("+ admission, flight recorder, spans on 10 %", "demo-tracked", 250_000),
+)
+CALLGRIND_SEED = 20261203  # the sampling draws' seed in the counted child: the same requests are traced every run
+
+
+TRACED: dict[str, int] = {}  # requests traced among the counted ones, per mode (the last run's)
+MARKER = "os_getppid*"  # CPython's C function behind os.getppid(): asgi_loop calls it around the measured requests
+
+
+def _count_marked(mode: str, warmup: int, n: int, weights: str | None) -> float:
+    """Event-loop instructions per request of one valgrind run: callgrind dumps the main thread's counts at each
+    ``MARKER`` (``--dump-before``), so the second part is exactly the ``n`` measured requests (and the tracker's
+    flush after them) -- no start-up, imports, warm-up or shutdown in it, and no toggling of the instrumentation.
+    The main thread is the event loop (``--separate-threads=yes``): what a request's latency and the server's
+    throughput pay for; the recorder's writer and the metrics flusher run on their own threads."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "BENCH_QUEUE_SPAN_MIN_S": "1.0", "BENCH_SEED": str(CALLGRIND_SEED)}
+    env["PYTHONHASHSEED"] = "0"  # str hashes (dict and set layouts) the same in every run: ~2k/request of spread otherwise
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
-
-    weights = None
-    if any(m.startswith("demo") for m in modes):
-        # A small checkpoint, made here once: the model never runs in this loop (see _stub_model_demo_app).
-        from diag.demo.server import prepare_weights
-        from diag.demo.weights import ModelConfig, default_weights_dir
-
-        weights = str(prepare_weights(default_weights_dir(), ModelConfig.for_budget(8)))
-    prom_dir = tempfile.mkdtemp(prefix="llmdiag-bench-prom-")
-
-    def count(mode: str, n: int) -> int:
-        mode_env = env
+    work = tempfile.mkdtemp(prefix="llmdiag-bench-cg-")
+    try:
         if mode.startswith("demo-tracked"):  # as in the wrk runs: `diag demo serve` always sets it
-            shutil.rmtree(prom_dir, ignore_errors=True)
-            os.makedirs(prom_dir)
-            mode_env = {**env, "PROMETHEUS_MULTIPROC_DIR": prom_dir}
+            os.makedirs(os.path.join(work, "prom"))
+            env["PROMETHEUS_MULTIPROC_DIR"] = os.path.join(work, "prom")
+        prefix = os.path.join(work, "cg.out")
         out = subprocess.run(
-            ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__, "--asgi-loop", mode,
-             "--requests", str(n), *(["--weights", weights] if weights else [])],
-            env=mode_env, cwd=ROOT, capture_output=True, text=True, check=True,
+            ["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--dump-before={MARKER}",
+             f"--callgrind-out-file={prefix}", sys.executable, __file__, "--asgi-loop", mode, "--requests", str(n),
+             "--warmup", str(warmup), *(["--weights", weights] if weights else [])],
+            env=env, cwd=ROOT, capture_output=True, text=True,
         )  # fmt: skip
-        m = re.search(r"Collected : (\d+)", out.stderr)
+        if out.returncode != 0:
+            raise RuntimeError(f"{mode}: valgrind exited {out.returncode}:\n{out.stderr[-2000:]}")
+        parts = sorted(Path(work).glob("cg.out.*-01"))
+        if [p.name for p in parts] != ["cg.out.1-01", "cg.out.2-01"]:
+            raise RuntimeError(f"{mode}: expected two marker dumps of the main thread, got {[p.name for p in parts]}")
+        m = re.search(r"^totals:\s*(\d+)", parts[1].read_text(errors="replace"), re.MULTILINE)
         if not m:
-            raise RuntimeError(out.stderr[-2000:])
-        return int(m.group(1))
+            raise RuntimeError(f"{mode}: no totals in {parts[1]}")
+        traced = re.search(r"^traced (\d+)$", out.stdout, re.MULTILINE)
+        TRACED[mode] = int(traced.group(1)) if traced else 0
+        return int(m.group(1)) / n
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
+
+def _stub_weights(modes: list[str]) -> str | None:
+    """A small checkpoint, made once, for the reference-backend modes (the model never runs: ``_stub_model_demo_app``)."""
+    if not any(m.startswith("demo") for m in modes):
+        return None
+    from diag.demo.server import prepare_weights
+    from diag.demo.weights import ModelConfig, default_weights_dir
+
+    return str(prepare_weights(default_weights_dir(), ModelConfig.for_budget(8)))
+
+
+def instructions(modes: list[str]) -> None:
+    """CPU instructions per request on the event loop (callgrind), ASGI app only: deterministic, unlike wall-clock on
+    a busy box. 300 warm-up requests, 1000 counted (see ``_count_marked``)."""
+    if shutil.which("valgrind") is None:
+        sys.exit("valgrind not found: apt-get install -y valgrind")
+    weights = _stub_weights(modes)
     per_request = {}
     width = max(16, *map(len, modes))
-    try:
-        for mode in modes:
-            per_request[mode] = (count(mode, 1300) - count(mode, 300)) / 1000
-            print(f"{mode:<{width}} {per_request[mode] / 1000:8.0f}k instructions/request", flush=True)
-    finally:
-        shutil.rmtree(prom_dir, ignore_errors=True)
+    for mode in modes:
+        per_request[mode] = _count_marked(mode, 300, 1000, weights)
+        print(f"{mode:<{width}} {per_request[mode] / 1000:8.1f}k instructions/request on the event loop", flush=True)
     for base_mode, what in (
         ("bare", "ASGI app only; add ~630k for uvicorn + h11 + sockets per request on this box"),
         ("demo-untracked", "the reference backend's event-loop path, model stubbed out"),
@@ -528,7 +596,47 @@ def instructions(modes: list[str]) -> None:
         print(f"\nadded over {base_mode} ({what}):")
         for mode in modes:
             if mode.startswith("demo") == base_mode.startswith("demo"):
-                print(f"{mode:<{width}} {(per_request[mode] - base) / 1000:+8.0f}k")
+                print(f"{mode:<{width}} {(per_request[mode] - base) / 1000:+8.1f}k")
+
+
+def callgrind(runs: int, warmup: int, n: int, jobs: int = 1) -> None:
+    """The tracking-cost figures by instruction count: untracked, tracker + metrics + middleware, everything with
+    spans on 10 % -- each ``runs`` times, with the spread; event-loop instructions per request (``_count_marked``)."""
+    if shutil.which("valgrind") is None:
+        sys.exit("valgrind not found: apt-get install -y valgrind")
+    if runs < 1 or warmup < 1 or n < 1:
+        sys.exit("--runs and both numbers of --callgrind-requests must be >= 1")
+    modes = [mode for _, mode, _ in CALLGRIND_FIGURES]
+    weights = _stub_weights(modes)
+    loop: dict[str, list[float]] = {m: [] for m in modes}
+    started = time.strftime("%H:%M:%S", time.gmtime())
+    from concurrent.futures import ThreadPoolExecutor
+
+    for r in range(runs):
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:  # counts do not depend on what runs beside them
+            counted = list(pool.map(lambda mode: _count_marked(mode, warmup, n, weights), modes))
+        for mode, value in zip(modes, counted, strict=True):
+            loop[mode].append(value)
+        print(f"run {r + 1}: " + ", ".join(f"{m} {loop[m][-1] / 1000:.1f}k" for m in modes), flush=True)
+    print(
+        f"\ncallgrind, {runs} run(s) from {started} to {time.strftime('%H:%M:%S', time.gmtime())} UTC; event-loop "
+        f"instructions per request over {n} requests after {warmup} warm-up; sampling seeded ({CALLGRIND_SEED})\n"
+    )
+    base = statistics.median(loop[modes[0]])
+    header = f"{'figure':<56} {'per request':>11} {'spread':>9} {'added':>9} {'target':>15}"
+    print(header)
+    print("-" * len(header))
+    for label, mode, target in CALLGRIND_FIGURES:
+        med = statistics.median(loop[mode])
+        spread = max(loop[mode]) - min(loop[mode])
+        added = med - base
+        verdict = "" if target is None else (f"<= {target // 1000}k " + ("met" if added <= target else "NOT met"))
+        print(
+            f"{label:<56} {med / 1000:>10.1f}k {spread / 1000:>8.2f}k "
+            f"{'' if target is None else f'{added / 1000:+.1f}k':>9} {verdict:>15}"
+        )
+    print("\nper-run event-loop instructions/request: " + json.dumps({m: [round(v) for v in loop[m]] for m in modes}))
+    print(f"traced among the {n} counted requests (llm.inference spans): " + json.dumps(TRACED))
 
 
 def _loadavg() -> float:
@@ -778,9 +886,23 @@ def main() -> None:
     parser.add_argument(
         "--instructions", action="store_true", help="count CPU instructions per request with valgrind instead of wrk"
     )
+    parser.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="the tracking-cost figures by instruction count (valgrind): untracked, tracker + metrics + middleware, "
+        "everything with spans on 10 %%; see --runs and --callgrind-requests",
+    )
+    parser.add_argument("--runs", type=int, default=3, help="--callgrind: runs of each figure (the spread is printed)")
+    parser.add_argument("--jobs", type=int, default=1, help="--callgrind: valgrind runs side by side")
+    parser.add_argument(
+        "--callgrind-requests",
+        default="200,500",
+        help="--callgrind: WARMUP,N: N requests counted after WARMUP uncounted ones",
+    )
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--asgi-loop", help=argparse.SUPPRESS)
     parser.add_argument("--requests", type=int, default=1000, help=argparse.SUPPRESS)
+    parser.add_argument("--warmup", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--recorder-dir", help=argparse.SUPPRESS)
     parser.add_argument("--weights", help=argparse.SUPPRESS)
@@ -789,7 +911,14 @@ def main() -> None:
         serve(args.serve, args.port, args.recorder_dir, args.weights)
         return
     if args.asgi_loop:
-        asgi_loop(args.asgi_loop, args.requests, args.weights)
+        asgi_loop(args.asgi_loop, args.requests, args.weights, args.warmup)
+        return
+    if args.callgrind:
+        try:
+            warmup, n = (int(v) for v in args.callgrind_requests.split(","))
+        except ValueError:
+            sys.exit(f"--callgrind-requests {args.callgrind_requests!r}: two integers WARMUP,N, e.g. 200,500")
+        callgrind(args.runs, warmup, n, args.jobs)
         return
     modes = [m for m in args.modes.split(",") if m]
     unknown = [m for m in modes if not _MODE_RE.fullmatch(m)]

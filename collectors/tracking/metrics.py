@@ -5,10 +5,12 @@ from its ``MetricSpec`` (name, help, labels, buckets) -- no ``llmdiag_`` literal
 package.
 
 Per-request families (queue wait, inference, e2e, TTFT, queue depth, active, requests, rejections)
-are updated on every request. In a single process they are plain numbers behind one lock per
-(route, model), rendered at scrape time by :class:`RequestCollector` -- one lock per request
-instead of ~9 prometheus_client value locks (~40k CPU instructions per request saved, see
-bench/overhead.py). The exposition is identical to prometheus_client's (a test compares them).
+are updated on every request as plain numbers behind one lock per (route, model) (``series``). In a
+single process :class:`RequestCollector` renders them at scrape time -- one lock per request instead
+of ~9 prometheus_client value locks (~40k CPU instructions per request saved, see bench/overhead.py).
+In multiprocess mode they are flushed into prometheus_client's shared values once a second (and
+before this process renders /metrics, at close, at exit) instead of eleven locked mmap writes per
+request. The exposition is identical to prometheus_client's either way (tests compare them).
 
 Multiple worker processes (``uvicorn --workers N``, gunicorn): each worker has its own registry, so
 a scrape would see one random worker. prometheus_client's *multiprocess mode* fixes that: set
@@ -25,27 +27,33 @@ exist before every scrape.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import glob
 import logging
-import math
 import os
 import re
 import threading
 import time
 import weakref
-from bisect import bisect_left
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.utils import floatToGoString
 
 from collectors import catalog
 from collectors.catalog import MetricSpec
 from collectors.records import REQUEST_OUTCOMES as _OUTCOMES
+from collectors.tracking.series import (
+    REJECTION_REASONS,
+    BatchedRequestSeries,
+    DirectRequestSeries,
+    FastRequestSeries,
+    PromChildren,
+    RequestSeries,
+    batchable,
+    flush_batched,
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +103,6 @@ OTHER_SPECS: tuple[MetricSpec, ...] = (
     catalog.CUDA_OOM_ERRORS,
 )
 TRACKER_SPECS: tuple[MetricSpec, ...] = REQUEST_SPECS + OTHER_SPECS
-
-# Outcome and reason series are pre-created (at 0) from the first request on, so rate() and
-# absent() behave and a dashboard shows 0 rather than "no data".
-REJECTION_REASONS: tuple[str, ...] = ("queue_full", "memory_watermark", "memory_psi", "queue_timeout")
 
 
 def multiprocess_enabled() -> bool:
@@ -160,7 +164,20 @@ class TrackerMetrics:
         """The per-request series of one (route, model); create once, keep it (label lookups are not free)."""
         if self.requests_collector is not None:
             return self.requests_collector.series(route, model)
-        return PromRequestSeries(self, route, model)
+        requests, rejections = self[catalog.REQUESTS], self[catalog.ADMISSION_REJECTIONS]
+        children = PromChildren(
+            self[catalog.REQUEST_QUEUE_WAIT].labels(route, model),
+            self[catalog.REQUEST_INFERENCE].labels(route, model),
+            self[catalog.REQUEST_E2E].labels(route, model),
+            self[catalog.REQUEST_TTFT].labels(route, model),
+            self[catalog.QUEUE_DEPTH].labels(route, model),
+            self[catalog.ACTIVE_INFERENCES].labels(route, model),
+            {o: requests.labels(route, model, o) for o in _OUTCOMES},
+            {r: rejections.labels(route, model, r) for r in REJECTION_REASONS},
+        )
+        if batchable(children):
+            return BatchedRequestSeries(route, model, children, self.error)
+        return DirectRequestSeries(children)
 
     def error(self, stage: str, n: int = 1) -> None:
         """Count a failure of our own recording. Never raises."""
@@ -190,176 +207,7 @@ def metrics_for(registry: CollectorRegistry | None = None) -> TrackerMetrics:
         return found
 
 
-# --------------------------------------------------------------------------- per-request series
-
-
-class RequestSeries:
-    """What the tracker updates per request, for one (route, model). Two implementations below."""
-
-    def queued(self) -> None:
-        """A request joined the wait queue."""
-        raise NotImplementedError
-
-    def dequeued(self) -> None:
-        """A request left the wait queue (granted, timed out or cancelled)."""
-        raise NotImplementedError
-
-    def started(self) -> None:
-        """A request got an inference slot."""
-        raise NotImplementedError
-
-    def rejected(self, reason: str) -> None:
-        """A refusal before inference (``REJECTION_REASONS``)."""
-        raise NotImplementedError
-
-    def finished(
-        self,
-        outcome: str,
-        released: bool,
-        queue_wait: float | None,
-        inference: float | None,
-        e2e: float | None,
-        ttft: float | None,
-    ) -> None:
-        """A request ended: its outcome, whether it gave a slot back, and the durations to observe."""
-        raise NotImplementedError
-
-
-class _Hist:
-    """One histogram child as plain numbers: non-cumulative bucket counts (+Inf last) and the sum."""
-
-    __slots__ = ("bounds", "counts", "sum")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:  # caller holds the series lock
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # first bound >= value: Prometheus "le"
-        self.sum += value
-
-    def cumulative(self) -> list[tuple[str, float]]:
-        out, total = [], 0
-        for bound, count in zip((*self.bounds, math.inf), self.counts, strict=True):
-            total += count
-            out.append((floatToGoString(bound), float(total)))
-        return out
-
-
-class FastRequestSeries(RequestSeries):
-    """Single-process series: plain numbers, one lock per request (see TrackerMetrics)."""
-
-    __slots__ = ("active", "depth", "e2e", "inference", "lock", "model", "outcomes", "queue_wait", "rejections", "route",
-                 "ttft")  # fmt: skip
-
-    def __init__(self, route: str, model: str) -> None:
-        self.route, self.model = route, model
-        self.lock = threading.Lock()
-        self.depth = 0
-        self.active = 0
-        self.queue_wait = _Hist(catalog.REQUEST_QUEUE_WAIT.buckets or ())
-        self.inference = _Hist(catalog.REQUEST_INFERENCE.buckets or ())
-        self.e2e = _Hist(catalog.REQUEST_E2E.buckets or ())
-        self.ttft = _Hist(catalog.REQUEST_TTFT.buckets or ())
-        self.outcomes = dict.fromkeys(_OUTCOMES, 0)
-        self.rejections = dict.fromkeys(REJECTION_REASONS, 0)
-
-    def queued(self) -> None:
-        with self.lock:
-            self.depth += 1
-
-    def dequeued(self) -> None:
-        with self.lock:
-            self.depth -= 1
-
-    def started(self) -> None:
-        with self.lock:
-            self.active += 1
-
-    def rejected(self, reason: str) -> None:
-        with self.lock:
-            self.rejections[reason] += 1
-
-    def finished(
-        self,
-        outcome: str,
-        released: bool,
-        queue_wait: float | None,
-        inference: float | None,
-        e2e: float | None,
-        ttft: float | None,
-    ) -> None:
-        # _Hist.observe inlined: this runs once per request, and a call costs as much as the update
-        with self.lock:
-            if released:
-                self.active -= 1
-            if queue_wait is not None:
-                h = self.queue_wait
-                h.counts[bisect_left(h.bounds, queue_wait)] += 1
-                h.sum += queue_wait
-            if inference is not None:
-                h = self.inference
-                h.counts[bisect_left(h.bounds, inference)] += 1
-                h.sum += inference
-            if e2e is not None:
-                h = self.e2e
-                h.counts[bisect_left(h.bounds, e2e)] += 1
-                h.sum += e2e
-            if ttft is not None:
-                h = self.ttft
-                h.counts[bisect_left(h.bounds, ttft)] += 1
-                h.sum += ttft
-            self.outcomes[outcome] += 1
-
-
-class PromRequestSeries(RequestSeries):
-    """Multiprocess series: prometheus_client children (their values live in the shared mmap files)."""
-
-    def __init__(self, metrics: TrackerMetrics, route: str, model: str) -> None:
-        self.queue_wait = metrics[catalog.REQUEST_QUEUE_WAIT].labels(route, model)
-        self.inference = metrics[catalog.REQUEST_INFERENCE].labels(route, model)
-        self.e2e = metrics[catalog.REQUEST_E2E].labels(route, model)
-        self.ttft = metrics[catalog.REQUEST_TTFT].labels(route, model)
-        self.depth = metrics[catalog.QUEUE_DEPTH].labels(route, model)
-        self.active = metrics[catalog.ACTIVE_INFERENCES].labels(route, model)
-        requests = metrics[catalog.REQUESTS]
-        self.outcomes = {o: requests.labels(route, model, o) for o in _OUTCOMES}
-        rejections = metrics[catalog.ADMISSION_REJECTIONS]
-        self.rejections = {r: rejections.labels(route, model, r) for r in REJECTION_REASONS}
-
-    def queued(self) -> None:
-        self.depth.inc()
-
-    def dequeued(self) -> None:
-        self.depth.dec()
-
-    def started(self) -> None:
-        self.active.inc()
-
-    def rejected(self, reason: str) -> None:
-        self.rejections[reason].inc()
-
-    def finished(
-        self,
-        outcome: str,
-        released: bool,
-        queue_wait: float | None,
-        inference: float | None,
-        e2e: float | None,
-        ttft: float | None,
-    ) -> None:
-        if released:
-            self.active.dec()
-        if queue_wait is not None:
-            self.queue_wait.observe(queue_wait)
-        if inference is not None:
-            self.inference.observe(inference)
-        if e2e is not None:
-            self.e2e.observe(e2e)
-        if ttft is not None:
-            self.ttft.observe(ttft)
-        self.outcomes[outcome].inc()
+# --------------------------------------------------------------------------- per-request series (``series``)
 
 
 class RequestCollector:
@@ -479,6 +327,7 @@ def metrics_response(registry: CollectorRegistry | None = None) -> tuple[bytes, 
     if multiprocess_enabled():
         from prometheus_client import multiprocess
 
+        flush_batched()  # this worker's requests up to now; the others' are at most series.FLUSH_INTERVAL_S old
         sweep_dead_workers()
         merged = CollectorRegistry()
         multiprocess.MultiProcessCollector(merged)
@@ -487,6 +336,12 @@ def metrics_response(registry: CollectorRegistry | None = None) -> tuple[bytes, 
             body += generate_latest(registry)
         return body, CONTENT_TYPE_LATEST
     return generate_latest(REGISTRY if registry is None else registry), CONTENT_TYPE_LATEST
+
+
+def flush_metrics() -> None:
+    """Write this process's batched per-request values to the shared files now (multiprocess mode; a no-op
+    otherwise). The tracker calls it when it flushes or closes; a normal interpreter exit does too."""
+    flush_batched()
 
 
 def mark_own_process_dead() -> None:

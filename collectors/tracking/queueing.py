@@ -12,12 +12,14 @@ ran while one of them was open sat on the request path (see ``loader``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable
 from typing import Any
 
 from collectors.tracking import spans as sp
 from collectors.tracking.admission import AdmissionConfig, QueueFull, SlotPool
+from collectors.tracking.deadlines import DeadlineSweeper
 from collectors.tracking.memory import MemoryProbe, MemoryReading
 
 __all__ = ["AdmissionControl", "QueueFull"]
@@ -48,6 +50,7 @@ class AdmissionControl(SlotPool):
         self._on_error = on_error
         self._last_reading: MemoryReading | None = None
         self._windows: dict[int, sp.Arrival] = {}
+        self._sweeper: DeadlineSweeper | None = None
 
     # ------------------------------------------------------------------ arrival windows
 
@@ -73,6 +76,14 @@ class AdmissionControl(SlotPool):
     def wait_for_slot_sync(self, waiter: Any) -> bool:
         """Thread-side :meth:`wait_for_slot` (blocks this thread)."""
         return self.wait_sync(waiter, self.config.queue_timeout_s)
+
+    def deadlines(self, loop: asyncio.AbstractEventLoop) -> DeadlineSweeper:
+        """The inference-deadline sweeper of ``loop`` (one per tracker: a tracker serves one event loop; should it
+        move to another, the old sweeper still enforces what it holds on its own loop)."""
+        sweeper = self._sweeper
+        if sweeper is None or sweeper.loop is not loop:
+            sweeper = self._sweeper = DeadlineSweeper(loop)
+        return sweeper
 
     # ------------------------------------------------------------------ the memory guard
 
@@ -122,6 +133,7 @@ class AdmissionControl(SlotPool):
         """In a forked child: a fresh pool (the parent's lock may be held) and no inherited windows."""
         SlotPool.__init__(self, self.config.max_concurrency, self.config.queue_size)
         self._windows = {}
+        self._sweeper = None
         self._probe = None
         self._last_reading = None
 

@@ -36,7 +36,7 @@ from collectors.tracking.admission import AdmissionConfig
 from collectors.tracking.batches import batch_stats, routing_stats
 from collectors.tracking.buffer import RecordBuffer, request_row
 from collectors.tracking.memory import MemoryReading
-from collectors.tracking.metrics import RequestSeries, TrackerMetrics, metrics_for
+from collectors.tracking.metrics import RequestSeries, TrackerMetrics, flush_metrics, metrics_for
 from collectors.tracking.torch_memory import capture_cuda_oom, parse_cuda_oom_message, torch_memory_snapshot
 
 log = logging.getLogger(__name__)
@@ -302,7 +302,9 @@ class RequestRecorder:
         return self._buffer.writer if self._buffer is not None else None
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until every record submitted so far is in the flight recorder."""
+        """Wait until every record submitted so far is in the flight recorder (and the per-request metrics are in
+        the shared files, in multiprocess mode)."""
+        flush_metrics()
         return self._buffer.flush(timeout) if self._buffer is not None else True
 
     def close(self, timeout: float = 10.0) -> None:
@@ -310,6 +312,7 @@ class RequestRecorder:
         if self._closed:
             return
         self._closed = True
+        flush_metrics()
         if self._buffer is not None:
             try:
                 self._buffer.close(timeout)

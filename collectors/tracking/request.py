@@ -167,14 +167,25 @@ class TrackedRequest:
             if inspect.iscoroutine(awaitable):
                 awaitable.close()
             self._inference_timeout()
-        timeout = asyncio.timeout(remaining)
+        task = asyncio.current_task()
+        if task is None:  # driven outside a task (no loop to sweep on): a timeout of its own
+            timeout = asyncio.timeout(remaining)
+            try:
+                async with timeout:
+                    return await awaitable
+            except TimeoutError:
+                if timeout.expired():
+                    self._inference_timeout()
+                raise
+        deadline = self._admission.deadlines(task.get_loop()).add(self._deadline, task)
         try:
-            async with timeout:
-                return await awaitable
-        except TimeoutError:
-            if timeout.expired():
+            return await awaitable
+        except asyncio.CancelledError:
+            if deadline.timed_out():
                 self._inference_timeout()
             raise
+        finally:
+            deadline.done = True
 
     def check_deadline(self) -> None:
         """Raise :class:`InferenceTimeout` if the inference budget is spent (call it between steps)."""

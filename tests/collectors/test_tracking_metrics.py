@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collectors import catalog
-from collectors.tracking.metrics import REQUEST_SPECS, TrackerMetrics
+from collectors.tracking.metrics import REQUEST_SPECS, TrackerMetrics, flush_metrics
 
 
 def _samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -47,6 +47,7 @@ def test_fast_series_expose_what_prometheus_client_exposes() -> None:
             )
         series["/a"].queued()  # one still waiting, one still running
         series["/b"].started()
+    flush_metrics()  # the prometheus_client side batches: its values are written at a flush
     fast_samples, prom_samples = _samples(fast_reg), _samples(prom_reg)
     assert fast_samples.keys() == prom_samples.keys()
     for key, value in prom_samples.items():

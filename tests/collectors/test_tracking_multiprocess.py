@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from collectors import catalog
 from collectors.recorder import FlightRecorder
 from collectors.records import RequestTiming
+from collectors.tracking.series import FLUSH_INTERVAL_S
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,8 +114,14 @@ def test_metrics_sum_over_two_worker_processes(tmp_path: Path) -> None:
             pids.add(response.json()["pid"])
             sent += 1
         assert len(pids) == 2, "both workers must have served requests"
-        scraped = {httpx.get(base + "/metrics", headers={"connection": "close"}).text for _ in range(6)}
-        text = scraped.pop()
+        # Each worker writes its counts to the shared files at least every FLUSH_INTERVAL_S (and before it renders
+        # /metrics itself): the scraped worker is exact at once, the other within that interval.
+        deadline = time.monotonic() + 10 * FLUSH_INTERVAL_S
+        while True:
+            text = httpx.get(base + "/metrics", headers={"connection": "close"}).text
+            if sum(v for _, v in _samples(text, catalog.REQUESTS.name)) == sent or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
     requests = _samples(text, catalog.REQUESTS.name)
     assert sum(v for _, v in requests) == sent
     assert sum(v for labels, v in requests if labels["outcome"] == "ok") == sent
@@ -139,10 +146,12 @@ def test_dead_workers_live_gauges_are_swept(tmp_path: Path) -> None:
         import os, signal
         from prometheus_client import CollectorRegistry
         from collectors.tracking import RequestTracker
+        from collectors.tracking.metrics import flush_metrics
         t = RequestTracker("w", recorder=False, registry=CollectorRegistry())
         for _ in range(5): t.recording.series_for("/x").queued()   # a worker with 5 queued requests ...
         for _ in range(2): t.recording.series_for("/x").finished("ok", False, 0.1, 0.1, 0.2, None)
-        os.kill(os.getpid(), signal.SIGKILL)    # ... killed without any cleanup
+        flush_metrics()                         # a flush interval passes (the flusher thread's or a scrape's) ...
+        os.kill(os.getpid(), signal.SIGKILL)    # ... then it is killed without any cleanup
         """
     )
     dead = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import os
 import signal
+import time
 from pathlib import Path
 
 import httpx
@@ -20,6 +21,7 @@ from typer.testing import CliRunner
 
 from collectors import catalog
 from collectors.recorder import FlightRecorder
+from collectors.tracking.series import FLUSH_INTERVAL_S
 from diag.cli.demo import register
 from diag.demo.harness import post_all, sample_sum, scrape, start_demo
 
@@ -68,7 +70,13 @@ def test_two_workers_count_every_request_once_and_stop_cleanly(tmp_path: Path) -
 
         health = httpx.get(srv.url + "/healthz", timeout=5).json()
         assert health["status"] == "ok" and health["pid"] in srv.worker_pids
-        metrics = scrape(srv.url)  # summed over both workers by the multiprocess collector
+        # Summed over both workers by the multiprocess collector; a worker writes its counts to the shared files at
+        # least every FLUSH_INTERVAL_S (the scraped one before it answers), so the other's are there within that.
+        deadline = time.monotonic() + 10 * FLUSH_INTERVAL_S
+        metrics = scrape(srv.url)
+        while sample_sum(metrics, RID) != sent and time.monotonic() < deadline:
+            time.sleep(0.1)
+            metrics = scrape(srv.url)
     finally:
         code = srv.stop()
 
