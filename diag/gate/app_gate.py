@@ -22,17 +22,18 @@ import signal
 from collections.abc import Callable
 from dataclasses import replace
 
-import httpx
-
 from collectors.procfs import read_text, under
 from diag.gate.gates import Check, GateResult
-from diag.gate.load import Result, request_body, send
+from diag.gate.http_client import HttpClient, HttpError
+from diag.gate.inprocess import HttpxClient
+from diag.gate.load import Deadlines, Result, request_body, send
 from diag.gate.spec import AppSpec, Criteria, GateSpec, Lengths, Probe, Readiness, Step
 
 POLL_S = 0.25  # the readiness path is asked this often: a server's start-up is seconds, not milliseconds
 SETTLE_S = 0.3  # after sending the termination's requests, before SIGTERM: they reach the server (a loopback hop)
 
 Progress = Callable[[str], None]
+Client = HttpClient | HttpxClient  # the run's own client: the load's, or an in-process app's
 
 
 def _step(probe: Probe, name: str) -> Step:
@@ -40,15 +41,20 @@ def _step(probe: Probe, name: str) -> Step:
                 stream=False, criteria=Criteria())  # fmt: skip
 
 
-async def _requests(client: httpx.AsyncClient, spec: GateSpec, probe: Probe, name: str) -> list[Result]:
+async def _requests(client: Client, spec: GateSpec, probe: Probe, name: str) -> list[Result]:
     """``probe.requests`` requests sent at once, each bounded by ``probe.within_s``."""
     bounded = replace(spec, request_timeout_s=probe.within_s)
     step = _step(probe, name)
     rng = random.Random(f"{spec.seed}:application:{name}")
     loop = asyncio.get_running_loop()
+    deadlines = Deadlines(loop, probe.within_s)
     now = loop.time()
-    sends = [send(client, bounded, request_body(bounded, step, rng), now) for _ in range(probe.requests)]
-    return list(await asyncio.gather(*sends))
+    try:
+        tasks = [loop.create_task(send(client, bounded, request_body(bounded, step, rng), now, deadlines))  # type: ignore[arg-type]
+                 for _ in range(probe.requests)]  # fmt: skip
+        return list(await asyncio.gather(*tasks))
+    finally:
+        deadlines.close()
 
 
 def _judge(name: str, probe: Probe, results: list[Result], what: str) -> Check:
@@ -61,7 +67,7 @@ def _judge(name: str, probe: Probe, results: list[Result], what: str) -> Check:
     return Check(name, "FAIL", value, f"{what}, each within {probe.within_s:g} s: " + (", ".join(errors) or "too slow"))
 
 
-async def readiness(client: httpx.AsyncClient, ready: Readiness) -> Check:
+async def readiness(client: Client, ready: Readiness) -> Check:
     """GET the path until it answers 2xx or the deadline passes; the last answer (or error) is the reason."""
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -70,19 +76,19 @@ async def readiness(client: httpx.AsyncClient, ready: Readiness) -> Check:
     while True:
         try:
             left = max(0.05, deadline - loop.time())
-            resp = await client.get(ready.path, timeout=min(left, 10.0))
-            if 200 <= resp.status_code < 300:
-                return Check("readiness", "PASS", f"{ready.path} {resp.status_code} after {loop.time() - start:.2f} s",
+            resp = await asyncio.wait_for(client.get(ready.path), timeout=min(left, 10.0))
+            if 200 <= resp.status < 300:
+                return Check("readiness", "PASS", f"{ready.path} {resp.status} after {loop.time() - start:.2f} s",
                              f"polled every {POLL_S:g} s, deadline {ready.within_s:g} s")  # fmt: skip
-            last = f"HTTP {resp.status_code}"
-        except httpx.HTTPError as exc:
+            last = f"HTTP {resp.status}"
+        except (HttpError, TimeoutError) as exc:
             last = type(exc).__name__
         if loop.time() + POLL_S > deadline:
             return Check("readiness", "FAIL", f"{ready.path}: {last}", f"no 2xx within {ready.within_s:g} s")
         await asyncio.sleep(POLL_S)
 
 
-async def before_load(client: httpx.AsyncClient, spec: GateSpec, app: AppSpec, progress: Progress) -> GateResult:
+async def before_load(client: Client, spec: GateSpec, app: AppSpec, progress: Progress) -> GateResult:
     """Readiness, the short request, the long prefill and the concurrency, in that order; ``stopped`` is set
     when readiness failed (the run stops there, see the module docstring)."""
     gate = GateResult("application")
@@ -123,7 +129,7 @@ def _exited(pid: int, started: int | None, proc_root: str) -> bool:
     return not fields or fields[0] in ("Z", "X") or (int(fields[19]) if len(fields) > 19 else None) != started
 
 
-async def graceful_termination(client: httpx.AsyncClient, spec: GateSpec, probe: Probe, pid: int, started: int | None,
+async def graceful_termination(client: Client, spec: GateSpec, probe: Probe, pid: int, started: int | None,
                                progress: Progress, proc_root: str = "/proc") -> Check:  # fmt: skip
     """SIGTERM ``pid`` while ``probe.requests`` requests are in flight: they must complete (2xx) and the process
     must exit within ``probe.within_s`` of the signal."""
@@ -135,8 +141,20 @@ async def graceful_termination(client: httpx.AsyncClient, spec: GateSpec, probe:
     bounded = replace(spec, request_timeout_s=probe.within_s)
     step = _step(probe, name)
     rng = random.Random(f"{spec.seed}:application:{name}")
+    deadlines = Deadlines(loop, probe.within_s)
+    try:
+        return await _terminate(client, bounded, probe, step, rng, deadlines, pid, started, progress, proc_root)
+    finally:
+        deadlines.close()
+
+
+async def _terminate(client: Client, bounded: GateSpec, probe: Probe, step: Step, rng: random.Random, deadlines: Deadlines,
+                     pid: int, started: int | None, progress: Progress, proc_root: str) -> Check:  # fmt: skip
+    name = "graceful_termination"
+    loop = asyncio.get_running_loop()
     now = loop.time()
-    tasks = [loop.create_task(send(client, bounded, request_body(bounded, step, rng), now)) for _ in range(probe.requests)]
+    tasks = [loop.create_task(send(client, bounded, request_body(bounded, step, rng), now, deadlines))  # type: ignore[arg-type]
+             for _ in range(probe.requests)]  # fmt: skip
     await asyncio.sleep(SETTLE_S)
     if any(t.done() for t in tasks):
         done = sum(t.done() for t in tasks)

@@ -204,10 +204,18 @@ class HttpClient:
 
     async def post(self, path: str, body: bytes, on_chunk: Chunk | None = None) -> Response:
         """POST ``body`` (JSON) to ``path`` under the base URL; raises ``HttpError`` for a failed exchange."""
+        return await self._send(b"%s%d\r\n\r\n%s" % (self._head(path), len(body), body), on_chunk)
+
+    async def get(self, path: str) -> Response:
+        """GET ``path`` under the base URL (a readiness probe); raises ``HttpError`` for a failed exchange."""
+        head = f"GET {self.prefix}{path} HTTP/1.1\r\nHost: {self.authority}\r\nAccept: */*\r\n\r\n"
+        return await self._send(head.encode(), None)
+
+    async def _send(self, request: bytes, on_chunk: Chunk | None) -> Response:
         conn = await self._acquire()
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Response] = loop.create_future()
-        conn.start(b"%s%d\r\n\r\n%s" % (self._head(path), len(body), body), done, on_chunk)
+        conn.start(request, done, on_chunk)
         try:
             return await done
         except asyncio.CancelledError:

@@ -23,7 +23,9 @@ from diag.gate.app_gate import before_load, graceful_termination, start_time
 from diag.gate.criteria import HostFacts, Verdict, judge, quantile
 from diag.gate.gates import Check, GateResult
 from diag.gate.host import HostSampler, host_facts
+from diag.gate.http_client import HttpClient
 from diag.gate.infra import check_infrastructure
+from diag.gate.inprocess import HttpxClient
 from diag.gate.load import StepLoad, make_client, run_step
 from diag.gate.on_fail import BundleOutcome, take_bundle
 from diag.gate.spec import GateSpec, Step
@@ -271,10 +273,10 @@ async def _unless_stopped(work: Any, stop: asyncio.Event) -> Any:
     return None
 
 
-def _client(opts: RunOptions, spec: GateSpec) -> httpx.AsyncClient:
+def _client(opts: RunOptions, spec: GateSpec) -> HttpClient | HttpxClient:
     if opts.transport is None:
         return make_client(opts.target, spec)
-    return httpx.AsyncClient(base_url=opts.target, transport=opts.transport, timeout=spec.request_timeout_s)
+    return HttpxClient(httpx.AsyncClient(base_url=opts.target, transport=opts.transport, timeout=None))
 
 
 async def _terminate_last(client: Any, spec: GateSpec, opts: RunOptions, report: GateReport, progress: Progress) -> None:

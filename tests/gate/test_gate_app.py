@@ -25,6 +25,7 @@ import yaml
 
 from diag.cli.gate_html import render_html
 from diag.gate.app_gate import before_load, graceful_termination, readiness
+from diag.gate.inprocess import HttpxClient
 from diag.gate.report import render
 from diag.gate.runner import RunOptions, run_gate
 from diag.gate.spec import AppSpec, Probe, Readiness, SpecError, parse_spec
@@ -83,7 +84,7 @@ def _run(app: Server, spec_doc: dict) -> tuple[Any, list[str]]:
     lines: list[str] = []
 
     async def go() -> Any:
-        async with httpx.AsyncClient(base_url="http://gate.test", transport=httpx.ASGITransport(app)) as client:
+        async with HttpxClient(httpx.AsyncClient(base_url="http://gate.test", transport=httpx.ASGITransport(app))) as client:
             assert spec.application is not None
             return await before_load(client, spec, spec.application, lines.append)
 
@@ -162,7 +163,7 @@ def test_termination_signals_nothing_it_cannot_vouch_for(tmp_path: Path) -> None
     probe = Probe(prompt_tokens=4, output_tokens=4, within_s=5, requests=2)
 
     async def go(started: int) -> Any:
-        async with httpx.AsyncClient(base_url="http://gate.test", transport=httpx.ASGITransport(Server())) as client:
+        async with HttpxClient(httpx.AsyncClient(base_url="http://gate.test", transport=httpx.ASGITransport(Server()))) as client:
             return await graceful_termination(client, spec, probe, pid, started, lambda _l: None, proc_root=proc)
 
     recycled = asyncio.run(go(started=555))
@@ -173,7 +174,7 @@ def test_termination_signals_nothing_it_cannot_vouch_for(tmp_path: Path) -> None
 
 def test_readiness_check_alone_and_spec_errors() -> None:
     async def go() -> Any:
-        async with httpx.AsyncClient(base_url="http://gate.test", transport=httpx.ASGITransport(Server())) as client:
+        async with HttpxClient(httpx.AsyncClient(base_url="http://gate.test", transport=httpx.ASGITransport(Server()))) as client:
             return await readiness(client, Readiness("/nope", 0.3))
 
     check = asyncio.run(go())
@@ -278,7 +279,8 @@ def test_a_stop_during_the_application_gate_cancels_it() -> None:
     async def go() -> tuple[Any, float]:
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
-        async with httpx.AsyncClient(base_url="http://gate.test", transport=httpx.ASGITransport(Server(ready_after=10**6))) as c:
+        never_ready = httpx.ASGITransport(Server(ready_after=10**6))
+        async with HttpxClient(httpx.AsyncClient(base_url="http://gate.test", transport=never_ready)) as c:
             loop.call_later(0.3, stop.set)
             t0 = loop.time()
             out = await _unless_stopped(readiness(c, Readiness("/health", 60)), stop)

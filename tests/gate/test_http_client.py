@@ -32,7 +32,8 @@ class Server:
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = next(int(ln.split(b":")[1]) for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length"))
+                lengths = (int(ln.split(b":")[1]) for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length"))
+                length = next(lengths, 0)
                 request = head + await reader.readexactly(length)
                 self.requests.append(request)
                 await self.handler(request, reader, writer)
@@ -69,6 +70,19 @@ def test_a_content_length_answer_and_keep_alive_reuse() -> None:
             head = server.requests[0].split(b"\r\n\r\n")[0].split(b"\r\n")
             assert head[0] == b"POST /base/v1/completions HTTP/1.1"
             assert f"Host: 127.0.0.1:{server.port}".encode() in head and b"Content-Length: 8" in head
+
+    asyncio.run(go())
+
+
+def test_a_readiness_get_has_no_body_and_leaves_its_connection_for_the_next_post() -> None:
+    async def go() -> None:
+        async with serving(_echo) as server, HttpClient(f"http://127.0.0.1:{server.port}/base", max_connections=4) as client:
+            ready = await client.get("/health")
+            posted = await client.post("/v1/completions", b'{"a": 1}')
+            assert (ready.status, ready.body, posted.body) == (200, b"", b'{"a": 1}')
+            assert server.connections == 1
+            head = server.requests[0].split(b"\r\n")
+            assert head[0] == b"GET /base/health HTTP/1.1" and not any(h.lower().startswith(b"content-") for h in head[1:] if h)
 
     asyncio.run(go())
 
