@@ -215,15 +215,17 @@ def _summary(load: StepLoad) -> str:
     return f"sent {len(load.results)}, ok {ok}, dropped {load.dropped}{p99}{lag}"
 
 
-def _neighbour(opts: RunOptions, sampler: HostSampler, run: NeighbourRun, load: StepLoad, progress: Progress) -> NeighbourOutcome:
-    """The negative check judged, with the rules' diagnosis of the hold's window and the OOM kills in the service."""
-    out = judge_neighbour(run, load, None)
+def _neighbour(opts: RunOptions, sampler: HostSampler, run: NeighbourRun, rep: StepReport,
+               progress: Progress) -> NeighbourOutcome:  # fmt: skip
+    """The negative check judged, with the OOM kills in the service over the hold and the rules' diagnosis of the
+    step it ran in (the step's window holds the before and the during: the contrast the rules read)."""
+    out = judge_neighbour(run, rep.load, None)
     if out.window is not None and run.target is not None:
         groups = (run.target.path, *opts.cgroups)
-        facts, analysis, why = _diagnose_window(opts, sampler, out.window[0], out.window[1], groups)
-        out = judge_neighbour(run, load, facts.oom_kills)
-        out.primary = analysis.primary if analysis else None
-        out.diagnosis = StepReport(load.step, load, [], facts, analysis, why).diagnosis()
+        facts, _, _ = _diagnose_window(opts, sampler, out.window[0], out.window[1], groups)
+        out = judge_neighbour(run, rep.load, facts.oom_kills)
+        out.primary = rep.analysis.primary if rep.analysis else None
+        out.diagnosis = rep.diagnosis()
     line = f"neighbour ({out.during}): {out.state}"
     progress(f"{line} ({out.reason})" if out.reason else f"{line} ({out.diagnosis})")
     return out
@@ -267,7 +269,7 @@ async def _run(spec: GateSpec, opts: RunOptions, sampler: HostSampler, report: G
                 state = "INTERRUPTED" if load.interrupted else ("PASS" if rep.passed else "FAIL")
                 progress(f"[{i + 1}/{len(spec.steps)}] {step.name}: {state} ({_summary(load)}; {rep.diagnosis()})")
                 if nb_run is not None:
-                    report.neighbour = _neighbour(opts, sampler, nb_run, load, progress)
+                    report.neighbour = _neighbour(opts, sampler, nb_run, rep, progress)
                     state = "FAIL" if report.neighbour.state == "FAIL" else state
                 if state == "FAIL" and report.bundle is None and opts.bundle_dir is not None and not stop.is_set():
                     await _bundle(opts, report, step.name, stop, progress)
