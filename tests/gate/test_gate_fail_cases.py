@@ -119,10 +119,11 @@ def test_no_protection_the_neighbour_pushes_the_service_out(tmp_path: Path) -> N
 
 def test_a_server_in_a_small_group_is_oom_killed_at_peak(tmp_path: Path) -> None:
     """Per-worker (anonymous) weights and a limit 40 MiB over the server's anonymous memory after start-up: a batch
-    of 32 requests at once does not fit, and the kernel kills the worker."""
+    of 32 long prompts at once (their activations and KV, ~16 KiB a token) does not fit, and the kernel kills the worker."""
     spec = _spec(tmp_path, [
         {"name": "normal", "rate": 2, "duration": "5s", "criteria": {"oom_kills": 0}},
-        {"name": "peak", "concurrency": 32, "duration": "5s", "criteria": {"oom_kills": 0}},
+        {"name": "peak", "concurrency": 32, "duration": "5s", "prompt_tokens": {"uniform": [200, 300]},
+         "criteria": {"oom_kills": 0}},
     ])  # fmt: skip
     args = ["--preload", "per-worker", "--max-concurrency", "32", "--queue-size", "64", "--max-batch-requests", "32",
             "--max-batch-tokens", "16384", *PACED]  # fmt: skip
