@@ -158,7 +158,9 @@ async def _hog(run: NeighbourRun, group: NeighbourGroup, stop: asyncio.Event) ->
         end = run.start + spec.hold_s
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(_first(stop.wait(), proc.wait()), max(0.0, end - loop.time()))
-        if proc.returncode is not None and not stop.is_set():
+        if stop.is_set():
+            run.not_run = "the run was interrupted while the neighbour held its memory"
+        elif proc.returncode is not None:
             code = proc.returncode
             run.hog_exit = f"the neighbour ended early ({'signal ' + str(-code) if code < 0 else 'exit status ' + str(code)})"
     finally:

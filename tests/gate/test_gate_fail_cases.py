@@ -144,19 +144,22 @@ def test_a_server_in_a_small_group_is_oom_killed_at_peak(tmp_path: Path) -> None
 
 
 def test_a_leak_never_recovers_after_the_peak(tmp_path: Path) -> None:
-    """Every request keeps 2 MiB: after the peak, the leak goes on eating the group's room, the weights' pages go
-    and latency never settles -- and the diagnosis is the leak (memory climbing whatever the load)."""
-    weights_mb = 64
+    """Every request keeps 1 MiB: after the peak the leak goes on at the recovery step's rate until the server's
+    memory guard (90 % of its group's limit) refuses work -- latency never settles (``recovery_s``), and the
+    diagnosis is the leak (memory climbing whatever the load), not the load."""
     spec = _spec(tmp_path, [
-        {"name": "peak", "rate": 8, "duration": "5s"},
-        {"name": "recovery", "rate": 4, "duration": "30s", "criteria": {"recovery": {"within_s": 4, "e2e_below_s": 1}}},
+        {"name": "peak", "rate": 8, "duration": "3s"},
+        # 75 s: the leak rule's trend test (Mann-Kendall on ~5 s troughs, Hamed-Rao corrected, p < 0.01) does not
+        # call a steady climb significant on fewer than ~14 troughs (12, over 60 s, gave p = 0.016)
+        {"name": "recovery", "rate": 2, "duration": "75s", "criteria": {"recovery": {"within_s": 4, "e2e_below_s": 1}}},
     ])  # fmt: skip
-    args = ["--max-concurrency", "4", "--queue-size", "4096", "--leak-kib-per-request", "2048", *PACED]
+    args = ["--max-concurrency", "4", "--queue-size", "4096", "--leak-kib-per-request", "1024", "--min-step-ms", "5"]
     with _groups() as groups:
         service = groups.create("service", 2 << 30)
-        srv = _serve(args, tmp_path, service, weights_mb)
+        srv = _serve(args, tmp_path, service, 16)
         try:
-            _set_limit(service, service.stat().get("total_rss", 0) + (weights_mb + 48) * MiB)
+            # the guard trips some 60 s into recovery: ~24 MiB leaked at the peak, then up to 2 MiB/s
+            _set_limit(service, int((service.usage_bytes() + 135 * MiB) / 0.9))
             run, doc = _gate(spec, srv, tmp_path / "rec.db", tmp_path / "gate.json", service)
         finally:
             srv.stop()

@@ -8,10 +8,13 @@ The FAIL of the check (the service and the neighbour under one limited parent) i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -160,3 +163,54 @@ def test_a_neighbour_in_its_own_limited_group_leaves_the_service_alone(tmp_path:
     assert any(e.startswith("shared parent:") and "limit unlimited" in e for e in nb["evidence"])
     assert run.returncode == 0 and "the neighbour held" in run.stdout
     assert leftovers == []
+
+
+def _hog_pids(parent: Path) -> list[int]:
+    """The processes in the neighbour's group(s) under ``parent`` now."""
+    pids: list[int] = []
+    for name in _leftover_groups(parent):
+        with contextlib.suppress(OSError):
+            pids += [int(w) for w in (parent / name / "cgroup.procs").read_text().split()]
+    return pids
+
+
+@pytest.mark.live
+@pytest.mark.process
+@pytest.mark.slow
+def test_a_gate_stopped_while_the_neighbour_holds_removes_it(tmp_path: Path) -> None:
+    """SIGTERM to the gate during the hold: the hog is killed by PID, its group removed, the check NOT RUN."""
+    require_live()
+    spec = tmp_path / "gate.yaml"
+    doc = {
+        "defaults": {"prompt_tokens": 8, "output_tokens": 8},
+        "steps": [{"name": "normal", "rate": 2, "duration": "20s"}],
+        "neighbour": {"memory": "64MiB", "start_after": "2s", "hold": "15s", "criteria": {"oom_kills": 0}},
+    }
+    spec.write_text(yaml.safe_dump(doc))
+    with _own_group() as group:
+        assert group is not None
+        parent = group.v1_dir.parent
+        srv = start_demo(ONE_SLOT, weights_mb=16, weights_dir=tmp_path / "w", log_dir=tmp_path, cgroup=group)
+        try:
+            argv = [sys.executable, "-m", "diag.cli", "gate", "--spec", str(spec), "--target", srv.url, "--pid", str(srv.pid),
+                    "--json", str(tmp_path / "gate.json"), "--no-bundle"]  # fmt: skip
+            gate = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                deadline = time.monotonic() + 30
+                while not (hogs := _hog_pids(parent)) and time.monotonic() < deadline and gate.poll() is None:
+                    time.sleep(0.1)
+                assert hogs, "the neighbour never started"
+                gate.send_signal(signal.SIGTERM)
+                stdout, stderr = gate.communicate(timeout=30)
+            finally:
+                if gate.poll() is None:
+                    gate.kill()
+                    gate.wait()
+            print(stdout, stderr)
+            left = _leftover_groups(parent)
+        finally:
+            srv.stop()
+    assert "Traceback" not in stderr and gate.returncode == 1
+    assert left == [] and not any(Path(f"/proc/{pid}").exists() for pid in hogs)
+    nb = json.loads((tmp_path / "gate.json").read_text())["neighbour"]
+    assert nb["state"] == "NOT RUN" and "GATE NOT PASSED" in stdout
