@@ -25,7 +25,8 @@ import yaml
 
 from diag.demo.harness import DemoServer, start_demo
 from diag.demo.scenarios.cgroups import MemoryGroup, ScenarioCgroups
-from tests.gate.test_gate_demo import SERVER_NICE, _gate
+from tests.gate.demo_gate import SERVER_NICE
+from tests.gate.demo_gate import gate as _gate
 from tests.livecg import require_live
 
 pytestmark = [pytest.mark.live, pytest.mark.process, pytest.mark.slow]

@@ -25,7 +25,8 @@ from diag.gate.load import Result, StepLoad
 from diag.gate.neighbour import NeighbourRun, TargetSample, judge_neighbour, run_neighbour
 from diag.gate.neighbour_group import NAME_PREFIX, NotRun, TargetGroup, resolve_target
 from diag.gate.spec import SpecError, parse_spec
-from tests.gate.test_gate_demo import ONE_SLOT, SERVER_NICE, _own_group
+from tests.gate.demo_gate import ONE_SLOT, SERVER_NICE
+from tests.gate.demo_gate import own_group as _own_group
 from tests.livecg import require_live
 from tests.paths import REPO
 
