@@ -25,7 +25,7 @@ from diag.gate.load import Result, StepLoad
 from diag.gate.neighbour import NeighbourRun, TargetSample, judge_neighbour, run_neighbour
 from diag.gate.neighbour_group import NAME_PREFIX, NotRun, TargetGroup, resolve_target
 from diag.gate.spec import SpecError, parse_spec
-from tests.gate.demo_gate import ONE_SLOT, SERVER_NICE
+from tests.gate.demo_gate import GATE_NICE, ONE_SLOT, SERVER_NICE
 from tests.gate.demo_gate import own_group as _own_group
 from tests.livecg import require_live
 from tests.paths import REPO
@@ -140,7 +140,8 @@ def test_a_neighbour_in_its_own_limited_group_leaves_the_service_alone(tmp_path:
         "defaults": {"prompt_tokens": 16, "output_tokens": 16, "criteria": {"error_ratio": 0.01}},
         "steps": [{"name": "normal", "rate": 2, "duration": "10s"}],
         "neighbour": {"during": "normal", "memory": "160MiB", "start_after": "4s", "hold": "5s",
-                      "criteria": {"max_target_reclaimed_ratio": 0.1, "e2e_p99_s": 2, "oom_kills": 0}},
+                      # latency bounded loosely: on a 2-core host shared with other tests, the CPU is the noise
+                      "criteria": {"max_target_reclaimed_ratio": 0.1, "e2e_p99_s": 5, "oom_kills": 0}},
     }  # fmt: skip
     spec.write_text(yaml.safe_dump(doc))
     with _own_group() as group:
@@ -148,8 +149,8 @@ def test_a_neighbour_in_its_own_limited_group_leaves_the_service_alone(tmp_path:
         srv = start_demo(ONE_SLOT, weights_mb=96, weights_dir=tmp_path / "w", log_dir=tmp_path, cgroup=group, nice=SERVER_NICE)
         try:
             out = tmp_path / "gate.json"
-            argv = [sys.executable, "-m", "diag.cli", "gate", "--spec", str(spec), "--target", srv.url, "--pid", str(srv.pid),
-                    "--cgroup", group.path, "--json", str(out), "--no-bundle"]  # fmt: skip
+            argv = [*GATE_NICE, sys.executable, "-m", "diag.cli", "gate", "--spec", str(spec), "--target", srv.url,
+                    "--pid", str(srv.pid), "--cgroup", group.path, "--json", str(out), "--no-bundle"]  # fmt: skip
             run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
             print(run.stdout, run.stderr)
             assert "Traceback" not in run.stderr
