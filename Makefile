@@ -31,8 +31,10 @@ ENGINES_STAMP := $(VENV)/.engines-$(shell cat pyproject.toml $(LOCK) | sha1sum |
 ENGINES_CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 # Debian packages the tests and benchmarks drive for real: wrk (bench/overhead.py), prometheus
 # (the fleet-scale loader test, diag alerts), prometheus-alertmanager (amtool + the live alert and triage tests),
-# chromium (report.html in a real browser), sosreport (bench/bundle.py), systemd (systemd-analyze verifies the shipped agent unit).
-DEB_PACKAGES := wrk prometheus prometheus-alertmanager prometheus-node-exporter victoria-metrics chromium sosreport systemd
+# chromium (report.html in a real browser), sosreport (bench/bundle.py), systemd (systemd-analyze verifies the shipped agent unit),
+# postgresql-15 (the triage store on PostgreSQL: tests/pgserver.py runs its own cluster from /usr/lib/postgresql/15/bin).
+DEB_PACKAGES := wrk prometheus prometheus-alertmanager prometheus-node-exporter victoria-metrics chromium sosreport systemd \
+	postgresql-15
 
 .PHONY: help install install-engines install-lowest system-deps run check test test-lowest lint bench lock lock-lowest clean
 

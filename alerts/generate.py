@@ -5,6 +5,7 @@ Files (the paths are a contract with the dashboards):
   causes.rules.yaml    cause alerts and the live-diagnosis alert (a spec for an engine leaves out those reading
                        our tracker's families: that host exports the engine's instead)
   engine-<engine>.rules.yaml  the engine's own cause alerts, for a spec that names one (``engine: vllm``)
+  fleet.rules.yaml     the fleet overview's recording rules (alerts.fleet_rules), the same for every spec
   alertmanager.yaml    routes and inhibition (a complete config ``amtool check-config`` accepts)
   tests/*.test.yaml    promtool unit tests of all the above (Prometheus 2.42's subset)
 """
@@ -22,6 +23,8 @@ from alerts.alertmanager import alertmanager_config
 from alerts.cause_rules import cause_rule_groups
 from alerts.causes import CAUSES
 from alerts.engine_causes import RULE_FILE, engine_rule_groups, replaced_by_engine
+from alerts.fleet_names import RULE_FILE as FLEET_RULE_FILE
+from alerts.fleet_rules import fleet_rule_groups, fleet_tests
 from alerts.slo_rules import slo_rule_file, slo_rule_groups
 from alerts.spec import Spec
 
@@ -70,9 +73,11 @@ def render(spec: Spec, incident_classes: Iterable[str], source: str = "alerts/sl
     engine_groups = engine_rule_groups(spec, classes)
     if engine_groups:
         files[RULE_FILE.format(engine=spec.engine)] = header + dump_yaml({"groups": engine_groups})
+    files[FLEET_RULE_FILE] = header + dump_yaml({"groups": fleet_rule_groups()})
     files["alertmanager.yaml"] = header + dump_yaml(alertmanager_config(spec))
     for name, doc in test_files(spec, classes).items():
         files[f"tests/{name}"] = header + dump_yaml(doc)
+    files["tests/fleet.test.yaml"] = header + dump_yaml(fleet_tests())
     return Generated(files, warnings)
 
 

@@ -40,14 +40,14 @@ from alerts.slo_names import (
     TIER_SHORT_RATIO,
     TIER_THRESHOLD,
 )
-from alerts.slo_rules import burn_alert, group_names, le_text, slo_rule_file, tier_can_fire, total_metric
+from alerts.slo_rules import THRESHOLD_MARGIN, burn_alert, group_names, le_text, slo_rule_file, tier_can_fire, total_metric
 from alerts.spec import SLO, Availability, RawRatio, Spec, Tier, duration_s, format_number
 
 RATE = 1000  # requests per minute in the SLO scenarios
 START = 1_000_000  # counters' first value
 SERIES_LABELS = 'model="m1", route="/v1/completions", job="llm-api", instance="host-a:8000"'
 OUT_LABELS = {"model": "m1", "job": "llm-api"}  # what the recording rules keep
-MARGIN = 0.03  # relative distance from a threshold an assertion time must keep
+MARGIN = THRESHOLD_MARGIN  # relative distance from a threshold an assertion time must keep (the generator's own)
 
 
 def _minutes(window: str) -> int:

@@ -148,8 +148,11 @@ def period_group(spec: Spec, slo: SLO) -> dict[str, Any]:
 
 # The highest error ratio a burn alert may wait for. At 100 % or more it can never fire (e.g. 14.4 x a 10 % budget);
 # just under, it fires only in a total outage -- which the availability of every other signal already shows -- and
-# its generated promtool tests could not place a moment on either side of a threshold that close to every request.
-MAX_FIRING_RATIO = 0.97
+# its generated promtool tests could not place a moment on either side of a threshold that close to every request:
+# those tests keep every assertion THRESHOLD_MARGIN (relative) away from a threshold, so a threshold must leave that
+# much room under 100 %.
+THRESHOLD_MARGIN = 0.03
+MAX_FIRING_RATIO = 1 - THRESHOLD_MARGIN
 
 
 def tier_can_fire(slo: SLO, tier: Tier, period: str) -> bool:

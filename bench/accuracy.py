@@ -24,6 +24,11 @@ one confusion matrix per dialect (``llmdiag``: the tracker; a scenario's own def
 vLLM, when no dialect is asked). Beside top-1 over every run it prints top-1 over the runs whose class the engine's
 pinned /metrics can show at all (KV-cache saturation where the engine exports no KV usage is left out, and named).
 
+``--engine`` runs the llama.cpp scenarios instead (``engine-*``: llama-cpp-python's own server on a GGUF written
+here, the ``engines`` extra), each on every attachment it takes -- ``outside`` (nothing in the server, the load
+generator's request rows) and ``wrapped`` (the server under ``diag wrap``) -- and prints one confusion matrix per
+attachment, then all of them together. Engine runs are judged in the ``recorded`` view only.
+
 Runs are cached: with ``--save DIR`` each run's records go to ``DIR/<scenario>__<variant>__s<seed>.jsonl.gz``
 and a later invocation with the same ``--save`` reuses them instead of re-running (resumable: stop it any
 time). ``--replay DIR`` judges only what is saved; ``--fixtures`` judges the repository's recorded fixtures
@@ -35,6 +40,7 @@ time). ``--replay DIR`` judges only what is saved; ``--fixtures`` judges the rep
     .venv/bin/python bench/accuracy.py --fixtures                          # the committed fixtures only
     .venv/bin/python bench/accuracy.py --fixtures --replay /tmp/acc        # both, in one matrix
     .venv/bin/python bench/accuracy.py --dialects vllm,tgi,llamacpp --variants defaults --save /tmp/acc-d
+    .venv/bin/python bench/accuracy.py --engine --seeds 0,1 --save /tmp/acc-engine   # llama.cpp, both attachments
 """
 
 from __future__ import annotations
@@ -163,8 +169,9 @@ def judge(meta: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str,
 # --------------------------------------------------------------------------- runs (cached)
 
 
-def _cache_name(name: str, variant: int, seed: int, dialect: str | None = None) -> str:
-    return f"{name}__v{variant}__s{seed}" + (f"__d{dialect}" if dialect else "") + ".jsonl.gz"
+def _cache_name(name: str, variant: int, seed: int, dialect: str | None = None, attachment: str | None = None) -> str:
+    tail = (f"__d{dialect}" if dialect else "") + (f"__a{attachment}" if attachment else "")
+    return f"{name}__v{variant}__s{seed}{tail}.jsonl.gz"
 
 
 def _dialect_of(name: str, dialect: str | None) -> str:
@@ -176,18 +183,30 @@ def _dialect_of(name: str, dialect: str | None) -> str:
 
 def run_live(names: list[str], seeds: list[int], variants: str, save: Path, weights_dir: Path | None,
              dialects: list[str | None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    from diag.demo.scenarios.engine_scenarios import ENGINE_ATTACHMENTS
+
+    plan = []
+    for name in names:
+        sets = [{}] + (VARIANTS.get(name, []) if variants == "all" else [])
+        if name in ENGINE_ATTACHMENTS:  # an engine scenario: once per attachment it takes (its only variants)
+            sets = [{"attachment": a} for a in ENGINE_ATTACHMENTS[name]]
+        plan += [(name, vi, params, seed, d) for d in (dialects or [None]) for vi, params in enumerate(sets) for seed in seeds]
+    return _run_plan(plan, save, weights_dir)
+
+
+def _run_plan(plan: list[tuple[str, int, dict[str, Any], int, str | None]], save: Path,
+              weights_dir: Path | None) -> list[dict[str, Any]]:  # fmt: skip
     from diag.demo.scenarios.recording import read_jsonl_gz
     from diag.demo.scenarios.runner import run_scenario
 
     save.mkdir(parents=True, exist_ok=True)
-    plan = []
-    for name in names:
-        sets = [{}] + (VARIANTS.get(name, []) if variants == "all" else [])
-        plan += [(name, vi, params, seed, d) for d in (dialects or [None]) for vi, params in enumerate(sets) for seed in seeds]
     results: list[dict[str, Any]] = []
     for i, (name, vi, params, seed, dialect) in enumerate(plan, 1):
-        path = save / _cache_name(name, vi, seed, dialect)
+        attachment = params.get("attachment")
+        path = save / _cache_name(name, vi, seed, dialect, attachment)
         meta = {"name": name, "params": _label(params), "seed": seed, "dialect": _dialect_of(name, dialect)}
+        if attachment:
+            meta["attachment"] = attachment
         if not path.exists():
             print(f"[{i}/{len(plan)}] {name} seed {seed} ({meta['params']}): running", file=sys.stderr, flush=True)
             t0 = time.monotonic()
@@ -240,6 +259,14 @@ def run_fixtures() -> list[dict[str, Any]]:
 
 
 def report(runs: list[dict[str, Any]]) -> None:
+    attachments = sorted({str(r["attachment"]) for r in runs if r.get("attachment")})
+    if attachments:  # engine runs: one matrix per attachment, then all of them
+        for a in attachments:
+            print(f"\n=== attachment {a} ===")
+            _report([r for r in runs if r.get("attachment") == a])
+        print("\n=== all attachments ===")
+        _report(runs)
+        return
     dialects = sorted({str(r.get("dialect", "llmdiag")) for r in runs})
     if len(dialects) > 1:
         for d in dialects:
@@ -321,10 +348,12 @@ def main() -> None:
     ap.add_argument("--fixtures", action="store_true", help="judge the repository's recorded fixtures, run nothing")
     ap.add_argument("--weights-dir", type=Path, help="checkpoint cache (default: the user cache dir)")
     ap.add_argument("--json", type=Path, help="also write the judged views as JSON here")
+    ap.add_argument("--engine", action="store_true", help="the llama.cpp scenarios (engine-*), on every attachment each "
+                    "takes (outside, wrapped); a confusion matrix per attachment")  # fmt: skip
     ap.add_argument("--dialects", default="", help="comma-separated: llmdiag, vllm, tgi, llamacpp (default: each "
                     "scenario's own)")  # fmt: skip
     args = ap.parse_args()
-    from diag.demo.scenarios import SCENARIO_NAMES
+    from diag.demo.scenarios import ENGINE_SCENARIO_NAMES, SCENARIO_NAMES
 
     if args.fixtures or args.replay:  # both: the committed fixtures (seed 0) and the saved runs, in one matrix
         runs = (run_fixtures() if args.fixtures else []) + (run_replay(args.replay) if args.replay else [])
@@ -335,7 +364,13 @@ def main() -> None:
         if reason:
             print(f"accuracy: needs memory cgroups: {reason}", file=sys.stderr)
             raise SystemExit(3)
-        names = [n for n in args.scenarios.split(",") if n] or list(SCENARIO_NAMES)
+        names = [n for n in args.scenarios.split(",") if n] or list(ENGINE_SCENARIO_NAMES if args.engine else SCENARIO_NAMES)
+        if args.engine:
+            from diag.demo.engine.server import unavailable_reason as engine_missing
+
+            if engine_missing():
+                print(f"accuracy: --engine needs the engine: {engine_missing()}", file=sys.stderr)
+                raise SystemExit(3)
         seeds = [int(s) for s in args.seeds.split(",") if s]
         save = args.save or Path(".accuracy-runs")
         dialects: list[str | None] = [d for d in args.dialects.split(",") if d] or [None]

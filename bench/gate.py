@@ -1,4 +1,4 @@
-"""How fast can ``diag gate``'s load generator send open-loop arrivals on time?
+"""How fast can ``diag gate``'s load generator send open-loop arrivals on time -- and guidellm, beside it?
 
 The generator alone (``diag.gate.load``, the code ``diag gate`` runs; no host agent) sends Poisson arrivals at
 each rate for a few seconds to the stub server of the tests (``tests/gate/stub.py``: its own process, raw
@@ -8,40 +8,93 @@ The figure of merit is the highest rate whose send-lag p99 stays <= 1 ms: above 
 lateness, not the server, would start to shape the latencies it reports (they count from the schedule, so
 the lag is charged, not hidden -- but the load is then not quite the one asked for).
 
-    .venv/bin/python bench/gate.py                       # rates 25 .. 800, 5 s each
-    .venv/bin/python bench/gate.py --rates 500,1000 --seconds 10
+First it measures the host's floor: how late a process that only sleeps wakes up (Poisson sleeps at 1 000/s).
+No generator on this host can send more punctually than that, so a lag figure is read against it: on a shared
+machine the scheduler, not the generator, often sets the p99.
+
+With ``--guidellm PATH`` (its executable) the same rates are also run by guidellm against the same stub, and the
+rate it reached (its requests over the span of their starts) and its CPU per request (its process and workers,
+less a one-request run's, i.e. without its start-up) are printed beside ours.
+
+    .venv/bin/python bench/gate.py                                  # rates 100 .. 3000, 5 s each
+    .venv/bin/python bench/gate.py --rates 500,2000 --seconds 10 --guidellm /path/to/bin/guidellm
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import json
 import os
+import random
 import resource
+import subprocess
 import sys
+import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from diag.gate import load as gate_load
 from diag.gate.criteria import quantile
+from diag.gate.http_client import HttpClient
 from diag.gate.load import StepLoad, make_client, run_step
 from diag.gate.spec import parse_spec
 from tests.gate.stubproc import stub_server
 
 LAG_TARGET_S = 0.001
+PROMPT_TOKENS, OUTPUT_TOKENS = 16, 8
 
 
-def _cpu_s() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
+def _cpu_s(who: int = resource.RUSAGE_SELF) -> float:
+    ru = resource.getrusage(who)
     return ru.ru_utime + ru.ru_stime
+
+
+def host_floor(seconds: float = 2.0, rate: float = 1000.0) -> tuple[float, float]:
+    """How late a bare ``time.sleep`` wakes (p50, p99 seconds): the host's own scheduling noise."""
+    rng = random.Random(0)
+    late: list[float] = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        d = rng.expovariate(rate)
+        at = time.perf_counter() + d
+        time.sleep(d)
+        late.append(time.perf_counter() - at)
+    return quantile(late, 0.5), quantile(late, 0.99)
+
+
+async def _sequential_cpu(url: str, n: int) -> tuple[float, float]:
+    """CPU per request of ``n`` POSTs one after another on one keep-alive connection: httpx's and this client's.
+    The clients' own cost, apart from any scheduling: what bounds the rate one event loop can send."""
+    import httpx
+
+    body = json.dumps({"prompt": "the model token serve", "max_tokens": OUTPUT_TOKENS}).encode()
+    headers = {"Content-Type": "application/json"}
+    async with httpx.AsyncClient(base_url=url, trust_env=False) as client:
+        await client.post("/v1/completions", content=body, headers=headers)
+        cpu0 = _cpu_s()
+        for _ in range(n):
+            (await client.post("/v1/completions", content=body, headers=headers)).json()
+        theirs = (_cpu_s() - cpu0) / n
+    async with HttpClient(url, max_connections=1) as ours:
+        await ours.post("/v1/completions", body)
+        cpu0 = _cpu_s()
+        for _ in range(n):
+            json.loads((await ours.post("/v1/completions", body)).body)
+        return theirs, (_cpu_s() - cpu0) / n
 
 
 async def _step(url: str, rate: float, seconds: float) -> tuple[StepLoad, float]:
     spec = parse_spec({
         "request_timeout": "10s", "max_in_flight": 4096,
-        "steps": [{"name": "b", "rate": rate, "duration": seconds, "prompt_tokens": 16, "output_tokens": 8}],
+        "steps": [{"name": "b", "rate": rate, "duration": seconds,
+                   "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS}],
     })  # fmt: skip
-    warm = parse_spec({"steps": [{"rate": 50, "duration": 0.5, "prompt_tokens": 4, "output_tokens": 4}]})
+    warm = parse_spec({"steps": [{"rate": 200, "duration": 0.5, "prompt_tokens": 4, "output_tokens": 4}]})
     async with make_client(url, spec, connections=512) as client:
         await run_step(client, warm, warm.steps[0], 0, asyncio.Event())  # connections open, code paths warm
         cpu0 = _cpu_s()
@@ -49,26 +102,108 @@ async def _step(url: str, rate: float, seconds: float) -> tuple[StepLoad, float]
         return load, _cpu_s() - cpu0
 
 
+@dataclass
+class Figures:
+    achieved: float
+    sent: int
+    errors: int
+    lag_p50: float
+    lag_p99: float
+    lag_max: float
+    cpu_per_req: float
+
+
+def ours(url: str, rate: float, seconds: float) -> Figures:
+    load, cpu = asyncio.run(_step(url, rate, seconds))
+    lags = [r.lag_s for r in load.results]
+    n = len(load.results)
+    errors = sum(1 for r in load.results if not r.ok) + load.dropped
+    p50, p99 = quantile(lags, 0.5), quantile(lags, 0.99)
+    kinds = collections.Counter(r.error or f"HTTP {r.status}" for r in load.results if not r.ok)
+    if load.dropped:
+        kinds["dropped at max_in_flight"] = load.dropped
+    if kinds:
+        print(f"{'':>8} {rate:>6.0f} errors: " + ", ".join(f"{k} x{v}" for k, v in kinds.most_common()), flush=True)
+    return Figures(n / (load.load_end - load.t0), n, errors, p50, p99, max(lags), cpu / max(1, n))
+
+
+def _guidellm_run(exe: str, url: str, rate: float, seconds: float, work: Path) -> tuple[dict, float]:
+    """One guidellm run (non-streamed, as ours; no health check: the stub has no /health); its report and its CPU
+    (the child's and its workers' user + system)."""
+    prompts = work / f"prompts-{rate:g}.jsonl"
+    rng = random.Random(0)
+    with prompts.open("w") as f:  # enough for the whole run: guidellm stops when its data runs out
+        for _ in range(max(50, int(rate * seconds * 1.5))):
+            row = {"prompt": gate_load.prompt_text(PROMPT_TOKENS, rng), "output_tokens_count": OUTPUT_TOKENS}
+            f.write(json.dumps(row) + "\n")
+    out = work / f"guidellm-{rate:g}.json"
+    if seconds > 0:
+        profile, limit = f"kind=poisson,rate={rate:g}", f"kind=max_duration,seconds={seconds:g}"
+    else:
+        profile, limit = "kind=synchronous", "kind=max_requests,count=1"
+    backend = f"kind=openai_http,target={url},validate_backend=false,model=stub,stream=false"
+    cmd = [exe, "run", f"--backend={backend}", f"--profile={profile}", f"--constraint={limit}",
+           f"--data=kind=json_file,path={prompts}", f"--output=kind=json,path={out}", "--disable-console"]  # fmt: skip
+    cpu0 = _cpu_s(resource.RUSAGE_CHILDREN)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "NO_PROXY": "*"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300 + 3 * seconds, check=False)
+    cpu = _cpu_s(resource.RUSAGE_CHILDREN) - cpu0
+    if proc.returncode != 0 or not out.exists():
+        raise RuntimeError(f"guidellm exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-400:]}")
+    return json.loads(out.read_text()), cpu
+
+
+def theirs(exe: str, url: str, rate: float, seconds: float, work: Path, startup_cpu: float) -> Figures:
+    """guidellm's figures. Its send lag is not printed: its report's per-request target times (a start time plus a
+    relative offset, per worker process) do not order its own sends consistently, so no lag can be derived."""
+    report, cpu = _guidellm_run(exe, url, rate, seconds, work)
+    reqs = report["benchmarks"][0]["requests"]
+    done = [r for kind in ("successful", "errored", "incomplete") for r in (reqs.get(kind) or [])]
+    starts = sorted(r["info"]["timings"]["request_start"] for r in done if r["info"]["timings"].get("request_start"))
+    span = (starts[-1] - starts[0]) if len(starts) > 1 else seconds
+    n = len(done)
+    nan = float("nan")
+    errors = len(reqs.get("errored") or []) + len(reqs.get("incomplete") or [])
+    return Figures(n / span if span else nan, n, errors, nan, nan, nan, max(0.0, cpu - startup_cpu) / max(1, n))
+
+
+def _row(label: str, rate: float, f: Figures) -> str:
+    lags = f"{f.lag_p50 * 1e3:>7.3f}ms {f.lag_p99 * 1e3:>7.3f}ms {f.lag_max * 1e3:>7.3f}ms"
+    return f"{label:>8} {rate:>6.0f} {f.achieved:>9.0f} {f.sent:>6} {f.errors:>5} {lags} {f.cpu_per_req * 1e6:>7.0f}us"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rates", default="25,50,100,200,400,800", help="requests/s, comma-separated")
+    parser.add_argument("--rates", default="100,500,1000,2000,3000", help="requests/s, comma-separated")
     parser.add_argument("--seconds", type=float, default=5.0, help="each rate's duration")
+    parser.add_argument("--guidellm", metavar="PATH", help="guidellm's executable: run the same rates with it too")
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
+    p50, p99 = host_floor()
+    print(f"host floor: a sleeping process wakes {p50 * 1e3:.3f} ms late at p50, {p99 * 1e3:.3f} ms at p99 "
+          f"(load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs)")  # fmt: skip
     best = 0.0
-    print(f"{'rate':>6} {'achieved':>9} {'sent':>6} {'err':>5} {'lag p50':>9} {'lag p99':>9} {'lag max':>9} {'cpu/req':>9}")
-    with stub_server() as stub:
+    heads = ("tool", "rate", "achieved", "sent", "err", "lag p50", "lag p99", "lag max", "cpu/req")
+    print(" ".join(f"{h:>{w}}" for h, w in zip(heads, (8, 6, 9, 6, 5, 9, 9, 9, 9), strict=True)))
+    with stub_server() as stub, tempfile.TemporaryDirectory(prefix="bench-gate-") as tmp:
+        httpx_cpu, our_cpu = asyncio.run(_sequential_cpu(stub.url, 1000))
+        print(f"client CPU per request, 1000 sequential POSTs on one connection: httpx {httpx_cpu * 1e6:.0f} us, "
+              f"diag.gate.http_client {our_cpu * 1e6:.0f} us")  # fmt: skip
+        startup = 0.0
+        if args.guidellm:
+            _, startup = _guidellm_run(args.guidellm, stub.url, 1, 0, Path(tmp))
         for rate in rates:
-            load, cpu = asyncio.run(_step(stub.url, rate, args.seconds))
-            lags = [r.lag_s for r in load.results]
-            n = len(load.results)
-            errors = sum(1 for r in load.results if not r.ok) + load.dropped
-            p99 = quantile(lags, 0.99)
-            if p99 <= LAG_TARGET_S and errors == 0:
+            f = ours(stub.url, rate, args.seconds)
+            if f.lag_p99 <= LAG_TARGET_S and f.errors == 0:
                 best = max(best, rate)
-            print(f"{rate:>6.0f} {n / (load.load_end - load.t0):>9.0f} {n:>6} {errors:>5} {quantile(lags, 0.5) * 1e3:>7.3f}ms "
-                  f"{p99 * 1e3:>7.3f}ms {max(lags) * 1e3:>7.3f}ms {cpu / max(1, n) * 1e6:>7.0f}us")  # fmt: skip
-    print(f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end (other work shares them)")
+            print(_row("diag", rate, f), flush=True)
+            if args.guidellm:
+                try:
+                    other = theirs(args.guidellm, stub.url, rate, args.seconds, Path(tmp), startup)
+                    print(_row("guidellm", rate, other), flush=True)
+                except (RuntimeError, KeyError, IndexError, subprocess.TimeoutExpired) as exc:
+                    print(f"{'guidellm':>8} {rate:>6.0f} failed: {exc}", flush=True)
+    print(f"load average {os.getloadavg()[0]:.2f} at the end (other work shares the CPUs)")
     print(f"highest rate with send-lag p99 <= {LAG_TARGET_S * 1e3:g} ms and no errors: {best:.0f} requests/s")
 
 

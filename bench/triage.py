@@ -12,7 +12,10 @@
    duplicate-body cache answers without the store or the validator, so what is left is the HTTP layer.
    The receiver's CPU time per delivery is reported too: on a shared host, deliveries/s measures the share
    of CPU we got as much as the code, CPU per delivery measures the code.
-2. Time from delivery to stored diagnosis: POST one alert, poll the store until the diagnosis is stored;
+2. ``--only stores``: the store under the same load, diagnosis off: one ``diag triage serve`` on SQLite against
+   two on one PostgreSQL 15 (active-active, each taking half the connections from its own ``wrk``), alternated
+   ``--rounds`` times in one run. PostgreSQL is started here as the tests start it (``tests/pgserver.py``).
+3. Time from delivery to stored diagnosis: POST one alert, poll the store until the diagnosis is stored;
    from the local recorder and from a real Prometheus scraping a real ``diag collect`` agent.
 
     .venv/bin/python bench/triage.py [--duration 15] [--connections 32] [--skip-prometheus]
@@ -246,6 +249,55 @@ def throughput(folder: Path, args: argparse.Namespace) -> None:
               f"incidents {total}, diagnosed during the run {done}; loadavg {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
 
 
+def _receiver(port: int, db: str, log: Path) -> subprocess.Popen[bytes]:
+    return start([PY, "-m", "diag.cli", "triage", "serve", "--no-diagnosis", "--listen", f"127.0.0.1:{port}", "--db", db],
+                 port, log)  # fmt: skip
+
+
+def _wrk_parallel(ports: list[int], bodies: Path, duration: int, connections: int, folder: Path) -> list[dict[str, float]]:
+    """One wrk per receiver at once, the connections split between them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    share = max(1, connections // len(ports))
+    with ThreadPoolExecutor(len(ports)) as pool:
+        return list(pool.map(lambda p: run_wrk(p, bodies, duration, share, folder), ports))
+
+
+def stores(folder: Path, args: argparse.Namespace) -> None:
+    """SQLite (one receiver) beside PostgreSQL (two receivers), same bodies, same host, alternated."""
+    from tests.pgserver import postgres, reset
+
+    bodies = make_bodies(folder, time.time() - 60)
+    print(f"stores: 70 % new alerts, 30 % duplicates, diagnosis off; {args.connections} connections, {args.duration}s; "
+          f"loadavg {os.getloadavg()[0]:.1f}")  # fmt: skip
+    with postgres() as pg:
+        for _ in range(args.rounds):
+            for name in ("sqlite x1", "postgresql x2"):
+                if name.startswith("sqlite"):
+                    targets = [str(folder / f"stores-{free_port()}.db")]
+                else:
+                    reset(pg.url)
+                    targets = [pg.url, pg.url]
+                ports = [free_port() for _ in targets]
+                procs = []
+                try:
+                    for port, db in zip(ports, targets, strict=True):
+                        procs.append(_receiver(port, db, folder / f"stores-{port}.log"))
+                    cpu0 = sum(cpu_s(p.pid) for p in procs)
+                    results = _wrk_parallel(ports, bodies, args.duration, args.connections, folder)
+                    cpu = sum(cpu_s(p.pid) for p in procs) - cpu0
+                finally:
+                    for proc in procs:
+                        stop(proc)
+                requests = sum(r["requests"] for r in results)
+                print(f"{name:14s} c={args.connections:<3d} {sum(r['rps'] for r in results):7.0f} deliveries/s "
+                      f"({requests} in {args.duration}s)  p50 {max(r['p50'] for r in results):.1f} ms  "
+                      f"p99 {max(r['p99'] for r in results):.1f} ms (worst receiver)  "
+                      f"non-2xx {sum(r['non2xx'] for r in results)}  "
+                      f"receivers' CPU {cpu / max(1, requests) * 1e6:.0f} us/delivery; loadavg {os.getloadavg()[0]:.1f}",
+                      flush=True)  # fmt: skip
+
+
 def time_to_diagnosis(port: int, db: Path, labels: dict[str, str], starts: float, n: int) -> list[float]:
     out = []
     for i in range(n):
@@ -343,7 +395,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=5, help="deliveries timed to a stored diagnosis, per source")
     ap.add_argument("--skip-prometheus", action="store_true")
     ap.add_argument("--keep", help="write logs and stores here instead of a temporary folder")
-    ap.add_argument("--only", choices=("throughput", "latency"), default=None)
+    ap.add_argument("--only", choices=("throughput", "stores", "latency"), default=None)
     args = ap.parse_args()
     for path in args.compare_server:
         if not Path(path).is_file():
@@ -361,6 +413,8 @@ def main() -> None:
         folder.mkdir(parents=True, exist_ok=True)
         if args.only in (None, "throughput"):
             throughput(folder, args)
+        if args.only in (None, "stores"):
+            stores(folder, args)
         if args.only in (None, "latency"):
             diagnosis_latency(folder, args)
 

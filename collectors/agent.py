@@ -38,6 +38,7 @@ from collectors.exporter import SnapshotCollector
 from collectors.recorder import FlightRecorder, is_corruption, move_aside, open_for_writing
 from collectors.records import Record, WatchScope
 from collectors.scrape import Scrapers
+from collectors.series_cap import SeriesCaps
 from collectors.snapshot import Snapshot, SnapshotTaker
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ class Agent:
         on_sample: Callable[[Snapshot], None] | None = None,
         scrapers: Scrapers | None = None,
         discovery: AutoTargets | None = None,
+        caps: SeriesCaps | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError("interval must be positive")
@@ -83,7 +85,7 @@ class Agent:
         self.recorder = recorder
         self.trim_interval_s = trim_interval_s
         self.on_sample = on_sample
-        self.collector = SnapshotCollector()
+        self.collector = SnapshotCollector(caps)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
         self.scrapers = scrapers

@@ -282,7 +282,8 @@ PROCESS_RSS = _declare(
     MetricSpec(
         "llmdiag_process_resident_memory_bytes",
         "gauge",
-        "Resident set size of a watched process (top-N by RSS, plus every process holding a model file).",
+        "Resident set size of a watched process (top-N by RSS, plus every process holding a model file; beyond "
+        "--max-processes the smallest are summed into pid=\"other\").",
         _PROC,
         "bytes",
         "collectors.processes",
@@ -342,7 +343,8 @@ MODEL_PROCESS_INFO = _declare(
     MetricSpec(
         "llmdiag_model_process_info",
         "gauge",
-        "1 for each process that maps or holds open a model file (pid, comm as on the process series): joined with "
+        "1 for each process that maps or holds open a model file (pid, comm as on the process series; one folded into "
+        "pid=\"other\" is left out, llmdiag_model_processes still counts it): joined with "
         "llmdiag_process_uss_bytes / _rss_bytes it tells private copies from processes sharing one mapping.",
         ("model", "pid", "comm"),
         "",
@@ -508,6 +510,18 @@ WATCH_TARGETS_FOUND = _declare(
         "collectors.agent",
     )
 )
+
+# The caps on process and cgroup label values (collectors.series_cap): kind = process | cgroup.
+SERIES_FOLDED = _declare(MetricSpec(
+    "llmdiag_series_folded", "gauge",
+    "Process or cgroup label values beyond the agent's cap (--max-processes, --max-cgroups) at the last sample, "
+    "folded into the pid=\"other\" / cgroup=\"other\" series, by kind (process|cgroup).",
+    ("kind",), "", "collectors.exporter"))  # fmt: skip
+SERIES_OVERFLOW = _declare(MetricSpec(
+    "llmdiag_series_overflow_total", "counter",
+    "Samples at which some label values of this kind (process|cgroup) were beyond the cap and folded into the "
+    "overflow series: rising means the cap is too small for the host to show each one.",
+    ("kind",), "", "collectors.exporter"))  # fmt: skip
 
 # --------------------------------------------------------------------------- the agent's scrapes of backends
 
@@ -777,6 +791,8 @@ VLLM_SUCCESS = _external(
 DCGM_FB_USED = _external("DCGM_FI_DEV_FB_USED", "gauge", "dcgm-exporter", "3.x/4.x", "Framebuffer used, MiB.")
 DCGM_FB_FREE = _external("DCGM_FI_DEV_FB_FREE", "gauge", "dcgm-exporter", "3.x/4.x", "Framebuffer free, MiB.")
 PROMETHEUS_UP = _external("up", "gauge", "Prometheus", "any", "Per scrape target: 1 when its last scrape succeeded.")
+PROMETHEUS_SCRAPED = _external("scrape_samples_scraped", "gauge", "Prometheus", "any",
+                               "Per scrape target: the samples its last scrape exposed (one per series).")  # fmt: skip
 EXTERNAL = (*EXTERNAL, *_EXTERNAL_ADDED)
 
 

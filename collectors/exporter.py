@@ -4,6 +4,10 @@ A custom ``Collector`` (not long-lived Gauge objects) because the set of series 
 processes come and go, cgroups appear, a GPU may vanish. Each scrape renders the latest snapshot
 afresh, so a process that exited leaves no stale series behind. Cumulative kernel counters are
 passed through as counters (never turned into deltas), following node_exporter and cAdvisor.
+
+The process and cgroup label values are capped (``collectors.series_cap``): beyond the cap, the
+smallest are folded into one ``pid="other"`` / ``cgroup="other"`` series, so a host's series count
+has a bound whatever runs on it. The flight recorder still gets every sampled process and group.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from prometheus_client.registry import Collector
 from collectors import catalog as cat
 from collectors.catalog import MetricSpec
 from collectors.records import CgroupSnapshot, GpuSnapshot, HostSnapshot, OomEvent, ProcessSample, WatchScope
+from collectors.series_cap import OVERFLOW, FoldedCounters, SeriesCaps, choose
 from collectors.snapshot import Snapshot
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -95,22 +100,85 @@ def cgroup_metrics(out: _Families, cg: CgroupSnapshot) -> None:
             out.add(cat.CGROUP_PSI_STALLED, cg.pressure.full.total_us / 1e6, lbl)
 
 
-def process_metrics(out: _Families, processes: Iterable[ProcessSample], model_counts: dict[str, int]) -> None:
-    for p in processes:
+def _sum(values: Iterable[int | float | None]) -> float | None:
+    """The total of the values present; None when none is (the series is then left out, as for one process)."""
+    present = [v for v in values if v is not None]
+    return float(sum(present)) if present else None
+
+
+def process_metrics(
+    out: _Families, processes: Iterable[ProcessSample], model_counts: dict[str, int],
+    kept: set[int] | None = None, folded_faults: float | None = None,
+) -> None:  # fmt: skip
+    """One labelled series per kept process (``kept`` None: all), the others summed into ``pid="other"``.
+
+    The overflow's major faults are ``folded_faults``, a monotonic total (``FoldedCounters``), not a sum."""
+    shown = [p for p in processes if kept is None or p.pid in kept]
+    folded = [p for p in processes if kept is not None and p.pid not in kept]
+    for p in shown:
         lbl = (str(p.pid), p.comm)
         out.add(cat.PROCESS_RSS, p.rss_bytes, lbl)
         out.add(cat.PROCESS_PSS, p.pss_bytes, lbl)
         out.add(cat.PROCESS_USS, p.uss_bytes, lbl)
         out.add(cat.PROCESS_SWAP, p.swap_bytes, lbl)
         out.add(cat.PROCESS_MAJOR_FAULTS, p.major_faults, lbl)
-    for model, count in sorted(model_counts.items()):
+    if folded:
+        lbl = (OVERFLOW, OVERFLOW)
+        out.add(cat.PROCESS_RSS, _sum(p.rss_bytes for p in folded), lbl)
+        out.add(cat.PROCESS_PSS, _sum(p.pss_bytes for p in folded), lbl)
+        out.add(cat.PROCESS_USS, _sum(p.uss_bytes for p in folded), lbl)
+        out.add(cat.PROCESS_SWAP, _sum(p.swap_bytes for p in folded), lbl)
+        out.add(cat.PROCESS_MAJOR_FAULTS, folded_faults, lbl)
+    for model, count in sorted(model_counts.items()):  # every holder counted, folded ones too
         out.add(cat.MODEL_PROCESSES, count, (model,))
-    for p in processes:  # bounded as the process series are: the sampled processes that hold a model file
+    for p in shown:  # bounded as the process series are: the kept processes that hold a model file
         for model in sorted(set(p.model_files)):
             out.add(cat.MODEL_PROCESS_INFO, 1, (model, str(p.pid), p.comm))
 
 
-def gpu_metrics(out: _Families, gpu: GpuSnapshot) -> None:
+def folded_cgroup_metrics(out: _Families, folded: list[CgroupSnapshot], counters: dict[object, float]) -> None:
+    """The groups beyond the cap as one ``cgroup="other"`` series: memory summed, counters from ``FoldedCounters``.
+
+    Limits, memory.high and peaks are left out: a sum of limits limits nothing."""
+    lbl = (OVERFLOW,)
+    out.add(cat.CGROUP_USAGE, _sum(cg.usage_bytes for cg in folded), lbl)
+    out.add(cat.CGROUP_WORKING_SET, _sum(cg.working_set_bytes for cg in folded), lbl)
+    out.add(cat.CGROUP_SWAP, _sum(cg.swap_bytes for cg in folded), lbl)
+    for key, spec in cat.CGROUP_STAT_BYTES.items():
+        out.add(spec, _sum(cg.stat.get(key) for cg in folded), lbl)
+    for fam, total in sorted(counters.items(), key=str):
+        kind, *rest = fam if isinstance(fam, tuple) else (fam,)
+        if kind == "stat":
+            out.add(cat.CGROUP_STAT_COUNTERS[rest[0]], total, lbl)
+        elif kind == "events":
+            out.add(cat.CGROUP_EVENTS, total, (OVERFLOW, rest[0], rest[1]))
+        elif kind == "psi_some":
+            out.add(cat.CGROUP_PSI_WAITING, total, lbl)
+        elif kind == "psi_full":
+            out.add(cat.CGROUP_PSI_STALLED, total, lbl)
+    under = [int(cg.under_oom) for cg in folded if cg.under_oom is not None]
+    if under:
+        out.add(cat.CGROUP_UNDER_OOM, max(under), lbl)
+
+
+def cgroup_counters(cg: CgroupSnapshot) -> dict[object, float]:
+    """A group's cumulative counters, keyed as ``folded_cgroup_metrics`` reads them back."""
+    out: dict[object, float] = {}
+    for key in cat.CGROUP_STAT_COUNTERS:
+        if cg.stat.get(key) is not None:
+            out[("stat", key)] = float(cg.stat[key])
+    for event, value in cg.events.items():
+        out[("events", event, "hierarchical")] = float(value)
+    for event, value in cg.events_local.items():
+        out[("events", event, "local")] = float(value)
+    if cg.pressure is not None and cg.pressure.some is not None:
+        out[("psi_some",)] = cg.pressure.some.total_us / 1e6
+    if cg.pressure is not None and cg.pressure.full is not None:
+        out[("psi_full",)] = cg.pressure.full.total_us / 1e6
+    return out
+
+
+def gpu_metrics(out: _Families, gpu: GpuSnapshot, folded_pids: frozenset[int] = frozenset()) -> None:
     out.add(cat.GPU_AVAILABLE, int(gpu.available))
     for dev in gpu.devices:
         lbl = (str(dev.index), dev.uuid)
@@ -123,8 +191,14 @@ def gpu_metrics(out: _Families, gpu: GpuSnapshot) -> None:
             out.add(cat.GPU_MEMORY[part], value, lbl)
         out.add(cat.GPU_UTILIZATION, dev.utilization_gpu_ratio, (*lbl, "gpu"))
         out.add(cat.GPU_UTILIZATION, dev.utilization_memory_ratio, (*lbl, "memory"))
+    folded: dict[int, list[int | None]] = {}
     for proc in gpu.processes:
-        out.add(cat.GPU_PROCESS_MEMORY, proc.used_bytes, (str(proc.gpu_index), str(proc.pid)))
+        if proc.pid not in folded_pids:
+            out.add(cat.GPU_PROCESS_MEMORY, proc.used_bytes, (str(proc.gpu_index), str(proc.pid)))
+        else:  # a process folded out of the process series is folded on every GPU too
+            folded.setdefault(proc.gpu_index, []).append(proc.used_bytes)
+    for index, used in sorted(folded.items()):
+        out.add(cat.GPU_PROCESS_MEMORY, _sum(used), (str(index), OVERFLOW))
 
 
 def watch_metrics(out: _Families, scope: WatchScope) -> None:
@@ -138,11 +212,18 @@ def watch_metrics(out: _Families, scope: WatchScope) -> None:
 
 
 class SnapshotCollector(Collector):
-    """Holds the latest snapshot plus counters the agent accumulates (OOM kills, sampler errors)."""
+    """Holds the latest snapshot plus counters the agent accumulates (OOM kills, sampler errors, folds)."""
 
-    def __init__(self) -> None:
+    def __init__(self, caps: SeriesCaps | None = None) -> None:
         self._lock = threading.Lock()
+        self.caps = caps or SeriesCaps()
         self._latest: Snapshot | None = None
+        self._kept_pids: set[int] = set()
+        self._kept_cgroups: set[str] = set()
+        self._folded_pids: frozenset[int] = frozenset()
+        self._process_faults = FoldedCounters()
+        self._cgroup_counters = FoldedCounters()
+        self._overflows: Counter[str] = Counter()
         self._oom_kills: Counter[str] = Counter()
         self._sampler_errors: Counter[str] = Counter()
         self._recorder_size: int | None = None
@@ -153,6 +234,7 @@ class SnapshotCollector(Collector):
     def update(self, snapshot: Snapshot, recorder_size: int | None = None, recorder_error: bool = False) -> None:
         with self._lock:
             self._latest = snapshot
+            self._fold(snapshot)
             self._count_ooms(snapshot.ooms)
             for sampler in snapshot.errors:
                 self._sampler_errors[sampler] += 1
@@ -173,6 +255,29 @@ class SnapshotCollector(Collector):
             if reset is not None:
                 self._recorder_resets[reset] += 1
 
+    def _fold(self, snapshot: Snapshot) -> None:
+        """Choose the process and cgroup label values to export (largest by memory, kept ones sticky)."""
+        caps, scope = self.caps, snapshot.scope
+        procs = snapshot.processes
+        self._kept_pids = choose({p.pid: float(p.rss_bytes or 0) for p in procs}, self._kept_pids, caps.max_processes,
+                                 caps.margin, scope.resolved_pids if scope is not None else ())  # fmt: skip
+        self._folded_pids = frozenset(p.pid for p in procs) - self._kept_pids
+        self._process_faults.observe(
+            {("faults", p.pid): float(p.major_faults) for p in procs if p.major_faults is not None}, set(self._folded_pids)
+        )
+        groups = snapshot.cgroups
+        sizes = {cg.path: float(cg.working_set_bytes or cg.usage_bytes or 0) for cg in groups}
+        self._kept_cgroups = choose(sizes, self._kept_cgroups, caps.max_cgroups, caps.margin,
+                                    scope.resolved_cgroups if scope is not None else ())  # fmt: skip
+        folded_groups = {cg.path for cg in groups} - self._kept_cgroups
+        self._cgroup_counters.observe(
+            {(fam, cg.path): value for cg in groups for fam, value in cgroup_counters(cg).items()}, folded_groups
+        )
+        if self._folded_pids:
+            self._overflows["process"] += 1
+        if folded_groups:
+            self._overflows["cgroup"] += 1
+
     def _count_ooms(self, ooms: Iterable[OomEvent]) -> None:
         for oom in ooms:
             self._oom_kills[oom.constraint or "unknown"] += 1
@@ -184,19 +289,32 @@ class SnapshotCollector(Collector):
             errors = dict(self._sampler_errors)
             recorder_size, recorder_errors = self._recorder_size, self._recorder_errors
             disk_full, resets = self._recorder_disk_full, dict(self._recorder_resets)
+            kept_pids, kept_groups, folded_pids = set(self._kept_pids), set(self._kept_cgroups), self._folded_pids
+            faults = self._process_faults.totals.get("faults")
+            group_counters = dict(self._cgroup_counters.totals)
+            overflows = dict(self._overflows)
         out = _Families()
+        folded = {"process": 0, "cgroup": 0}
         if snap is not None:
             host_metrics(out, snap.host)
+            folded_groups = [cg for cg in snap.cgroups if cg.path not in kept_groups]
             for cg in snap.cgroups:
-                cgroup_metrics(out, cg)
-            process_metrics(out, snap.processes, snap.model_processes())
-            gpu_metrics(out, snap.gpu)
+                if cg.path in kept_groups:
+                    cgroup_metrics(out, cg)
+            if folded_groups:
+                folded_cgroup_metrics(out, folded_groups, group_counters)
+            process_metrics(out, snap.processes, snap.model_processes(), kept_pids, faults)
+            gpu_metrics(out, snap.gpu, folded_pids)
+            folded = {"process": len(folded_pids), "cgroup": len(folded_groups)}
             out.add(cat.AGENT_SAMPLE_DURATION, snap.duration_s)
             if snap.scope is not None:
                 watch_metrics(out, snap.scope)
         # Counters exist from the first scrape (at zero) so rate() and absent() behave.
         for constraint in sorted(set(oom_kills) | {"CONSTRAINT_MEMCG", "CONSTRAINT_NONE"}):
             out.add(cat.OOM_KILLS, oom_kills.get(constraint, 0), (constraint,))
+        for kind in ("cgroup", "process"):
+            out.add(cat.SERIES_FOLDED, folded[kind], (kind,))
+            out.add(cat.SERIES_OVERFLOW, overflows.get(kind, 0), (kind,))
         for sampler in sorted(set(errors) | {"host", "cgroup", "processes", "gpu", "kmsg"}):
             out.add(cat.AGENT_SAMPLER_ERRORS, errors.get(sampler, 0), (sampler,))
         out.add(cat.AGENT_RESIDENT_MEMORY, _own_rss_bytes())
@@ -218,10 +336,10 @@ def _own_rss_bytes() -> int | None:
         return None
 
 
-def exposition(snapshot: Snapshot) -> bytes:
+def exposition(snapshot: Snapshot, caps: SeriesCaps | None = None) -> bytes:
     """The text exposition of one snapshot (what ``diag collect --once`` prints)."""
     registry = CollectorRegistry(auto_describe=False)
-    collector = SnapshotCollector()
+    collector = SnapshotCollector(caps)
     collector.update(snapshot)
     registry.register(collector)
     return generate_latest(registry)

@@ -1,4 +1,4 @@
-"""The seven dashboards, one question each. Every panel says what it shows and what to do about it.
+"""The eight dashboards, one question each. Every panel says what it shows and what to do about it.
 
 Each query lists our series first and the upstream equivalent second (``ours or theirs``): a host
 running vLLM, TGI, node_exporter, cAdvisor or DCGM instead of -- or beside -- the llm-diag agent gets
@@ -11,6 +11,8 @@ from __future__ import annotations
 from alerts import slo_names as slo
 from collectors import backends
 from dashboards.engine import engine_rows
+from dashboards.fleet import UID as FLEET_UID
+from dashboards.fleet import fleet_dashboard
 from dashboards.promql import MODEL, RATE, m, mean, q, quantile, rate, ratio, sel
 from dashboards.spec import Dashboard, Row, Variable, heatmap, stat, ts
 
@@ -23,6 +25,7 @@ UIDS = {
     "gpu": "llmdiag-gpu",
     "moe": "llmdiag-batching-moe",
     "engine": "llmdiag-engine",
+    "fleet": FLEET_UID,
 }
 MiB = 1048576
 
@@ -486,7 +489,12 @@ def engine() -> Dashboard:
 
 
 def all_dashboards() -> list[Dashboard]:
-    return [overview(), slos(), latency(), memory(), gpu(), moe(), engine()]
+    return [overview(), slos(), latency(), memory(), gpu(), moe(), engine(), fleet()]
+
+
+def fleet() -> Dashboard:
+    """The fleet overview (dashboards/fleet.py), with the job and instance variables only: it has no model panel."""
+    return fleet_dashboard((JOB, INSTANCE))
 
 
 def dashboard(key: str) -> Dashboard:

@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from alerts.fleet_names import NAMES as FLEET_NAMES
 from alerts.slo_names import DASHBOARD_NAMES
 from collectors import backends
 from collectors import catalog as cat
@@ -48,6 +49,8 @@ def known_metrics() -> dict[str, str]:
         names.setdefault(bfam.name, f"{backends.DIALECT_NAMES[bfam.dialect]} {bfam.versions}")
     for rule in DASHBOARD_NAMES:
         names[rule] = "llm-diag SLO recording rule"
+    for rule in FLEET_NAMES:
+        names[rule] = "llm-diag fleet recording rule"
     return names
 
 

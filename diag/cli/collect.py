@@ -6,7 +6,7 @@ import logging
 import os
 import sqlite3
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 from urllib.parse import urlsplit, urlunsplit
@@ -14,6 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 import typer
 
 from collectors.recorder import ENV_RECORDER, default_recorder_path
+from collectors.series_cap import DEFAULT_MAX_CGROUPS, DEFAULT_MAX_PROCESSES, SeriesCaps
 from collectors.snapshot import SamplerConfig
 from diag.cli import options as opts
 from diag.cli.errors import fail
@@ -122,12 +123,14 @@ class _CollectPlan:
     scrape_urls: tuple[str, ...] = ()
     scrape_auto: bool = False
     scrape_timeout_s: float = 5.0
+    caps: SeriesCaps = field(default_factory=SeriesCaps)
 
 
 def _collect_plan(
     interval: str | None, listen: str | None, once: bool, recorder: Path | None, retention: str | None,
     max_size: str | None, samples: int | None, kmsg: bool | None, diagnose_every: float | None = None,
     scrape: list[str] | None = None, scrape_timeout: str | None = None,
+    max_processes: int = DEFAULT_MAX_PROCESSES, max_cgroups: int = DEFAULT_MAX_CGROUPS,
 ) -> _CollectPlan:  # fmt: skip
     """Validate every collect option (values first, then combinations); exit 2 naming the accepted forms."""
     from collectors.agent import ListenAddress
@@ -138,6 +141,9 @@ def _collect_plan(
         kept = [e for e in RETENTION_EXAMPLES if parse_duration(e) >= 2 * interval_s] or [format_duration(2 * interval_s)]
         retention_s = opts.duration("--retention", retention or "2h", low=1, high=400 * 86400, examples=kept)
         max_size_bytes = opts.size("--max-size", max_size or "256MiB", low=64 * 1024, examples=MAX_SIZE_EXAMPLES)
+        for name, cap in (("--max-processes", max_processes), ("--max-cgroups", max_cgroups)):
+            if cap < 1:
+                raise opts.OptionError(f'{name} {cap}: at least 1 (the rest are folded into one "other" series)')
         if samples is not None and samples < 1:
             raise opts.OptionError(f"--samples {samples}: at least 1 (leave it out to run until SIGTERM)")
         if retention_s < 2 * interval_s:
@@ -168,7 +174,8 @@ def _collect_plan(
     except opts.OptionError as exc:
         fail(str(exc))
     return _CollectPlan(interval_s, once, address, path, retention_s, max_size_bytes, retention or "2h",
-                        max_size or "256MiB", scrape_urls, scrape_auto, timeout_s)  # fmt: skip
+                        max_size or "256MiB", scrape_urls, scrape_auto, timeout_s,
+                        SeriesCaps(max_processes, max_cgroups))  # fmt: skip
 
 
 def collect(
@@ -223,6 +230,20 @@ def collect(
             help="Give up on a scrape after this long (counted as a timeout). Default: the interval, within 2s to 10s.",
         ),
     ] = None,
+    max_processes: Annotated[
+        int,
+        typer.Option(
+            "--max-processes",
+            help="Processes labelled on /metrics (largest by RSS; the rest summed into "
+            'pid="other"). The recorder keeps them all.',
+        ),
+    ] = DEFAULT_MAX_PROCESSES,
+    max_cgroups: Annotated[
+        int,
+        typer.Option(
+            "--max-cgroups", help='Cgroups labelled on /metrics (largest by working set; the rest summed into cgroup="other").'
+        ),
+    ] = DEFAULT_MAX_CGROUPS,
 ) -> None:
     """Run the host agent: sample every INTERVAL, write the flight recorder, serve /metrics.
 
@@ -244,23 +265,23 @@ def collect(
     """
     every_s: float | None = diagnose_every  # type: ignore[assignment]  # the option's callback made it seconds
     plan = _collect_plan(interval, listen, once, recorder, retention, max_size, samples, kmsg, every_s, scrape,
-                         scrape_timeout)  # fmt: skip
+                         scrape_timeout, max_processes, max_cgroups)  # fmt: skip
     config = sampler_config(proc_root, sys_root, pid, cgroup, top, model_ext, kmsg=kmsg is not False and not once, gpu=gpu)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     if plan.once:
-        _collect_once(config)
+        _collect_once(config, plan.caps)
     else:
         _run_agent(plan, config, samples, verbose, every_s)
 
 
-def _collect_once(config: SamplerConfig) -> None:
+def _collect_once(config: SamplerConfig, caps: SeriesCaps) -> None:
     from collectors.exporter import exposition
     from collectors.snapshot import SnapshotTaker
 
     taker = SnapshotTaker(config)
     try:
         snap = taker.take()
-        sys.stdout.write(exposition(snap).decode())
+        sys.stdout.write(exposition(snap, caps).decode())
     finally:
         taker.close()
     if snap.scope is not None:
@@ -287,7 +308,7 @@ def _run_agent(
 
     scrapers, discovery = _scraping(plan, config)
     agent = Agent(taker, interval_s=plan.interval_s, recorder=flight, on_sample=progress, scrapers=scrapers,
-                  discovery=discovery)  # fmt: skip
+                  discovery=discovery, caps=plan.caps)  # fmt: skip
     if moved_aside is not None:
         agent.count_reset("corrupt")
         typer.echo(f"diag collect: {plan.recorder} was not a readable database: moved it to {moved_aside} "

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import urlsplit
@@ -98,6 +99,14 @@ def gate(
         ),
     ] = None,
     no_bundle: Annotated[bool, typer.Option("--no-bundle", help="Take no bundle when a step fails.")] = False,
+    unit: Annotated[
+        str | None,
+        typer.Option(
+            "--unit",
+            help="The service's systemd unit (instead of --pid/--cgroup): its cgroup and MainPID from "
+            "`systemctl show`, its Memory* settings in the infrastructure gate.",
+        ),
+    ] = None,
 ) -> None:
     """Run the spec's load steps against the target and judge each step; PASS only if every criterion holds.
 
@@ -112,12 +121,21 @@ def gate(
     output and the JSON (`"bundle"`); a bundle that cannot be written is a note, never a change of the exit
     status. --no-bundle takes none.
 
+    Before the steps, two gates. The infrastructure gate reads the host and the target's cgroup (cgroup
+    version and memory controller, memory accounting, PSI, swap policy, effective memory.max/high/low/min,
+    with --unit the unit's settings, systemd-oomd): each check PASS, WARN, NOT AVAILABLE, or FAIL where the
+    spec's `infrastructure:` section requires it. The application gate (the spec's `application:`) polls
+    readiness, then sends one short request, one long prefill and N simultaneous requests; a failed
+    readiness stops the run before the load. `graceful_termination` (needs one --pid or --unit) runs last:
+    SIGTERM with requests in flight, which must complete, and the process must exit in time.
+
     With a `neighbour:` section, a bounded memory hog runs in a sibling of the service's memory cgroup during
     the step it names, and the gate judges whether the service's protection held; where that cannot run (no
     root, no --pid/--cgroup, no memory hierarchy) it is NOT RUN with the reason, and the gate does not pass.
 
-    Exit status: 0 every criterion of every step passed; 1 a criterion failed, the run was interrupted or the
-    neighbour check was not run; 2 bad input (an option, the spec, a target that does not answer).
+    Exit status: 0 both gates and every criterion of every step passed; 1 a check or criterion failed, the
+    run was interrupted or the neighbour check was not run; 2 bad input (an option, the spec, a unit
+    systemctl cannot show, a target that does not answer).
 
     Example:\n
       diag gate --spec docs/gate-example.yaml --target http://127.0.0.1:8000 --cgroup /system.slice/llm.service
@@ -127,6 +145,8 @@ def gate(
     try:
         opts.existing_file("--spec", spec)
         base = _target(target, allow_remote)
+        if unit is not None and (pid or cgroup):
+            raise opts.OptionError("--unit: give the unit, or --pid/--cgroup, not both (the unit names its cgroup and MainPID)")
         pids = opts.pids(pid)
         for p in pids:
             if not Path(f"/proc/{p}").exists():
@@ -145,8 +165,54 @@ def gate(
         parsed = load_spec(spec)
     except SpecError as exc:
         fail(f"--spec {exc}" if str(exc).startswith(str(spec)) else f"--spec {spec}: {exc}")
+    extra = _systemd(unit, parsed, pids)
+    pids, cgroups = (*pids, *extra.pids), (*cgroups, *extra.cgroups)
     serves_metrics = _probe(base)
-    _run(parsed, base, pids, cgroups, json_out, recorder, scrape and serves_metrics, html, bundles)
+    _run(parsed, base, pids, cgroups, json_out, recorder, scrape and serves_metrics, html, bundles, extra)
+
+
+@dataclass(frozen=True)
+class _Systemd:
+    """What --unit adds to the run: the unit's cgroup and main PID, the unit itself, oomd, the PID to terminate."""
+
+    pids: tuple[int, ...] = ()
+    cgroups: tuple[str, ...] = ()
+    unit: object = None
+    oomd: object = None
+    terminate_pid: int | None = None
+
+
+def _systemd(unit: str | None, parsed, pids: tuple[int, ...]) -> _Systemd:  # type: ignore[no-untyped-def]
+    """Resolve --unit with systemctl (exit 2 when it is absent or fails), ask about systemd-oomd where systemd
+    runs, and choose the one process graceful_termination may signal (refused here when there is none)."""
+    from diag.gate.unit import OomdState, UnitError, oomd_state, show_unit
+
+    info = None
+    if unit is not None:
+        try:
+            info = show_unit(unit)
+        except UnitError as exc:
+            fail(str(exc))
+    systemd_runs = info is not None or _pid1() == "systemd"
+    oomd = oomd_state() if systemd_runs else OomdState(None, why=f"systemd is not PID 1 on this host ({_pid1() or '?'})")
+    terminate = None
+    app = parsed.application
+    if app is not None and app.graceful_termination is not None:
+        candidates = [info.main_pid] if info is not None and info.main_pid else list(pids)
+        if len(candidates) != 1:
+            why = "the unit has no MainPID" if info is not None else f"got {len(candidates)} --pid"
+            fail(f"--spec application.graceful_termination: needs exactly one process to signal (--pid or --unit); {why}")
+        terminate = candidates[0]
+    if info is None:
+        return _Systemd(oomd=oomd, terminate_pid=terminate)
+    return _Systemd(tuple(p for p in [info.main_pid] if p), tuple(c for c in [info.cgroup] if c), info, oomd, terminate)
+
+
+def _pid1() -> str:
+    try:
+        return Path("/proc/1/comm").read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
 
 
 def _writable(option: str, folder: Path, default: str = "") -> None:
@@ -174,7 +240,8 @@ def _bundle_dir(given: Path | None, json_out: Path | None) -> Path:
 
 
 def _run(parsed, base: str, pids: tuple[int, ...], cgroups: tuple[str, ...], json_out: Path | None,  # type: ignore[no-untyped-def]
-         recorder: Path | None, scrape: bool, html: Path | None, bundles: Path | None) -> None:  # fmt: skip
+         recorder: Path | None, scrape: bool, html: Path | None, bundles: Path | None,
+         systemd: _Systemd) -> None:  # fmt: skip
     from diag.gate.report import render
     from diag.gate.runner import RunOptions, run_gate
 
@@ -185,7 +252,17 @@ def _run(parsed, base: str, pids: tuple[int, ...], cgroups: tuple[str, ...], jso
         if recorder is None:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="llmdiag-gate-"))
             recorder = Path(tmp) / "gate-recorder.db"
-        run = RunOptions(base, recorder, pids, cgroups, (base + "/metrics",) if scrape else (), bundle_dir=bundles)
+        run = RunOptions(
+            base,
+            recorder,
+            pids,
+            cgroups,
+            (base + "/metrics",) if scrape else (),
+            bundle_dir=bundles,
+            unit=systemd.unit,
+            oomd=systemd.oomd,
+            terminate_pid=systemd.terminate_pid,
+        )  # type: ignore[arg-type]
         progress(f"gate: {len(parsed.steps)} steps, {parsed.total_s:g} s of load against {base}{parsed.endpoint}")
         report = run_gate(parsed, run, progress)
         typer.echo(render(report))

@@ -1,9 +1,10 @@
 """``diag gate --html``: the gate's result as one self-contained page, drawn with the bundle report's machinery.
 
-What it shows: the verdict, the steps x criteria table (PASS/FAIL and the measured value, the limit beside it),
-each step's diagnosis (the primary class and the leading finding's evidence in one line), where the first failed
-step's bundle went, and four charts over the run with every step's boundaries marked -- the load asked, sent and
-served; the latency quantiles; the memory PSI; the target's memory.
+What it shows: the verdict, the infrastructure and application gates (each check's state, the value read and
+why), the steps x criteria table (PASS/FAIL and the measured value, the limit beside it), each step's diagnosis
+(the primary class and the leading finding's evidence in one line), where the first failed step's bundle went,
+and four charts over the run with every step's boundaries marked -- the load asked, sent and served; the latency
+quantiles; the memory PSI; the target's memory.
 
 Why in the cli layer: the gate and the bundle are peers in the layer order and neither imports the other, so
 the page that joins the gate's result to the bundle report's template environment, filters and SVG plotting
@@ -32,6 +33,7 @@ from collectors.redact import redact_argv, redact_text
 from diag.bundle import svgplot
 from diag.bundle.charts import Chart, GiB, MiB
 from diag.bundle.report import environment
+from diag.gate.report import render
 from diag.gate.runner import GateReport, StepReport
 from diag.gate.timeseries import RunSeries, run_series
 from diag.timeline import Series, Timeline
@@ -172,12 +174,8 @@ def view(report: GateReport, run: RunSeries, argv: Sequence[str]) -> dict[str, A
             "measured": s.figures(), "primary": a.primary if a else "not diagnosed", "diagnosis": s.diagnosis(),
             "evidence": _evidence(s),
         })  # fmt: skip
-    if report.passed:
-        verdict, cls = f"GATE PASSED: {len(report.steps)} steps, every criterion met", "healthy"
-    elif report.interrupted:
-        verdict, cls = f"GATE NOT PASSED: interrupted after {len(report.steps)} of {len(report.spec.steps)} steps", "unknown"
-    else:
-        verdict, cls = "GATE FAILED: " + ", ".join(s.step.name for s in report.steps if not s.passed), ""
+    verdict = render(report).rsplit("\n", 1)[-1]  # the table's own last line: one wording of the verdict
+    cls = "healthy" if report.passed else ("unknown" if report.interrupted else "")
     from diag.bundle.core import tool_version
 
     return {
@@ -185,7 +183,7 @@ def view(report: GateReport, run: RunSeries, argv: Sequence[str]) -> dict[str, A
         "not_run": [s.name for s in report.spec.steps[len(report.steps) :]], "run": run,
         "target": redact_text(report.target)[0] + report.spec.endpoint, "spec": report.spec.source,
         "command": redact_argv(["diag", *argv[1:]]), "version": tool_version(), "created": time.time(),
-        "bundle": report.bundle,
+        "bundle": report.bundle, "gates": list(report.gates.values()),
     }  # fmt: skip
 
 
@@ -241,6 +239,8 @@ TEMPLATE = """<!DOCTYPE html>
   .bad { color: #c0392b; font-weight: 600; }
   .ok { color: #27ae60; }
   .dim { color: #777; }
+  .warnstate { color: #b7791f; font-weight: 600; }
+  table.gate tr > :nth-child(-n+2) { white-space: nowrap; }
   table.diagnosis tr > :nth-child(-n+3) { white-space: nowrap; }  /* step, result, class: one word each, never broken */
   figure { margin: 1rem 0; }
   figure svg { max-width: 100%; height: auto; }
@@ -261,6 +261,19 @@ TEMPLATE = """<!DOCTYPE html>
 {% if bundle is not none and bundle.path %}
 <p id="bundle">Incident bundle of the run up to the first failed step: <code>{{ bundle.path }}</code>{% if bundle.archive %} (archive <code>{{ bundle.archive }}</code>){% endif %}; its report.html has the rules' full evidence.</p>
 {% endif %}
+
+{% for g in gates %}
+<h2 id="gate-{{ g.name }}">{{ g.name | capitalize }} gate: <span class="{{ 'ok' if g.passed else 'bad' }}">{{ "PASS" if g.passed else "FAIL" }}</span></h2>
+{% if g.stopped %}<div class="warn"><strong>Stopped here:</strong> {{ g.stopped }}</div>{% endif %}
+<table class="gate">
+  <thead><tr><th>check</th><th>state</th><th>value read</th><th>why</th></tr></thead>
+  <tbody>
+  {% for c in g.checks %}
+    <tr id="check-{{ g.name }}-{{ c.name }}"><td>{{ c.name }}</td><td class="{{ {'PASS': 'ok', 'FAIL': 'bad', 'WARN': 'warnstate'}.get(c.state, 'dim') }}">{{ c.state }}</td><td>{{ c.value }}</td><td>{{ c.detail }}</td></tr>
+  {% endfor %}
+  </tbody>
+</table>
+{% endfor %}
 
 <h2 id="criteria">Steps and criteria</h2>
 <table class="criteria">

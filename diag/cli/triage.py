@@ -44,10 +44,11 @@ tickets_app = typer.Typer(
 )
 
 Db = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--db",
-        help=f"Incident store (SQLite). Default: ${ENV_DB}, else /var/lib/llm-diag/triage.db as root, "
+        help=f"Incident store: a SQLite file, or postgresql://USER@HOST:PORT/DB for several receivers on one store "
+        f"(password from PGPASSWORD or ~/.pgpass). Default: ${ENV_DB}, else /var/lib/llm-diag/triage.db as root, "
         "~/.local/state/llm-diag/triage.db as a user.",
     ),
 ]
@@ -56,6 +57,20 @@ Db = Annotated[
 def _fail(message: str) -> None:
     typer.secho(f"diag: {message}", err=True, fg=typer.colors.RED)
     raise typer.Exit(2)
+
+
+def _target(db: str | None) -> Path | str:
+    """``--db`` as the store's location: a PostgreSQL URL kept as it is (a Path would fold its ``//``), else a path."""
+    from diag.triage.store import store_target
+
+    return store_target(db or os.environ.get(ENV_DB) or default_db_path())
+
+
+def _shown(target: Path | str) -> str:
+    """The store's location for a message: a URL without its password."""
+    from diag.triage.pg import redact
+
+    return redact(str(target))
 
 
 def default_db_path() -> Path:
@@ -161,6 +176,13 @@ def serve(
         str, typer.Option(help="Firing again within this long reopens; later opens a new incident (e.g. 24h, 7d).")
     ] = "24h",
     flap_window: Annotated[str, typer.Option(help="Window in which state changes are counted for flapping.")] = "1h",
+    claim_lease: Annotated[
+        str,
+        typer.Option(
+            help="With a postgresql:// store: how long a receiver's claim on a ticket action holds; a receiver that "
+            "dies mid-send has its actions taken over by the others this long after (longer than a tracker request)."
+        ),
+    ] = "60s",
     flap_threshold: Annotated[int, typer.Option(min=2, help="State changes within --flap-window that mark flapping.")] = 4,
     lookback: Annotated[str, typer.Option(help="Diagnose from startsAt minus this much, up to now.")] = "30m",
     max_body: Annotated[str, typer.Option(help="Largest webhook body accepted (413 above); 1KiB to 64MiB.")] = "1MiB",
@@ -223,11 +245,11 @@ def serve(
     if not is_loopback(config.host) and not config.token:
         _fail(f"--listen {listen}: not loopback; set ${token_env} so only Alertmanager (with the bearer token) can post")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
-    _prepare_store(Path(config.db), diagnose=config.source is not None)
+    _prepare_store(config.db, diagnose=config.source is not None)
     try:
         receiver = Receiver(config)
     except OSError as exc:
-        _fail(f"cannot start the receiver on {listen} with store {config.db}: {exc}")
+        _fail(f"cannot start the receiver on {listen} with store {_shown(config.db)}: {exc}")
         return
 
     def _term(signum: int, frame: Any) -> None:
@@ -237,7 +259,7 @@ def serve(
     diagnosis = f"diagnosis from {config.source.describe()}" if config.source else "diagnosis off (--no-diagnosis)"
     sinks = ", ".join(config.sinks) or "no ticket sinks"
     typer.echo(
-        f"diag triage: http://{config.host}:{receiver.port}/webhook (page /), store {config.db}, {diagnosis}, "
+        f"diag triage: http://{config.host}:{receiver.port}/webhook (page /), store {_shown(config.db)}, {diagnosis}, "
         f"{sinks}; pid {os.getpid()}",
         err=True,
     )
@@ -250,20 +272,24 @@ def serve(
     typer.echo("diag triage: stopped", err=True)
 
 
-def _prepare_store(path: Path, *, diagnose: bool) -> None:
-    """Open (create, migrate) the store before the receiver starts; a damaged one is moved aside (module docstring)."""
-    from diag.triage.store import StoreCorrupt, connect, move_aside, set_diagnosis, set_setting, transaction
+def _prepare_store(path: Path | str, *, diagnose: bool) -> None:
+    """Open (create, migrate) the store before the receiver starts; a damaged one is moved aside (module docstring).
+    A PostgreSQL store that cannot be reached is one line and exit 2 (the server checks its own integrity)."""
+    from diag.triage.store import StoreCorrupt, connect, is_shared, move_aside, set_diagnosis, set_setting, transaction
 
     try:
         try:
             db = connect(path)
-            problem = db.execute("PRAGMA quick_check(1)").fetchone()[0]
+            problem = "ok" if is_shared(db) else db.execute("PRAGMA quick_check(1)").fetchone()[0]
             if problem != "ok":
                 db.close()
                 raise StoreCorrupt(path, f"integrity check: {problem}")
         except StoreCorrupt as exc:
             if exc.foreign:
                 _fail(f"{exc}; refusing to touch another program's database: pass --db with the triage store's path")
+            if isinstance(path, str):
+                _fail(f"{exc}; pass --db with the triage store's URL")
+                return
             moved = move_aside(path)
             typer.secho(
                 f"diag triage: WARNING: {exc}; moved it aside to {moved} (kept for inspection) and started a new, empty "
@@ -279,7 +305,7 @@ def _prepare_store(path: Path, *, diagnose: bool) -> None:
         finally:
             db.close()
     except (OSError, sqlite3.Error) as exc:
-        _fail(f"cannot open the triage store {path}: {exc}")
+        _fail(f"cannot open the triage store {_shown(path)}: {exc}")
 
 
 def _serve_config(**opts: Any) -> Any:
@@ -323,6 +349,9 @@ def _serve_config(**opts: Any) -> Any:
         if opts["no_diagnosis"]:
             policy_args["ticket_hold_s"] = 0.0  # nothing to wait for
         lookback_s = _duration("--lookback", opts["lookback"], "30m, 1h or 90m")
+        claim_lease_s = _duration("--claim-lease", opts["claim_lease"], "60s, 2m or 30s")
+        if claim_lease_s < 1:
+            raise ValueError(f"--claim-lease {opts['claim_lease']}: at least 1s")
         max_body = _body_size(opts["max_body"])
         if (opts["header"] or opts["tenant"] is not None) and not opts["prometheus"]:
             raise ValueError("--header/--tenant apply only with --prometheus (they go with its queries)")
@@ -345,12 +374,14 @@ def _serve_config(**opts: Any) -> Any:
         sinks = _sinks(opts)
     except ValueError as exc:
         _fail(str(exc))
-    db = opts["db"] or default_db_path()
+    db = _target(opts["db"])
+    state = default_db_path().parent if isinstance(db, str) else db.parent  # bundles stay local beside a shared store
     return ReceiverConfig(  # type: ignore[no-any-return]
         host=host, port=port, db=db, policy=Policy(**policy_args, sinks=tuple(sinks)), source=source,
         token=os.environ.get(opts["token_env"], ""), max_body_bytes=max_body or payload.MAX_BODY_BYTES, sinks=sinks,
         bundle_on=opts["bundle_on"] if opts["bundle_on"] == "page" else None,
-        bundle_dir=opts["bundle_dir"] or Path(db).parent / "bundles", page_url=opts["page_url"], lookback_s=lookback_s,
+        bundle_dir=opts["bundle_dir"] or state / "bundles", page_url=opts["page_url"], lookback_s=lookback_s,
+        claim_lease_s=claim_lease_s,
     )  # fmt: skip
 
 
@@ -393,22 +424,21 @@ def _sinks(opts: dict[str, Any]) -> dict[str, Any]:
     return sinks
 
 
-def _open(db: Path | None) -> Any:
+def _open(path: Path | str) -> Any:
     """A reader's connection; a missing or unreadable store is one line and exit 2, and nothing is changed."""
     from diag.triage.store import StoreCorrupt, connect
 
-    path = db or default_db_path()
-    if not path.exists():
+    if isinstance(path, Path) and not path.exists():
         _fail(f"no triage store at {path}; start `diag triage serve` or pass --db")
     try:
         return connect(path)
     except StoreCorrupt as exc:
         _unreadable(path, exc)
     except sqlite3.Error as exc:
-        _fail(f"cannot read the triage store {path}: {exc}")
+        _fail(f"cannot read the triage store {_shown(path)}: {exc}")
 
 
-def _unreadable(path: Path, exc: sqlite3.Error) -> None:
+def _unreadable(path: Path | str, exc: sqlite3.Error) -> None:
     from diag.triage.store import StoreCorrupt
 
     if isinstance(exc, StoreCorrupt) and exc.foreign:
@@ -438,7 +468,7 @@ def list_cmd(
 
     if status is not None and status not in STATUSES:
         _fail(f"--status {status!r}: expected one of {', '.join(STATUSES)}")
-    path = db or default_db_path()
+    path = _target(db)
     try:
         rows = list_incidents(_open(path), status=status)
     except sqlite3.DatabaseError as exc:
@@ -477,7 +507,7 @@ def show_cmd(
     from diag.triage.outbox import diagnosis_text
     from diag.triage.store import get_incident
 
-    path = db or default_db_path()
+    path = _target(db)
     try:
         view = get_incident(_open(path), incident)
     except sqlite3.DatabaseError as exc:
@@ -528,7 +558,7 @@ def close_cmd(
     from diag.triage.lifecycle import Policy, close_by_person
     from diag.triage.store import transaction
 
-    path = db or default_db_path()
+    path = _target(db)
     conn = _open(path)
     try:
         with transaction(conn) as tx:
@@ -565,7 +595,7 @@ def retry_cmd(
     from diag.triage.outbox import retry_failed
     from diag.triage.store import get_incident
 
-    path = db or default_db_path()
+    path = _target(db)
     conn = _open(path)
     try:
         if get_incident(conn, incident) is None:

@@ -17,12 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
+from diag.gate.app_gate import before_load, graceful_termination, start_time
 from diag.gate.criteria import HostFacts, Verdict, judge, quantile
+from diag.gate.gates import Check, GateResult
 from diag.gate.host import HostSampler, host_facts
+from diag.gate.infra import check_infrastructure
 from diag.gate.load import StepLoad, make_client, run_step
 from diag.gate.neighbour import NeighbourOutcome, NeighbourRun, judge_neighbour, not_run, run_neighbour
 from diag.gate.on_fail import BundleOutcome, take_bundle
 from diag.gate.spec import GateSpec, Step
+from diag.gate.unit import OomdState, UnitInfo
 from diag.rules.engine import Analysis, analyze
 from diag.sources import load_recorder
 
@@ -123,6 +129,8 @@ class GateReport:
     started: float = field(default_factory=time.time)  # wall clock, before the host agent's first sample
     bundle: BundleOutcome | None = None  # the bundle taken at the first failed step (or why it is missing)
     neighbour: NeighbourOutcome | None = None  # the negative check, when the spec has one
+    gates: dict[str, GateResult] = field(default_factory=dict)  # infrastructure, application: before the steps
+    terminate_start: int | None = None  # start time of the process graceful_termination may signal, at the start
 
     @property
     def neighbour_held(self) -> bool:
@@ -131,8 +139,8 @@ class GateReport:
 
     @property
     def passed(self) -> bool:
-        complete = not self.interrupted and len(self.steps) == len(self.spec.steps)
-        return complete and all(s.passed for s in self.steps) and self.neighbour_held
+        steps = not self.interrupted and len(self.steps) == len(self.spec.steps) and all(s.passed for s in self.steps)
+        return steps and all(g.passed for g in self.gates.values()) and self.neighbour_held
 
     @property
     def exit_code(self) -> int:
@@ -147,6 +155,7 @@ class GateReport:
             "interrupted": self.interrupted,
             "exit_code": self.exit_code,
             "notes": self.notes,
+            "gates": {name: g.to_dict() for name, g in self.gates.items()},
             "bundle": self.bundle.path if self.bundle else None,
             "bundle_archive": self.bundle.archive if self.bundle else None,
             "steps": [s.to_dict() for s in self.steps],
@@ -166,6 +175,10 @@ class RunOptions:
     scrape: Sequence[str] = ()  # the backend's /metrics URLs the agent scrapes during the run
     interval_s: float = 1.0
     bundle_dir: Path | None = None  # where the first failed step's bundle goes; None: no bundle
+    unit: UnitInfo | None = None  # --unit: what systemd applied (its cgroup and MainPID are in cgroups/pids)
+    oomd: OomdState | None = None  # systemd-oomd's state, where it was asked
+    terminate_pid: int | None = None  # the one process graceful_termination may signal (--pid or the unit's MainPID)
+    transport: Any = None  # an httpx transport in place of the network (an in-process ASGI app); None: real HTTP
 
 
 def _diagnose(opts: RunOptions, sampler: HostSampler, load: StepLoad) -> tuple[HostFacts, Analysis | None, str]:
@@ -253,7 +266,16 @@ async def _run(spec: GateSpec, opts: RunOptions, sampler: HostSampler, report: G
             loop.add_signal_handler(sig, stop.set)
             handled.append(sig)
     try:
-        async with make_client(opts.target, spec) as client:
+        async with _client(opts, spec) as client:
+            if spec.application is not None:
+                app = await _unless_stopped(before_load(client, spec, spec.application, progress), stop)
+                if app is None:  # Ctrl-C during the application gate (a readiness deadline can be a minute)
+                    report.interrupted = True
+                    return
+                report.gates["application"] = app
+                if app.stopped:
+                    report.notes.append(f"application gate: {app.stopped}")
+                    return
             for i, step in enumerate(spec.steps):
                 progress(f"[{i + 1}/{len(spec.steps)}] {step.name}: {step.describe()}")
                 load, nb_run = await _step(client, spec, opts, step, i, stop, progress)
@@ -276,6 +298,7 @@ async def _run(spec: GateSpec, opts: RunOptions, sampler: HostSampler, report: G
                 if stop.is_set():
                     report.interrupted = True
                     break
+            await _terminate_last(client, spec, opts, report, progress)
     finally:
         for sig in handled:
             loop.remove_signal_handler(sig)
@@ -283,9 +306,59 @@ async def _run(spec: GateSpec, opts: RunOptions, sampler: HostSampler, report: G
             report.neighbour = not_run(spec.neighbour, f"the run stopped before step {spec.neighbour.during!r}")
 
 
+async def _unless_stopped(work: Any, stop: asyncio.Event) -> Any:
+    """``await work``, or None as soon as ``stop`` is set (the work is cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopper = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    stopper.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
+def _client(opts: RunOptions, spec: GateSpec) -> httpx.AsyncClient:
+    if opts.transport is None:
+        return make_client(opts.target, spec)
+    return httpx.AsyncClient(base_url=opts.target, transport=opts.transport, timeout=spec.request_timeout_s)
+
+
+async def _terminate_last(client: Any, spec: GateSpec, opts: RunOptions, report: GateReport, progress: Progress) -> None:
+    """graceful_termination, when the spec asks for it: after every step, since it ends the service."""
+    probe = spec.application.graceful_termination if spec.application is not None else None
+    app = report.gates.get("application")
+    if probe is None or app is None:
+        return
+    if report.interrupted or opts.terminate_pid is None:
+        why = "the run was interrupted" if report.interrupted else "no --pid or --unit to signal"
+        app.add(Check("graceful_termination", "NOT AVAILABLE", "not run", why))
+        return
+    pid = opts.terminate_pid
+    check = app.add(await graceful_termination(client, spec, probe, pid, report.terminate_start, progress))
+    progress(f"application: graceful_termination {check.state} ({check.value})")
+
+
+def _infrastructure(spec: GateSpec, opts: RunOptions, report: GateReport, progress: Progress) -> None:
+    gate = report.gates["infrastructure"] = check_infrastructure(spec.infrastructure, pids=opts.pids, cgroups=opts.cgroups,
+                                                                 unit=opts.unit, oomd=opts.oomd)  # fmt: skip
+    for c in gate.checks:
+        progress(f"infrastructure: {c.name} {c.state} ({c.value})")
+
+
 def run_gate(spec: GateSpec, opts: RunOptions, progress: Progress = lambda _line: None) -> GateReport:
-    """Every step of ``spec`` against ``opts.target``; a Ctrl-C ends the run early with the steps that ran."""
+    """The infrastructure gate, then the application gate and every step of ``spec`` against ``opts.target``
+    (graceful termination last); a Ctrl-C ends the run early with what ran.
+
+    A failed infrastructure gate does not stop the run: its checks are read-only facts about the host's
+    configuration, the load's figures are still the evidence a reviewer wants beside them, and the exit status
+    is 1 either way. A failed readiness check does stop it (diag.gate.app_gate says why)."""
     report = GateReport(spec, opts.target)
+    if opts.terminate_pid is not None:
+        report.terminate_start = start_time(opts.terminate_pid)  # the process graceful_termination may signal, by identity
+    _infrastructure(spec, opts, report, progress)
     sampler = HostSampler(opts.recorder, pids=opts.pids, cgroups=opts.cgroups, scrape=opts.scrape, interval_s=opts.interval_s)
     sampler.start()
     try:

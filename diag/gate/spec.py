@@ -20,6 +20,13 @@ The shape (a complete example is ``docs/gate-example.yaml``)::
         duration: 20s
         prompt_tokens: {uniform: [16, 64]}   # or a number, or {normal: {mean: 32, stddev: 8}}
         criteria: {e2e_p99_s: 2, ttft_p50_s: 0.5, oom_kills: 0, psi_memory_some_avg10: 10}
+    infrastructure: {require_cgroup_v2: false, require_psi: true, require_memory_max: true, forbid_swap: true}
+    application:                       # checked before the steps (graceful_termination: after them)
+      readiness: {path: /healthz, within: 60s}
+      short_request: {prompt_tokens: 8, output_tokens: 8, within: 10s}
+      long_prefill: {prompt_tokens: 2048, output_tokens: 1, within: 60s}
+      concurrency: {requests: 4, within: 30s}
+      graceful_termination: true       # needs --pid or --unit: SIGTERM with requests in flight
     neighbour:                         # the negative check: a bounded memory hog in a sibling cgroup during a step
       during: peak                     # the step it runs in (default: the last one)
       memory: 256MiB                   # what the hog touches; its group's hard limit is this plus a small slack
@@ -33,7 +40,7 @@ from __future__ import annotations
 import math
 import random
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +57,7 @@ MAX_TOKENS = 1_000_000
 MAX_IN_FLIGHT = 65_536
 QUANTILE_RE = re.compile(r"^(e2e|ttft|itl)_p(\d{1,2}(?:\.\d{1,3})?)_s$")
 TOP_KEYS = frozenset({"endpoint", "model", "stream", "request_timeout", "max_in_flight", "seed", "defaults", "steps", "version"})
+TOP_KEYS = TOP_KEYS | {"infrastructure", "application"}  # the gates before the load: see "the gates' sections"
 STEP_KEYS = frozenset({"name", "rate", "concurrency", "duration", "prompt_tokens", "output_tokens", "stream", "criteria"})
 DEFAULT_KEYS = STEP_KEYS - {"name", "rate", "concurrency", "duration"}
 SCALAR_CRITERIA = ("error_ratio", "oom_kills", "psi_memory_some_avg10", "drain_s")
@@ -149,6 +157,8 @@ class GateSpec:
     seed: int = 0
     source: str = "<spec>"
     neighbour: NeighbourSpec | None = None
+    infrastructure: InfraSpec = field(default_factory=lambda: InfraSpec())
+    application: AppSpec | None = None
 
     @property
     def total_s(self) -> float:
@@ -330,7 +340,7 @@ def parse_spec(data: Any, source: str = "<spec>") -> GateSpec:
     names: set[str] = set()
     steps = tuple(_step(i, raw, defaults, stream, names) for i, raw in enumerate(steps_raw))
     spec = GateSpec(endpoint, steps, model.strip() if model else None, timeout, in_flight, seed, source)
-    return _with_neighbour(spec, top)
+    return _with_neighbour(_with_gates(spec, top), top)
 
 
 def load_spec(path: str | Path) -> GateSpec:
@@ -347,6 +357,132 @@ def load_spec(path: str | Path) -> GateSpec:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise SpecError(f"{p}: not valid YAML{where} ({getattr(exc, 'problem', None) or exc})") from None
     return parse_spec(data, source=str(p))
+
+
+# --------------------------------------------------------------------------- the gates' sections
+# ``infrastructure:`` and ``application:``, checked before the steps (diag/gate/infra.py, diag/gate/app_gate.py).
+
+INFRA_REQUIREMENTS = ("require_cgroup_v2", "require_psi", "require_memory_max", "require_memory_accounting", "forbid_swap")
+APP_KEYS = frozenset({"readiness", "short_request", "long_prefill", "concurrency", "graceful_termination"})
+MAX_APP_REQUESTS = 256  # the concurrency check's and the termination's requests: a gate's probe, not a load step
+
+
+@dataclass(frozen=True)
+class InfraSpec:
+    """What the host must hold. Every requirement is off by default: the infrastructure gate then only reports
+    (a v1 host, no limit, swap on are WARNs); a requirement the host does not meet FAILs the gate."""
+
+    require_cgroup_v2: bool = False
+    require_psi: bool = False  # memory PSI readable (the group's own, or at least the host's)
+    require_memory_max: bool = False  # the target's group has an effective hard limit
+    require_memory_accounting: bool = False  # the memory controller accounts for the target's group
+    forbid_swap: bool = False  # the target's memory cannot go to swap (no swap, or a zero swap limit)
+
+    def required(self) -> list[str]:
+        return [k for k in INFRA_REQUIREMENTS if getattr(self, k)]
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """A GET of ``path`` on the target, polled until it answers 2xx, at most ``within_s``."""
+
+    path: str = "/health"
+    within_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class Probe:
+    """``requests`` simultaneous completions of these lengths, each to succeed within ``within_s``."""
+
+    prompt_tokens: int
+    output_tokens: int
+    within_s: float
+    requests: int = 1
+
+
+@dataclass(frozen=True)
+class AppSpec:
+    """The application gate: each check left out is not run."""
+
+    readiness: Readiness | None = None
+    short_request: Probe | None = None
+    long_prefill: Probe | None = None
+    concurrency: Probe | None = None
+    graceful_termination: Probe | None = None  # requests in flight at SIGTERM; within_s: the process's exit
+
+    def names(self) -> list[str]:
+        return [k for k in ("readiness", "short_request", "long_prefill", "concurrency", "graceful_termination")
+                if getattr(self, k) is not None]  # fmt: skip
+
+
+def _flag(path: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _bad(path, value, "expected true or false")
+    return value
+
+
+def _infrastructure(value: Any) -> InfraSpec:
+    if value is None:
+        return InfraSpec()
+    body = _mapping("infrastructure", value, frozenset(INFRA_REQUIREMENTS))
+    return InfraSpec(**{k: _flag(f"infrastructure.{k}", v) for k, v in body.items()})
+
+
+def _readiness(value: Any) -> Readiness:
+    path = "application.readiness"
+    if isinstance(value, str):
+        value = {"path": value}
+    body = _mapping(path, value, frozenset({"path", "within"}))
+    url_path = body.get("path", Readiness.path)
+    if not isinstance(url_path, str) or not url_path.startswith("/") or "://" in url_path or any(c.isspace() for c in url_path):
+        raise _bad(f"{path}.path", url_path, "expected a path on the target starting with '/', e.g. /health")
+    return Readiness(url_path, _seconds(f"{path}.within", body.get("within", Readiness.within_s), high=MAX_STEP_S))
+
+
+def _probe(path: str, value: Any, defaults: dict[str, float], *, need: tuple[str, ...] = ()) -> Probe | None:
+    """A request check: ``true`` takes ``defaults``, a mapping overrides them; ``false`` leaves the check out."""
+    if value is False:
+        return None
+    if value is True:
+        if need:
+            raise SpecError(f"{path}: give a mapping with {need[0]}, e.g. {{{need[0]}: {int(defaults.get(need[0], 4))}}}")
+        value = {}
+    body = _mapping(
+        path, value, frozenset({"prompt_tokens", "output_tokens", "within", "requests"} & (set(defaults) | set(need)))
+    )
+    for key in need:
+        if key not in body:
+            raise SpecError(f"{path}.{key}: missing; e.g. {key}: {int(defaults.get(key, 4))}")
+    merged = {**defaults, **body}
+    tokens = {k: int(_number(f"{path}.{k}", merged[k], low=1, high=MAX_TOKENS, integer=True))
+              for k in ("prompt_tokens", "output_tokens")}  # fmt: skip
+    requests = int(_number(f"{path}.requests", merged.get("requests", 1), low=1, high=MAX_APP_REQUESTS, integer=True))
+    return Probe(**tokens, within_s=_seconds(f"{path}.within", merged["within"], high=MAX_STEP_S), requests=requests)
+
+
+def _application(value: Any) -> AppSpec | None:
+    if value is None:
+        return None
+    body = _mapping("application", value, APP_KEYS)
+    p = "application."
+    return AppSpec(
+        readiness=_readiness(body["readiness"]) if "readiness" in body else None,
+        short_request=_probe(p + "short_request", body["short_request"], {"prompt_tokens": 8, "output_tokens": 8,
+                             "within": 30.0}) if "short_request" in body else None,
+        long_prefill=_probe(p + "long_prefill", body["long_prefill"], {"prompt_tokens": 2048, "output_tokens": 1,
+                            "within": 120.0}, need=("prompt_tokens",)) if "long_prefill" in body else None,
+        concurrency=_probe(p + "concurrency", body["concurrency"], {"prompt_tokens": 16, "output_tokens": 8,
+                           "within": 60.0, "requests": 4}, need=("requests",)) if "concurrency" in body else None,
+        graceful_termination=_probe(p + "graceful_termination", body["graceful_termination"], {"prompt_tokens": 8,
+                                    "output_tokens": 32, "within": 30.0, "requests": 2})
+        if "graceful_termination" in body else None,
+    )  # fmt: skip
+
+
+def _with_gates(spec: GateSpec, top: dict[str, Any]) -> GateSpec:
+    """The spec with its ``infrastructure:`` and ``application:`` sections read (both optional)."""
+    return replace(spec, infrastructure=_infrastructure(top.get("infrastructure")),
+                   application=_application(top.get("application")))  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the neighbour section

@@ -31,13 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from diag.triage import lifecycle
-from diag.triage.store import add_event, connect, transaction
+from diag.triage.store import add_event, connect, is_shared, store_target, transaction
 
 log = logging.getLogger(__name__)
 
 LOOKBACK_S = 30 * 60.0
 MAX_ATTEMPTS = 3
 RETRY_AFTER_S = 30.0
+ANALYSIS_TIMEOUT_S = 600.0  # a worker that has not answered by then is hung: recorded as a failed attempt
 DEFAULT_SELECTOR_LABELS = ("job", "instance")
 WORKER_NICE = 10
 
@@ -56,8 +57,20 @@ class Source:
         return f"{self.kind} {self.target}"
 
 
+MACHINE_LABEL = "host"
+
+
 def promql_selector(labels: dict[str, str], names: tuple[str, ...]) -> str:
-    """``job="llm",instance="10.0.0.5:8000"`` from the alert's labels (PromQL string escaping applied)."""
+    """``job="llm",instance="10.0.0.5:8000"`` from the alert's labels (PromQL string escaping applied): the alert's
+    own target rather than every target of the job.
+
+    An alert that carries a ``host`` label is diagnosed on that machine (``host="gpu-07"``) in place of the
+    ``job`` and ``instance`` asked for: the shipped scrape config gives every target of one machine -- the agent
+    on :9464, the engine on :8000, each its own job -- the same ``host``, and the rules need both (the host's
+    memory and the engine's queue), while a job and instance name only the one target that fired.
+    """
+    if labels.get(MACHINE_LABEL) and "instance" in names:
+        names = (MACHINE_LABEL, *(n for n in names if n not in ("job", "instance", MACHINE_LABEL)))
     parts = []
     for name in names:
         value = labels.get(name)
@@ -146,7 +159,7 @@ class DiagnosisWorker:
         bundle_on: str | None = None,
         bundle_dir: Path | None = None,
     ) -> None:
-        self.path = Path(path)
+        self.path = store_target(path)
         self.source = source
         self.policy = policy
         self.lookback_s = lookback_s
@@ -159,7 +172,15 @@ class DiagnosisWorker:
         )
         self._db = connect(self.path)
         with transaction(self._db) as db:  # a crash mid-analysis left some 'running': run them again
-            db.execute("UPDATE incidents SET diag_state = 'pending' WHERE diag_state = 'running'")
+            # (on a shared store only those whose claim lapsed: the others are another receiver's, still running)
+            if is_shared(db):
+                db.execute(
+                    "UPDATE incidents SET diag_state = 'pending' WHERE diag_state = 'running'"
+                    " AND COALESCE(diag_claimed_until, 0) <= ?",
+                    (time.time(),),
+                )
+            else:
+                db.execute("UPDATE incidents SET diag_state = 'pending' WHERE diag_state = 'running'")
         self._pool.submit(int, 0).result()  # start the worker now, not on the first incident
         self._thread = threading.Thread(target=self._run, name="triage-diagnosis", daemon=True)
         self._thread.start()
@@ -193,14 +214,20 @@ class DiagnosisWorker:
 
     def _claim(self) -> sqlite3.Row | None:
         with transaction(self._db) as db:
+            # under the store's write lock (SQLite's, or the writers' lock on PostgreSQL): one receiver claims an
+            # incident; a claim whose receiver died (kill -9) lapses after the analysis deadline and is taken over
+            now = time.time()
             row = db.execute(
-                "SELECT * FROM incidents WHERE diag_state = 'pending' AND COALESCE(diag_requested, 0) <= ?"
+                "SELECT * FROM incidents WHERE (diag_state = 'pending' OR (diag_state = 'running'"
+                " AND COALESCE(diag_claimed_until, 0) <= ?)) AND COALESCE(diag_requested, 0) <= ?"
                 " AND id NOT IN (SELECT absorbed FROM merges) ORDER BY diag_requested LIMIT 1",
-                (time.time(),),
+                (now, now),
             ).fetchone()
             if row is not None:
                 db.execute(
-                    "UPDATE incidents SET diag_state = 'running', diag_attempts = diag_attempts + 1 WHERE id = ?", (row["id"],)
+                    "UPDATE incidents SET diag_state = 'running', diag_attempts = diag_attempts + 1, diag_claimed_until = ?"
+                    " WHERE id = ?",
+                    (now + ANALYSIS_TIMEOUT_S + 60, row["id"]),
                 )
         return row
 
@@ -216,7 +243,7 @@ class DiagnosisWorker:
             run_analysis, self.source.kind, self.source.target, selector, since_s, now, labels, firing, dict(self.source.headers)
         )
         try:
-            doc = future.result(timeout=600)
+            doc = future.result(timeout=ANALYSIS_TIMEOUT_S)
         except Exception as exc:  # the worker process died or hung: record it, the next claim gets a fresh one
             doc = {"error": f"analysis failed: {type(exc).__name__}: {exc}"}
         bundle = self._bundle(inc) if "error" not in doc else None

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from diag.triage import lifecycle
 from diag.triage.payload import Notification
-from diag.triage.store import bump_stat, connect, transaction
+from diag.triage.store import bump_stat, connect, store_target, transaction
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class Ingestor:
         on_commit: Callable[[], None] | None = None,
         max_batch: int = MAX_BATCH,
     ) -> None:
-        self.path = Path(path)
+        self.path = store_target(path)
         self.policy = policy
         self.on_commit = on_commit
         self.max_batch = max_batch

@@ -42,7 +42,7 @@ from typing import Any
 
 from diag.triage.sinks import Notice, Sink, SinkError, Ticket
 from diag.triage.sinks.text import Block, Bullets, Doc, Item, code, from_plain, link, para, plain, strong, text
-from diag.triage.store import IncidentView, add_event, connect, get_incident, transaction
+from diag.triage.store import CLAIM_LEASE_S, IncidentView, add_event, claim_outbox, connect, get_incident, transaction
 
 log = logging.getLogger(__name__)
 
@@ -159,8 +159,9 @@ class Dispatcher:
 
     def __init__(
         self, path: str | Path, sinks: Mapping[str, Sink], *, page_url: str = "", base_backoff_s: float = BASE_BACKOFF_S,
-        start: bool = True,
+        start: bool = True, claim_lease_s: float = CLAIM_LEASE_S,
     ) -> None:  # fmt: skip
+        self.claim_lease_s = claim_lease_s
         self.sinks = dict(sinks)
         self.page_url = page_url
         self.base_backoff_s = base_backoff_s
@@ -200,9 +201,10 @@ class Dispatcher:
         marks = ", ".join("?" * len(names))
         return self._db.execute(
             "SELECT o.* FROM outbox o WHERE o.done_at IS NULL AND o.failed_at IS NULL AND o.next_at <= ?"
+            " AND (o.claimed_until IS NULL OR o.claimed_until <= ?)"
             f" AND o.sink IN ({marks}) AND o.id = (SELECT MIN(p.id) FROM outbox p WHERE p.incident_id = o.incident_id"
             " AND p.sink = o.sink AND p.done_at IS NULL AND p.failed_at IS NULL) ORDER BY o.id LIMIT ?",
-            (now, *names, BATCH),
+            (now, now, *names, BATCH),
         ).fetchall()
 
     def drain_once(self) -> int:
@@ -211,7 +213,13 @@ class Dispatcher:
         for row in rows:
             if self._stop.is_set():
                 break
-            self._send(row)
+            # another receiver on the same store may have taken it since: only the claimant sends, and from the
+            # row as it is now
+            if not claim_outbox(self._db, row["id"], time.time(), self.claim_lease_s):
+                continue
+            fresh = self._db.execute("SELECT * FROM outbox WHERE id = ?", (row["id"],)).fetchone()
+            if fresh is not None:
+                self._send(fresh)
         return len(rows)
 
     def _send(self, row: sqlite3.Row) -> None:
@@ -235,7 +243,7 @@ class Dispatcher:
                 log.error("triage: %s failed permanently, not retried: %s", what, exc)
             with transaction(self._db) as db:
                 db.execute(
-                    "UPDATE outbox SET attempts = attempts + 1, failed_at = ?, last_error = ? WHERE id = ?",
+                    "UPDATE outbox SET attempts = attempts + 1, failed_at = ?, last_error = ?, claimed_until = NULL WHERE id = ?",
                     (now, str(exc)[:500], row["id"]),
                 )
                 if not isinstance(exc, NoTicket):  # the create's own event already says later actions are not sent
@@ -247,7 +255,7 @@ class Dispatcher:
         log.warning("triage: %s failed (retry in %.0fs): %s", what, delay, exc)
         with transaction(self._db) as db:
             db.execute(
-                "UPDATE outbox SET attempts = attempts + 1, next_at = ?, last_error = ? WHERE id = ?",
+                "UPDATE outbox SET attempts = attempts + 1, next_at = ?, last_error = ?, claimed_until = NULL WHERE id = ?",
                 (now + delay, str(exc)[:500], row["id"]),
             )
 

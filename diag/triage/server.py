@@ -39,7 +39,7 @@ from diag.triage.diagnosis import DiagnosisWorker, Source
 from diag.triage.ingest import Ingestor, Rejected, Unavailable
 from diag.triage.outbox import Dispatcher
 from diag.triage.sinks import Sink
-from diag.triage.store import connect, get_incident, list_incidents, set_diagnosis
+from diag.triage.store import CLAIM_LEASE_S, connect, get_incident, list_incidents, set_diagnosis
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ HTML = "text/html; charset=utf-8"
 class ReceiverConfig:
     host: str = "127.0.0.1"
     port: int = 9095
-    db: Path = Path("triage.db")
+    db: Path | str = Path("triage.db")  # a SQLite file, or a postgresql:// URL (diag.triage.pg)
     policy: lifecycle.Policy = field(default_factory=lifecycle.Policy)
     source: Source | None = None
     token: str = ""
@@ -66,6 +66,7 @@ class ReceiverConfig:
     bundle_dir: Path | None = None
     page_url: str = ""
     lookback_s: float = 1800.0
+    claim_lease_s: float = CLAIM_LEASE_S  # a shared store only: how long a claim on a ticket action holds
     request_timeout_s: float = REQUEST_TIMEOUT_S
     idle_timeout_s: float = IDLE_TIMEOUT_S
 
@@ -112,7 +113,7 @@ class Receiver:
                 bundle_dir=config.bundle_dir,
             )  # fmt: skip
         if config.sinks:
-            self.dispatcher = Dispatcher(config.db, config.sinks, page_url=config.page_url)
+            self.dispatcher = Dispatcher(config.db, config.sinks, page_url=config.page_url, claim_lease_s=config.claim_lease_s)
         self.ingestor = Ingestor(config.db, config.policy, on_commit=self._committed)
         self.page_threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="triage-page")
         self._local = threading.local()

@@ -62,6 +62,7 @@ CREATE TABLE IF NOT EXISTS incidents (
     diag_error TEXT,
     diag_attempts INTEGER NOT NULL DEFAULT 0,
     bundle_path TEXT,
+    diag_claimed_until REAL,
     UNIQUE (key, generation)
 );
 CREATE INDEX IF NOT EXISTS incidents_diag ON incidents (diag_state);
@@ -97,7 +98,8 @@ CREATE TABLE IF NOT EXISTS outbox (
     done_at REAL,
     last_error TEXT,
     failed_at REAL,
-    sent_at REAL
+    sent_at REAL,
+    claimed_until REAL
 );
 CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (done_at, next_at);
 CREATE TABLE IF NOT EXISTS tickets (
@@ -123,6 +125,8 @@ CREATE TABLE IF NOT EXISTS settings (
     name TEXT PRIMARY KEY,
     value TEXT NOT NULL
 );
+"""
+SQLITE_TRIGGERS = """
 CREATE TRIGGER IF NOT EXISTS incidents_diagnosis_off_insert AFTER INSERT ON incidents
 WHEN NEW.diag_state = 'pending' AND (SELECT value FROM settings WHERE name = 'diagnosis') = 'off'
 BEGIN
@@ -134,8 +138,11 @@ BEGIN
     UPDATE incidents SET diag_state = 'off' WHERE id = NEW.id;
 END;
 """
-SCHEMA_VERSION = 3
-"""``diag_state = 'off'``: the receiver runs without diagnosis (``--no-diagnosis``). The triggers turn the
+SCHEMA_VERSION = 4
+"""Version 4: claims (``outbox.claimed_until``, ``incidents.diag_claimed_until``), so several receivers on one
+PostgreSQL store never send the same ticket action or run the same diagnosis twice.
+
+``diag_state = 'off'``: the receiver runs without diagnosis (``--no-diagnosis``). The triggers turn the
 'pending' that opening or reopening an incident asks for into 'off' while the ``diagnosis`` setting says so, in
 the same statement, so no reader ever sees an incident waiting for a diagnosis that will not come."""
 
@@ -230,9 +237,17 @@ def _v3_merges(db: sqlite3.Connection) -> None:
     """Incidents joined as one problem (``diag.triage.correlate``): a new table only, which SCHEMA creates."""
 
 
+def _v4_claims(db: sqlite3.Connection) -> None:
+    """Claims of work that outlasts a transaction (see ``claim_outbox``, ``claim_diagnosis``)."""
+    for table, name in (("outbox", "claimed_until"), ("incidents", "diag_claimed_until")):
+        if name not in _columns(db, table):
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {name} REAL")
+
+
 MIGRATIONS: tuple[tuple[int, Callable[[sqlite3.Connection], None]], ...] = (
     (2, _v2_outbox_failures_and_diagnosis_off),
     (3, _v3_merges),
+    (4, _v4_claims),
 )
 """(version, step): a store at version v gets every step above v, in order. A store without user_version but with
 the incidents table is version 1 (the schema before versions were counted)."""
@@ -261,7 +276,7 @@ def _ensure_schema(db: sqlite3.Connection, path: Path) -> None:
                 for step_version, step in MIGRATIONS:
                     if step_version > max(version, 1):
                         step(db)
-            for statement in _statements(SCHEMA):
+            for statement in _statements(SCHEMA + SQLITE_TRIGGERS):
                 db.execute(statement)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             problems = db.execute("PRAGMA foreign_key_check").fetchall()
@@ -273,11 +288,67 @@ def _ensure_schema(db: sqlite3.Connection, path: Path) -> None:
     db.execute("COMMIT")
 
 
+def store_target(value: str | Path) -> str | Path:
+    """``--db``'s value: a ``postgresql://`` URL as it is, anything else a SQLite file's path."""
+    from diag.triage.pg import is_url
+
+    return value if is_url(value) else Path(value)
+
+
+def is_shared(db: Any) -> bool:
+    """Whether other receivers may write the same store (PostgreSQL): claims then matter, and a receiver starting
+    must not take back work another one is doing."""
+    return getattr(db, "dialect", "sqlite") == "postgresql"
+
+
+def ensure_schema_pg(db: Any) -> None:
+    """The same schema on PostgreSQL, versioned in a ``schema_migrations`` table (PostgreSQL has no user_version).
+
+    A new store gets the newest schema; an older one the steps of ``MIGRATIONS`` above its version (a PostgreSQL
+    store starts at version 4, so the SQLite-only table rebuilds before it never run here; later steps are written
+    for both dialects). Under the writers' lock: receivers starting together create it once."""
+    from diag.triage.pg import TRIGGERS, redact, schema_ddl
+
+    with transaction(db):
+        tables = {r[0] for r in db.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")}
+        if tables and "incidents" not in tables:
+            listed = ", ".join(sorted(tables)[:5])
+            raise StoreCorrupt(redact(db.url), f"a PostgreSQL database of something else: tables {listed}", foreign=True)
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+        )
+        version = db.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()[0]
+        if version >= SCHEMA_VERSION:
+            return
+        if "incidents" in tables:
+            for step_version, step in MIGRATIONS:
+                if step_version > max(version, 4):
+                    step(db)
+        for statement in _statements(SCHEMA):
+            db.execute(schema_ddl(statement))
+        db.execute(TRIGGERS)
+        db.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)", (SCHEMA_VERSION, time.time()))
+
+
 def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
     """A connection with the store's settings; creates or migrates the schema unless ``readonly``.
 
+    ``path`` a ``postgresql://`` URL: the store on PostgreSQL (``diag.triage.pg``), with the same surface.
     Raises ``StoreCorrupt`` when the file is not a triage store (see the module docstring).
     """
+    from diag.triage import pg
+
+    if pg.is_url(path):
+        conn = pg.PgConnection(str(path), readonly=readonly)  # an unreachable server: OperationalError, one line
+        if not readonly:
+            try:
+                ensure_schema_pg(conn)
+            except BaseException:
+                conn.close()
+                raise
+        return conn  # type: ignore[return-value]
+    if str(path).startswith(("postgresql:/", "postgres:/")):  # a URL that went through Path(): never a file to create
+        raise ValueError(f"{path}: a PostgreSQL URL folded into a path (pass the URL as a string)")
     path = Path(path)
     _check_header(path)
     if readonly:
@@ -362,6 +433,27 @@ def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     db.execute("COMMIT")
 
 
+CLAIM_LEASE_S = 60.0
+"""How long a claim on an outbox action holds: longer than a sink's request deadline (10 s) with its lookup and
+retries, so a live claimant always finishes first; a receiver killed mid-send has its claims taken over this
+long after."""
+
+
+def claim_outbox(db: sqlite3.Connection, outbox_id: int, now: float, lease_s: float = CLAIM_LEASE_S) -> bool:
+    """Take an outbox action for this receiver; False when another one holds it (or it is done, failed). The row
+    is locked ``FOR UPDATE SKIP LOCKED``: two receivers claiming at once never wait on each other, and exactly one
+    wins. A SQLite store has one receiver, whose one dispatcher owns every action: nothing to claim (and no
+    write, so no fsync, per action; a restarted receiver carries on at once with what it was sending)."""
+    if not is_shared(db):
+        return True
+    cur = db.execute(
+        "UPDATE outbox SET claimed_until = ? WHERE id = (SELECT id FROM outbox WHERE id = ? AND done_at IS NULL"
+        " AND failed_at IS NULL AND (claimed_until IS NULL OR claimed_until <= ?) FOR UPDATE SKIP LOCKED)",
+        (now + lease_s, outbox_id, now),
+    )
+    return cur.rowcount == 1
+
+
 def add_event(db: sqlite3.Connection, incident_id: int, kind: str, text: str, ts: float | None = None) -> None:
     db.execute(
         "INSERT INTO events (incident_id, ts, kind, text) VALUES (?, ?, ?, ?)",
@@ -370,7 +462,9 @@ def add_event(db: sqlite3.Connection, incident_id: int, kind: str, text: str, ts
 
 
 def bump_stat(db: sqlite3.Connection, name: str, by: int = 1) -> None:
-    db.execute("INSERT INTO stats (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = value + ?", (name, by, by))
+    db.execute(
+        "INSERT INTO stats (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = stats.value + ?", (name, by, by)
+    )
 
 
 @dataclass

@@ -56,8 +56,8 @@ def test_diag_alerts_test_runs_every_generated_test(runs: dict[str, Run]) -> Non
     result = runs["cli"].result()
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     files = sorted(p.name for p in (DEFAULT_OUT / "tests").glob("*.test.yaml"))
-    assert files == ["causes.test.yaml", "slo-availability.test.yaml", "slo-e2e.test.yaml", "slo-queue-wait.test.yaml",
-                     "slo-ttft.test.yaml"]  # fmt: skip
+    assert files == ["causes.test.yaml", "fleet.test.yaml", "slo-availability.test.yaml", "slo-e2e.test.yaml",
+                     "slo-queue-wait.test.yaml", "slo-ttft.test.yaml"]  # fmt: skip
     assert result.stdout.count("SUCCESS") == len(files)
 
 

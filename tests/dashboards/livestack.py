@@ -27,6 +27,7 @@ from pathlib import Path
 
 import httpx
 
+from alerts.fleet_names import NAMES as FLEET_RULES
 from alerts.slo_names import DASHBOARD_NAMES as SLO_RULES
 from dashboards.definitions import all_dashboards
 from dashboards.promql import metric_names, series_known
@@ -56,7 +57,7 @@ def dashboard_families() -> set[str]:
 
 
 def live_producible(name: str, node_exporter: bool) -> bool:
-    if name in SLO_RULES or name == "up":
+    if name in SLO_RULES or name in FLEET_RULES or name == "up":
         return True
     if name.startswith("llmdiag_"):
         return not name.startswith(NO_HARDWARE_PREFIXES)

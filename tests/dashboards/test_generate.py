@@ -35,7 +35,7 @@ SCHEMAS = REPO / "tests" / "fixtures" / "external" / "grafana-jsonschema"
 DIAG = [sys.executable, "-m", "diag.cli"]
 FAMILY = series_known()  # series name (histogram parts too) -> family
 EXPECTED_UIDS = {"llmdiag-overview", "llmdiag-slo", "llmdiag-latency", "llmdiag-memory", "llmdiag-gpu",
-                 "llmdiag-batching-moe", "llmdiag-engine"}  # fmt: skip
+                 "llmdiag-batching-moe", "llmdiag-engine", "llmdiag-fleet"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -71,27 +71,31 @@ def schema_errors(board: dict[str, Any]) -> list[str]:
     return errors
 
 
-def test_the_set_is_the_seven_dashboards_with_stable_uids_and_the_tag(boards: dict[str, dict[str, Any]]) -> None:
+def test_the_set_is_the_eight_dashboards_with_stable_uids_and_the_tag(boards: dict[str, dict[str, Any]]) -> None:
     assert set(boards) == EXPECTED_UIDS
     titles = {b["title"] for b in boards.values()}
     assert titles == {"llm-diag / Overview", "llm-diag / SLOs", "llm-diag / Latency phases", "llm-diag / Memory & pressure",
-                      "llm-diag / GPU", "llm-diag / Batching & MoE", "llm-diag / Inference engine"}  # fmt: skip
+                      "llm-diag / GPU", "llm-diag / Batching & MoE", "llm-diag / Inference engine",
+                      "llm-diag / Fleet overview"}  # fmt: skip
     for b in boards.values():
         assert "llm-diag" in b["tags"] and b["editable"] is False and "__inputs" not in b
         (link,) = b["links"]
         assert link["type"] == "dashboards" and link["tags"] == ["llm-diag"] and link["keepTime"] and link["includeVars"]
         variables = {v["name"]: v for v in b["templating"]["list"]}
         slo = b["uid"] == "llmdiag-slo"
-        assert list(variables) == ["datasource", "job", "instance", *(["slo"] if slo else []), "model"]
         assert variables["datasource"]["type"] == "datasource" and "current" not in variables["datasource"]
         for name in set(variables) - {"datasource"}:
             assert variables[name]["multi"] and variables[name]["allValue"] == ".+"
-        model = variables["model"]["query"]
-        if slo:  # the SLO rules' own series: the recording rules already name vLLM's model_name `model`
-            assert model.startswith("label_values(llmdiag:slo_requests:increase5m{") and 'slo=~"$slo"' in model
-        else:  # scoped to request series of each family, never label_values(model)
-            assert "llmdiag_requests_total" in model and "vllm:num_requests_running" in model and '"model_name"' in model
-            assert variables["model"]["regex"] == '/model="([^"]+)"/'
+        if b["uid"] == "llmdiag-fleet":  # per host, no panel per model: a model variable would filter nothing
+            assert list(variables) == ["datasource", "job", "instance"]
+        else:
+            assert list(variables) == ["datasource", "job", "instance", *(["slo"] if slo else []), "model"]
+            model = variables["model"]["query"]
+            if slo:  # the SLO rules' own series: the recording rules already name vLLM's model_name `model`
+                assert model.startswith("label_values(llmdiag:slo_requests:increase5m{") and 'slo=~"$slo"' in model
+            else:  # scoped to request series of each family, never label_values(model)
+                assert "llmdiag_requests_total" in model and "vllm:num_requests_running" in model and '"model_name"' in model
+                assert variables["model"]["regex"] == '/model="([^"]+)"/'
         (oom,) = b["annotations"]["list"]
         assert "llmdiag_oom_kills_total" in oom["expr"] and "node_vmstat_oom_kill" in oom["expr"]
 

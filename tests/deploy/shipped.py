@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -24,10 +25,10 @@ DIAG_BIN = Path(sys.executable).with_name("diag")
 
 
 def unit_settings(text: str) -> dict[str, list[str]]:
-    """[Service] key -> every value it is given (systemd allows repeated keys)."""
+    """[Section]key -> every value it is given (systemd allows repeated keys; continuation lines are joined)."""
     out: dict[str, list[str]] = {}
     section = ""
-    for raw in text.splitlines():
+    for raw in re.sub(r"\\\n", " ", text).splitlines():
         line = raw.strip()
         if not line or line.startswith(("#", ";")):
             continue
@@ -37,6 +38,12 @@ def unit_settings(text: str) -> dict[str, list[str]]:
         key, _, value = line.partition("=")
         out.setdefault(f"{section}{key.strip()}", []).append(value.strip())
     return out
+
+
+def exec_start(unit: Path) -> list[str]:
+    """The unit's one ExecStart command line, split as systemd splits it (prefix characters removed)."""
+    (line,) = unit_settings(unit.read_text())["[Service]ExecStart"]
+    return shlex.split(line.lstrip("-@:+!"))
 
 
 def set_flag(argv: list[str], flag: str, value: str) -> list[str]:

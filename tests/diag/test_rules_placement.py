@@ -216,6 +216,23 @@ def test_host_pressure_the_service_does_not_share_is_a_neighbour() -> None:
     assert analyze(tl).primary == "noisy_neighbour"
 
 
+def test_a_few_seconds_of_host_stall_is_a_note_not_the_verdict() -> None:
+    """Another job stalls the host for 5 s of a minute while the service's group stays calm: named, never the incident.
+
+    A neighbour keeps taking memory; the same stall lasting 8 s is one.
+    """
+    rng = np.random.default_rng(11)
+    host = rng.uniform(0.0, 0.5, 60)
+    host[30:35] = [18.5, 29.9, 31.3, 33.7, 8.9]
+    brief = noisy_neighbour(build(_neighbour(host, rng.uniform(0, 0.4, 60))))
+    assert brief is not None and brief.confidence < 0.3
+    assert "at most 5 s at a time" in brief.summary
+    assert analyze(build(_neighbour(host, rng.uniform(0, 0.4, 60)))).primary == "healthy"
+    host[30:38] = 20.0
+    held = noisy_neighbour(build(_neighbour(host, rng.uniform(0, 0.4, 60))))
+    assert held is not None and held.confidence >= 0.65
+
+
 def test_host_memory_drained_by_someone_else() -> None:
     rng = np.random.default_rng(2)
     n = 60

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import re
-import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,36 +26,15 @@ from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 
+from tests.deploy.shipped import SCRAPE, TRIAGE_UNIT, UNIT, exec_start  # noqa: F401 (re-exported for the e2e test)
 from tests.paths import REPO
 
-DEPLOY = REPO / "collectors" / "deploy"
-AGENT_UNIT = DEPLOY / "llm-diag-agent.service"
-TRIAGE_UNIT = DEPLOY / "llm-diag-triage.service"
-SCRAPE_CONFIG = DEPLOY / "prometheus-scrape.yaml"
+AGENT_UNIT = UNIT
+SCRAPE_CONFIG = SCRAPE
 GENERATED_ALERTS = REPO / "alerts" / "generated"
 GENERATED_DASHBOARDS = REPO / "dashboards" / "generated"
 INSTALL_BIN = "/opt/llm-diag/bin/"
 ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
-
-
-def unit_directive(unit: Path, name: str) -> list[str]:
-    """Every value of ``name=`` in a unit file (continuation lines joined, comments skipped)."""
-    text = re.sub(r"\\\n", " ", unit.read_text())
-    out = []
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith(("#", ";")) or "=" not in stripped:
-            continue
-        key, _, value = stripped.partition("=")
-        if key.strip() == name:
-            out.append(value.strip())
-    return out
-
-
-def exec_start(unit: Path) -> list[str]:
-    """The unit's one ExecStart command line, split as systemd splits it (prefix characters removed)."""
-    (line,) = unit_directive(unit, "ExecStart")
-    return shlex.split(line.lstrip("-@:+!"))
 
 
 @dataclass

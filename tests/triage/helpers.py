@@ -77,13 +77,17 @@ def body(*alerts: dict[str, Any], group_key: str = '{}:{alertname="X"}') -> dict
 class ReceiverProcess:
     """``diag triage serve`` as a real subprocess on a free port; stopped (or kill -9'd) by PID."""
 
-    def __init__(self, db: Path, *args: str, env: dict[str, str] | None = None, port: int | None = None) -> None:
+    def __init__(
+        self, db: Path | str, *args: str, env: dict[str, str] | None = None, port: int | None = None,
+        log_dir: Path | None = None,
+    ) -> None:  # fmt: skip
+        """``db``: a SQLite file (the log goes beside it) or a postgresql:// URL (give ``log_dir``)."""
         self.db = db
         self.args = args
         self.env = {**os.environ, **(env or {})}
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
-        self.log = db.parent / f"receiver-{self.port}.log"
+        self.log = (log_dir or Path(db).parent) / f"receiver-{self.port}.log"
 
     @property
     def url(self) -> str:

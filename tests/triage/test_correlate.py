@@ -8,7 +8,6 @@ stored the way ``DiagnosisWorker._store`` stores it (class, then ``release_ticke
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -28,8 +27,8 @@ POLICY = lifecycle.Policy(hold_down_s=60, sinks=("github",), ticket_hold_s=120)
 
 
 @pytest.fixture
-def db(tmp_path: Path):
-    conn = connect(tmp_path / "t.db")
+def db(store_target):
+    conn = connect(store_target)
     yield conn
     conn.close()
 

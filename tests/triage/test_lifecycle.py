@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +15,8 @@ BASE = {"alertname": "ErrorBudgetBurnFast", "job": "llm-api", "instance": "10.0.
 
 
 @pytest.fixture
-def db(tmp_path: Path):
-    conn = connect(tmp_path / "t.db")
+def db(store_target):
+    conn = connect(store_target)
     yield conn
     conn.close()
 

@@ -9,7 +9,6 @@ itself cannot run here), which counts every create it receives.
 from __future__ import annotations
 
 import queue
-import random
 import sqlite3
 import threading
 import time
@@ -18,34 +17,10 @@ from collections import defaultdict
 import httpx
 import pytest
 
-from tests.triage.helpers import FakeTracker, ReceiverProcess, alert, body
+from tests.triage.helpers import FakeTracker, ReceiverProcess
+from tests.triage.loadplan import CONCURRENCY, GROUPS, TOTAL, plan
 
 pytestmark = pytest.mark.process
-
-GROUPS = 300
-TOTAL = 5000
-DUPLICATE_SHARE = 0.30
-CONCURRENCY = 32
-
-
-def plan(seed: int = 7) -> tuple[list[dict], dict[str, set[str]]]:
-    """Deliveries like Alertmanager's: each group's later notifications carry all its alerts so far."""
-    rng = random.Random(seed)
-    unique = int(TOTAL * (1 - DUPLICATE_SHARE))
-    per_group: dict[int, int] = defaultdict(int)
-    originals: list[dict] = []
-    expected: dict[str, set[str]] = defaultdict(set)
-    for i in range(unique):
-        g = i if i < GROUPS else rng.randrange(GROUPS)
-        per_group[g] += 1
-        labels = [{"alertname": "LoadTest", "job": "llm", "instance": f"node-{g}", "pod": f"p{k}"} for k in range(per_group[g])]
-        alerts = [alert(lab, starts=1_700_000_000.0 + g) for lab in labels]
-        originals.append(body(*alerts, group_key=f'{{}}:{{instance="node-{g}"}}'))
-        expected[f"node-{g}"] |= {a["fingerprint"] for a in alerts}
-    duplicates = [rng.choice(originals) for _ in range(TOTAL - unique)]
-    deliveries = originals + duplicates
-    rng.shuffle(deliveries)
-    return deliveries, expected
 
 
 @pytest.mark.slow

@@ -16,7 +16,13 @@ The modules, one job each:
 - ``client.py``: requests through the OpenAI-compatible API (``/v1/completions``, ``/v1/chat/completions``,
   streamed or not) and load drivers that time each request as the client sees it (``RequestTiming`` rows);
 - ``pagecache.py``: the model file dropped from the page cache, the running group's limit set from what
-  the server holds besides the file (the mmap thrashing scenario).
+  the server holds besides the file (the mmap thrashing scenario);
+- ``copies.py``: several servers with private copies started together in one group, and the limit that holds the
+  running copies but not one more (the fourth-copy OOM).
+
+The incidents as scenarios: ``diag demo --scenario engine-NAME`` (``diag/demo/scenarios/engine_scenarios.py``:
+queue, thrash, mlock, copies, fourth-copy, n-ctx, healthy; ``--param attachment=wrapped`` runs the server under
+``diag wrap`` where the scenario serves requests), and ``bench/accuracy.py --engine`` runs them all.
 
 Entry points: the live tests in ``tests/engine/`` (``pytest tests/engine``; root for the memory cgroups,
 and the ``engines`` extra: ``pip install -c constraints.txt '.[engines]'``, which ``make test`` installs).

@@ -7,8 +7,8 @@ on 127.0.0.1, cleans everything up by PID, and analyses the recorded window with
 
 Modules: ``cgroups`` (the groups and their cleanup), ``load`` (the load driver), ``recording``
 (the agent thread, scoping and fixture export), ``hog`` (the neighbour process), ``context`` (what a
-scenario function gets), ``registry`` (what a scenario is), ``library`` and ``config_scenarios`` (one
-function per scenario), ``replays`` (the recorded-only cases), ``runner`` (``run_scenario``).
+scenario function gets), ``registry`` (what a scenario is), ``library``, ``config_scenarios`` and ``engine_scenarios``
+(one function per scenario), ``replays`` (the recorded-only cases), ``runner`` (``run_scenario``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,17 @@ SCENARIO_NAMES: tuple[str, ...] = (
     "host-oom",
     "unsafe-config",
     "kv-saturation",
+)
+# The same incidents on llama.cpp (``engine_scenarios``): the ``engines`` extra, run by ``bench/accuracy.py --engine``
+# and the live tests in tests/engine/, apart from the reference backend's (their fixtures and suite).
+ENGINE_SCENARIO_NAMES: tuple[str, ...] = (
+    "engine-healthy",
+    "engine-queue",
+    "engine-thrash",
+    "engine-mlock",
+    "engine-copies",
+    "engine-fourth-copy",
+    "engine-n-ctx",
 )
 
 EXIT_NO_CGROUPS = 3  # the scenario needs memory cgroups this host cannot give

@@ -503,4 +503,4 @@ def kv_saturation(ctx: ScenarioContext, p: dict[str, Any]) -> None:
 
 
 # Scenarios kept in their own modules register on import.
-from diag.demo.scenarios import config_scenarios  # noqa: E402, F401
+from diag.demo.scenarios import config_scenarios, engine_scenarios  # noqa: E402, F401

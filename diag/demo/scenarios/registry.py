@@ -23,6 +23,8 @@ class Scenario:
     needs_cgroups: bool
     run: ScenarioFn
     defaults: dict[str, Any] = field(default_factory=dict)
+    # Refuses (ValueError) merged parameters, or a host, the scenario cannot run with -- before anything starts.
+    check: Callable[[str, dict[str, Any]], None] | None = None
 
     def params(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         merged = dict(self.defaults)
@@ -30,6 +32,8 @@ class Scenario:
             if key not in merged:
                 raise ValueError(f"scenario {self.name} has no parameter {key!r} (known: {', '.join(sorted(merged))})")
             merged[key] = type(merged[key])(value) if merged[key] is not None else value
+        if self.check is not None:
+            self.check(self.name, merged)
         return merged
 
 
@@ -37,10 +41,16 @@ SCENARIOS: dict[str, Scenario] = {}
 
 
 def scenario(
-    name: str, expected: str, summary: str, *, needs_cgroups: bool, **defaults: Any
+    name: str,
+    expected: str,
+    summary: str,
+    *,
+    needs_cgroups: bool,
+    check: Callable[[str, dict[str, Any]], None] | None = None,
+    **defaults: Any,
 ) -> Callable[[ScenarioFn], ScenarioFn]:
     def register(fn: ScenarioFn) -> ScenarioFn:
-        SCENARIOS[name] = Scenario(name, expected, summary, needs_cgroups, fn, defaults)
+        SCENARIOS[name] = Scenario(name, expected, summary, needs_cgroups, fn, defaults, check)
         return fn
 
     return register

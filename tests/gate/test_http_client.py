@@ -1,0 +1,191 @@
+"""The load generator's HTTP/1.1 client against a raw asyncio server on loopback that writes its answers byte by byte
+as each test needs them: every framing a server may choose (Content-Length, chunked, a body ended by the close),
+keep-alive reuse, a streamed body handed over as it arrives, and what a broken or refused exchange becomes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from diag.gate.http_client import ConnectError, HttpClient, RemoteProtocolError
+
+pytestmark = pytest.mark.process
+
+Handler = Callable[[bytes, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+class Server:
+    """Reads each request (head and Content-Length body) and lets ``handler`` write the answer; counts connections."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.port = 0
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(ln.split(b":")[1]) for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length"))
+                request = head + await reader.readexactly(length)
+                self.requests.append(request)
+                await self.handler(request, reader, writer)
+                if writer.is_closing():
+                    return
+        writer.close()
+
+
+@contextlib.asynccontextmanager
+async def serving(handler: Handler) -> AsyncIterator[Server]:
+    server = Server(handler)
+    srv = await asyncio.start_server(server._serve, "127.0.0.1", 0)
+    server.port = srv.sockets[0].getsockname()[1]
+    async with srv:
+        yield server
+
+
+def _json_answer(body: bytes, status: str = "200 OK") -> bytes:
+    return b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (status.encode(), len(body), body)
+
+
+async def _echo(request: bytes, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.write(_json_answer(request.split(b"\r\n\r\n", 1)[1]))
+    await writer.drain()
+
+
+def test_a_content_length_answer_and_keep_alive_reuse() -> None:
+    async def go() -> None:
+        async with serving(_echo) as server, HttpClient(f"http://127.0.0.1:{server.port}/base/", max_connections=4) as client:
+            first = await client.post("/v1/completions", b'{"a": 1}')
+            second = await client.post("/v1/completions", b'{"b": 22}')
+            assert (first.status, first.body, second.body) == (200, b'{"a": 1}', b'{"b": 22}')
+            assert server.connections == 1  # the second request went on the first one's connection
+            head = server.requests[0].split(b"\r\n\r\n")[0].split(b"\r\n")
+            assert head[0] == b"POST /base/v1/completions HTTP/1.1"
+            assert f"Host: 127.0.0.1:{server.port}".encode() in head and b"Content-Length: 8" in head
+
+    asyncio.run(go())
+
+
+def test_a_chunked_stream_is_handed_over_as_it_arrives_and_an_error_body_is_returned_whole() -> None:
+    async def go() -> None:
+        seen: list[bytes] = []
+        first_seen = asyncio.Event()
+
+        async def stream(request: bytes, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            if b"fail" in request:
+                writer.write(_json_answer(b'{"error": "busy"}', "429 Too Many Requests"))
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+            await writer.drain()
+            await asyncio.wait_for(first_seen.wait(), 10)  # the client must have it before the rest is even written
+            writer.write(b"6\r\nsecond\r\n0\r\n\r\n")
+
+        def on_chunk(data: bytes) -> None:
+            seen.append(data)
+            first_seen.set()
+
+        async with serving(stream) as server, HttpClient(f"http://127.0.0.1:{server.port}") as client:
+            resp = await client.post("/s", b"{}", on_chunk)
+            assert (resp.status, resp.body, b"".join(seen)) == (200, b"", b"firstsecond")
+            seen.clear()
+            busy = await client.post("/s", b'"fail"', on_chunk)
+            assert (busy.status, busy.body, seen) == (429, b'{"error": "busy"}', [])
+            assert server.connections == 1
+
+    asyncio.run(go())
+
+
+def test_a_body_ended_by_the_close_is_complete_and_its_connection_not_reused() -> None:
+    async def close_delimited(_q: bytes, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nall of it")
+        await writer.drain()
+        writer.close()
+
+    async def go() -> None:
+        async with serving(close_delimited) as server, HttpClient(f"http://127.0.0.1:{server.port}") as client:
+            assert (await client.post("/x", b"{}")).body == b"all of it"
+            assert (await client.post("/x", b"{}")).body == b"all of it"
+            assert server.connections == 2
+
+    asyncio.run(go())
+
+
+def test_broken_answers_and_a_refused_connection_are_named_errors() -> None:
+    async def cut(_q: bytes, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this")
+        await writer.drain()
+        writer.close()
+
+    async def garbage(_q: bytes, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+        await writer.drain()
+
+    async def go() -> None:
+        for handler, words in ((cut, "before the answer was complete"), (garbage, "not an HTTP/1.1 answer")):
+            async with serving(handler) as server, HttpClient(f"http://127.0.0.1:{server.port}") as client:
+                with pytest.raises(RemoteProtocolError, match=words):
+                    await client.post("/x", b"{}")
+        with socket.socket() as s:  # a port nothing listens on: bound, never listening
+            s.bind(("127.0.0.1", 0))
+            async with HttpClient(f"http://127.0.0.1:{s.getsockname()[1]}") as client:
+                with pytest.raises(ConnectError):
+                    await client.post("/x", b"{}")
+
+    asyncio.run(go())
+
+
+def test_a_cancelled_request_closes_its_connection_so_no_late_answer_is_read_as_the_next_one() -> None:
+    async def go() -> None:
+        release = asyncio.Event()
+
+        async def slow_then_echo(request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            if b"slow" in request:
+                await release.wait()
+                writer.write(_json_answer(b'"late"'))
+                return
+            await _echo(request, reader, writer)
+
+        async with serving(slow_then_echo) as server, HttpClient(f"http://127.0.0.1:{server.port}", max_connections=1) as client:
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.2):
+                    await client.post("/x", b'"slow"')
+            release.set()
+            assert (await client.post("/x", b'"next"')).body == b'"next"'
+            assert server.connections == 2
+
+    asyncio.run(go())
+
+
+def test_max_connections_holds_requests_until_a_connection_is_free() -> None:
+    async def go() -> None:
+        in_flight = 0
+        most = 0
+
+        async def counted(request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal in_flight, most
+            in_flight += 1
+            most = max(most, in_flight)
+            await asyncio.sleep(0)  # let the others' requests arrive if they could
+            in_flight -= 1
+            await _echo(request, reader, writer)
+
+        async with serving(counted) as server, HttpClient(f"http://127.0.0.1:{server.port}", max_connections=2) as client:
+            bodies = [b'{"i": %d}' % i for i in range(8)]
+            got = await asyncio.gather(*(client.post("/x", b) for b in bodies))
+            assert [r.body for r in got] == bodies
+            assert server.connections == 2 and most <= 2
+
+    asyncio.run(go())
+
+
+def test_a_url_that_is_not_http_is_refused_clearly() -> None:
+    for bad in ("ftp://127.0.0.1", "127.0.0.1:8000", "http://"):
+        with pytest.raises(ValueError, match="http:// or https://"):
+            HttpClient(bad)
