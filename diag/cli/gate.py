@@ -129,9 +129,13 @@ def gate(
     readiness stops the run before the load. `graceful_termination` (needs one --pid or --unit) runs last:
     SIGTERM with requests in flight, which must complete, and the process must exit in time.
 
-    Exit status: 0 both gates and every criterion of every step passed; 1 a check or criterion failed or the
-    run was interrupted; 2 bad input (an option, the spec, a unit systemctl cannot show, a target that does
-    not answer).
+    With a `neighbour:` section, a bounded memory hog runs in a sibling of the service's memory cgroup during
+    the step it names, and the gate judges whether the service's protection held; where that cannot run (no
+    root, no --pid/--cgroup, no memory hierarchy) it is NOT RUN with the reason, and the gate does not pass.
+
+    Exit status: 0 both gates and every criterion of every step passed; 1 a check or criterion failed, the
+    run was interrupted or the neighbour check was not run; 2 bad input (an option, the spec, a unit
+    systemctl cannot show, a target that does not answer).
 
     Example:\n
       diag gate --spec docs/gate-example.yaml --target http://127.0.0.1:8000 --cgroup /system.slice/llm.service

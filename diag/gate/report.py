@@ -71,6 +71,7 @@ def render(report: GateReport) -> str:
         if s.load.interrupted:
             lines.append(f"{s.step.name}: interrupted before its end")
         lines.append(f"{s.step.name}: diagnosis -- {s.diagnosis()}")
+    lines += _neighbour(report)
     if report.bundle is not None and report.bundle.path is not None:
         archive = f" (archive {report.bundle.archive})" if report.bundle.archive else ""
         lines.append(f"bundle: {report.bundle.path}{archive}")
@@ -79,12 +80,35 @@ def render(report: GateReport) -> str:
     lines.append("")
     if report.passed:
         gates = f"; {' and '.join(report.gates)} gate{'s' if len(report.gates) > 1 else ''} passed" if report.gates else ""
-        lines.append(f"GATE PASSED: {len(report.steps)} steps, every criterion met{gates}")
+        held = ", the neighbour held" if report.neighbour is not None else ""
+        lines.append(f"GATE PASSED: {len(report.steps)} steps, every criterion met{gates}{held}")
     elif report.interrupted:
         lines.append(f"GATE NOT PASSED: interrupted after {len(report.steps)} of {len(report.spec.steps)} steps")
     else:
         bad = failed_gates(report) + [s.step.name for s in report.steps if not s.passed]
         if len(report.steps) < len(report.spec.steps):
             bad.append(f"{len(report.spec.steps) - len(report.steps)} steps not run")
-        lines.append(f"GATE FAILED: {', '.join(bad)}")
+        if report.neighbour is not None and report.neighbour.state == "FAIL":
+            bad.append(f"neighbour (during {report.neighbour.during})")
+        if bad:
+            lines.append(f"GATE FAILED: {', '.join(bad)}")
+        else:  # every step and gate passed; the negative check was asked for and not made
+            lines.append(
+                f"GATE NOT PASSED: the neighbour check was NOT RUN ({report.neighbour.reason if report.neighbour else '?'})"
+            )
     return "\n".join(lines)
+
+
+def _neighbour(report: GateReport) -> list[str]:
+    """The negative check: its state, each criterion, the evidence, the diagnosis of the hold's window."""
+    nb = report.neighbour
+    if nb is None:
+        return []
+    lines = ["", f"neighbour (during {nb.during}): {nb.state}" + (f" -- {nb.reason}" if nb.reason else "")]
+    for v in nb.verdicts:
+        note = f" ({v.note})" if v.note else ""
+        lines.append(f"  {'PASS' if v.passed else 'FAIL'} {v.criterion} {v.measured}, limit {v.limit}{note}")
+    lines += [f"  {e}" for e in nb.evidence]
+    if nb.diagnosis:
+        lines.append(f"neighbour: diagnosis -- {nb.diagnosis}")
+    return lines

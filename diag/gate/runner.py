@@ -27,6 +27,7 @@ from diag.gate.http_client import HttpClient
 from diag.gate.infra import check_infrastructure
 from diag.gate.inprocess import HttpxClient
 from diag.gate.load import StepLoad, make_client, run_step
+from diag.gate.neighbour import NeighbourOutcome, NeighbourRun, judge_neighbour, not_run, run_neighbour
 from diag.gate.on_fail import BundleOutcome, take_bundle
 from diag.gate.spec import GateSpec, Step
 from diag.gate.unit import OomdState, UnitInfo
@@ -129,13 +130,19 @@ class GateReport:
     notes: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.time)  # wall clock, before the host agent's first sample
     bundle: BundleOutcome | None = None  # the bundle taken at the first failed step (or why it is missing)
+    neighbour: NeighbourOutcome | None = None  # the negative check, when the spec has one
     gates: dict[str, GateResult] = field(default_factory=dict)  # infrastructure, application: before the steps
     terminate_start: int | None = None  # start time of the process graceful_termination may signal, at the start
 
     @property
+    def neighbour_held(self) -> bool:
+        """No negative check asked for, or it ran and passed (NOT RUN never counts as held)."""
+        return self.spec.neighbour is None or (self.neighbour is not None and self.neighbour.passed)
+
+    @property
     def passed(self) -> bool:
         steps = not self.interrupted and len(self.steps) == len(self.spec.steps) and all(s.passed for s in self.steps)
-        return steps and all(g.passed for g in self.gates.values())
+        return steps and all(g.passed for g in self.gates.values()) and self.neighbour_held
 
     @property
     def exit_code(self) -> int:
@@ -155,6 +162,7 @@ class GateReport:
             "bundle_archive": self.bundle.archive if self.bundle else None,
             "steps": [s.to_dict() for s in self.steps],
             "not_run": [s.name for s in self.spec.steps[len(self.steps) :]],
+            "neighbour": self.neighbour.to_dict() if self.neighbour else None,
         }
 
 
@@ -177,7 +185,12 @@ class RunOptions:
 
 def _diagnose(opts: RunOptions, sampler: HostSampler, load: StepLoad) -> tuple[HostFacts, Analysis | None, str]:
     """The host's facts and the rules' verdict over the step's window (the sample after its end included)."""
-    start, end = load.wall0, load.wall(load.end)
+    return _diagnose_window(opts, sampler, load.wall0, load.wall(load.end))
+
+
+def _diagnose_window(opts: RunOptions, sampler: HostSampler, start: float, end: float,
+                     cgroups: Sequence[str] | None = None) -> tuple[HostFacts, Analysis | None, str]:  # fmt: skip
+    """The host's facts (OOM kills in ``cgroups``, default the watched ones) and the rules' verdict over [start, end]."""
     sampler.sampled_after(end, timeout_s=3 * opts.interval_s + 2.0)
     until = max(end, sampler.last_sample_ts) + 0.001
     try:
@@ -185,7 +198,8 @@ def _diagnose(opts: RunOptions, sampler: HostSampler, load: StepLoad) -> tuple[H
     except Exception as exc:  # a step is still judged on the client's side without the host's
         empty = HostFacts(None, "host", None, oom_unreadable_why=f"recorder unreadable: {exc}")
         return empty, None, f"recorder unreadable: {exc}"
-    facts = host_facts(tl, start, until, cgroups=opts.cgroups, pids=opts.pids, kmsg_error=sampler.kmsg_error)
+    groups = opts.cgroups if cgroups is None else cgroups
+    facts = host_facts(tl, start, until, cgroups=groups, pids=opts.pids, kmsg_error=sampler.kmsg_error)
     try:
         return facts, analyze(tl), ""
     except Exception as exc:  # the verdicts stand without a diagnosis; say why there is none
@@ -216,13 +230,43 @@ def _summary(load: StepLoad) -> str:
     return f"sent {len(load.results)}, ok {ok}, dropped {load.dropped}{p99}{lag}"
 
 
+def _neighbour(opts: RunOptions, sampler: HostSampler, run: NeighbourRun, rep: StepReport,
+               progress: Progress) -> NeighbourOutcome:  # fmt: skip
+    """The negative check judged, with the OOM kills in the service over the hold and the rules' diagnosis of the
+    step it ran in (the step's window holds the before and the during: the contrast the rules read)."""
+    out = judge_neighbour(run, rep.load, None)
+    if out.window is not None and run.target is not None:
+        groups = (run.target.path, *opts.cgroups)
+        facts, _, _ = _diagnose_window(opts, sampler, out.window[0], out.window[1], groups)
+        out = judge_neighbour(run, rep.load, facts.oom_kills)
+        out.primary = rep.analysis.primary if rep.analysis else None
+        out.diagnosis = rep.diagnosis()
+    line = f"neighbour ({out.during}): {out.state}"
+    progress(f"{line} ({out.reason})" if out.reason else f"{line} ({out.diagnosis})")
+    return out
+
+
+async def _step(client: Any, spec: GateSpec, opts: RunOptions, step: Step, i: int, stop: asyncio.Event,
+                progress: Progress) -> tuple[StepLoad, NeighbourRun | None]:  # fmt: skip
+    """The step's load; the neighbour beside it when the spec puts it in this step."""
+    nb = spec.neighbour
+    if nb is None or nb.during != step.name:
+        return await run_step(client, spec, step, i, stop), None
+    progress(f"[{i + 1}/{len(spec.steps)}] {step.name}: a {nb.memory_bytes >> 20} MiB neighbour from {nb.start_after_s:g} s "
+             f"for {nb.hold_s:g} s")  # fmt: skip
+    neighbour = run_neighbour(nb, tuple(opts.pids), tuple(opts.cgroups), stop)
+    load, run = await asyncio.gather(run_step(client, spec, step, i, stop), neighbour)
+    return load, run
+
+
 async def _run(spec: GateSpec, opts: RunOptions, sampler: HostSampler, report: GateReport, progress: Progress) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    handled = False
-    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread: no handler
-        loop.add_signal_handler(signal.SIGINT, stop.set)
-        handled = True
+    handled: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):  # a kill stops the load too: the neighbour's group is always removed
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread: no handler
+            loop.add_signal_handler(sig, stop.set)
+            handled.append(sig)
     try:
         async with _client(opts, spec) as client:
             if spec.application is not None:
@@ -236,7 +280,7 @@ async def _run(spec: GateSpec, opts: RunOptions, sampler: HostSampler, report: G
                     return
             for i, step in enumerate(spec.steps):
                 progress(f"[{i + 1}/{len(spec.steps)}] {step.name}: {step.describe()}")
-                load = await run_step(client, spec, step, i, stop)
+                load, nb_run = await _step(client, spec, opts, step, i, stop, progress)
                 facts, analysis, why = _diagnose(opts, sampler, load)
                 rep = StepReport(step, load, judge(load, step.criteria, facts), facts, analysis, why)
                 report.steps.append(rep)
@@ -248,6 +292,9 @@ async def _run(spec: GateSpec, opts: RunOptions, sampler: HostSampler, report: G
                     )
                 state = "INTERRUPTED" if load.interrupted else ("PASS" if rep.passed else "FAIL")
                 progress(f"[{i + 1}/{len(spec.steps)}] {step.name}: {state} ({_summary(load)}; {rep.diagnosis()})")
+                if nb_run is not None:
+                    report.neighbour = _neighbour(opts, sampler, nb_run, rep, progress)
+                    state = "FAIL" if report.neighbour.state == "FAIL" else state
                 if state == "FAIL" and report.bundle is None and opts.bundle_dir is not None and not stop.is_set():
                     await _bundle(opts, report, step.name, stop, progress)
                 if stop.is_set():
@@ -255,8 +302,10 @@ async def _run(spec: GateSpec, opts: RunOptions, sampler: HostSampler, report: G
                     break
             await _terminate_last(client, spec, opts, report, progress)
     finally:
-        if handled:
-            loop.remove_signal_handler(signal.SIGINT)
+        for sig in handled:
+            loop.remove_signal_handler(sig)
+        if spec.neighbour is not None and report.neighbour is None:
+            report.neighbour = not_run(spec.neighbour, f"the run stopped before step {spec.neighbour.during!r}")
 
 
 async def _unless_stopped(work: Any, stop: asyncio.Event) -> Any:

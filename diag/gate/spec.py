@@ -27,6 +27,12 @@ The shape (a complete example is ``docs/gate-example.yaml``)::
       long_prefill: {prompt_tokens: 2048, output_tokens: 1, within: 60s}
       concurrency: {requests: 4, within: 30s}
       graceful_termination: true       # needs --pid or --unit: SIGTERM with requests in flight
+    neighbour:                         # the negative check: a bounded memory hog in a sibling cgroup during a step
+      during: peak                     # the step it runs in (default: the last one)
+      memory: 256MiB                   # what the hog touches; its group's hard limit is this plus a small slack
+      start_after: 4s                  # into the step: the requests before it are the "before" (default: a third)
+      hold: 6s                         # how long it holds its memory (default: to the step's end)
+      criteria: {max_target_reclaimed_ratio: 0.1, e2e_p99_s: 2, max_latency_ratio: 2, oom_kills: 0}
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from typing import Any
 
 import yaml
 
-from diag.units import parse_duration
+from diag.units import parse_duration, parse_size
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 MAX_STEPS = 32
@@ -55,6 +61,7 @@ TOP_KEYS = TOP_KEYS | {"infrastructure", "application"}  # the gates before the 
 STEP_KEYS = frozenset({"name", "rate", "concurrency", "duration", "prompt_tokens", "output_tokens", "stream", "criteria"})
 DEFAULT_KEYS = STEP_KEYS - {"name", "rate", "concurrency", "duration"}
 SCALAR_CRITERIA = ("error_ratio", "oom_kills", "psi_memory_some_avg10", "drain_s")
+TOP_KEYS = TOP_KEYS | {"neighbour"}  # the negative check: see "the neighbour section" below
 
 
 class SpecError(ValueError):
@@ -149,6 +156,7 @@ class GateSpec:
     max_in_flight: int = 1024
     seed: int = 0
     source: str = "<spec>"
+    neighbour: NeighbourSpec | None = None
     infrastructure: InfraSpec = field(default_factory=lambda: InfraSpec())
     application: AppSpec | None = None
 
@@ -332,7 +340,7 @@ def parse_spec(data: Any, source: str = "<spec>") -> GateSpec:
     names: set[str] = set()
     steps = tuple(_step(i, raw, defaults, stream, names) for i, raw in enumerate(steps_raw))
     spec = GateSpec(endpoint, steps, model.strip() if model else None, timeout, in_flight, seed, source)
-    return _with_gates(spec, top)
+    return _with_neighbour(_with_gates(spec, top), top)
 
 
 def load_spec(path: str | Path) -> GateSpec:
@@ -475,3 +483,118 @@ def _with_gates(spec: GateSpec, top: dict[str, Any]) -> GateSpec:
     """The spec with its ``infrastructure:`` and ``application:`` sections read (both optional)."""
     return replace(spec, infrastructure=_infrastructure(top.get("infrastructure")),
                    application=_application(top.get("application")))  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the neighbour section
+# ``neighbour:``: a bounded memory hog in a sibling cgroup of the service's during one step (diag/gate/neighbour.py).
+
+NEIGHBOUR_KEYS = frozenset({"during", "memory", "start_after", "hold", "criteria"})
+NEIGHBOUR_CRITERIA = ("max_target_reclaimed_ratio", "max_latency_ratio", "error_ratio", "oom_kills")
+MIN_NEIGHBOUR_BYTES = 1 << 20
+MAX_NEIGHBOUR_BYTES = 4 << 30  # a neighbour that needs more is a capacity test, not a gate's probe
+MIN_HOLD_S = 1.0  # the target's memory is sampled a few times a second: less shows nothing
+
+
+@dataclass(frozen=True)
+class NeighbourCriteria:
+    """What the service must hold while the neighbour holds its memory; a criterion left out is not judged.
+
+    ``max_target_reclaimed_ratio``: the share of the service's resident memory the kernel took back during the
+    hold; ``max_latency_ratio``: e2e p99 during the hold over p99 before it (same step, same load); the latency
+    quantiles and ``error_ratio`` count the requests scheduled during the hold; ``oom_kills`` in the service."""
+
+    quantiles: tuple[Quantile, ...] = ()
+    max_target_reclaimed_ratio: float | None = None
+    max_latency_ratio: float | None = None
+    error_ratio: float | None = None
+    oom_kills: int | None = None
+
+    def names(self) -> list[str]:
+        return [q.key for q in self.quantiles] + [k for k in NEIGHBOUR_CRITERIA if getattr(self, k) is not None]
+
+
+@dataclass(frozen=True)
+class NeighbourSpec:
+    """A hog touching ``memory_bytes`` in a sibling cgroup of the service's, from ``start_after_s`` into step
+    ``during`` for ``hold_s``, while that step's load runs."""
+
+    during: str
+    memory_bytes: int
+    start_after_s: float
+    hold_s: float
+    criteria: NeighbourCriteria
+
+
+def _neighbour_criteria(path: str, value: Any) -> NeighbourCriteria:
+    if value is None:
+        return NeighbourCriteria()
+    if not isinstance(value, dict):
+        raise _bad(path, value, "expected a mapping of criteria")
+    quantiles: list[Quantile] = []
+    out: dict[str, Any] = {}
+    for key, limit in value.items():
+        where = f"{path}.{key}"
+        match = QUANTILE_RE.match(str(key))
+        if match and match.group(1) == "e2e":
+            q = float(match.group(2)) / 100.0
+            if not 0.0 < q < 1.0:
+                raise SpecError(f"{where}: the quantile must be between p0 and p100 (exclusive), e.g. e2e_p99_s")
+            quantiles.append(Quantile("e2e", q, _seconds(where, limit, high=MAX_STEP_S)))
+        elif key in ("max_target_reclaimed_ratio", "error_ratio"):
+            out[key] = _number(where, limit, low=0.0, high=1.0)
+        elif key == "max_latency_ratio":
+            out[key] = _number(where, limit, low=1.0, high=1000.0)
+        elif key == "oom_kills":
+            out[key] = int(_number(where, limit, low=0, high=1_000_000, integer=True))
+        else:
+            raise SpecError(f"{where}: unknown criterion; accepted: e2e_pNN_s (e.g. e2e_p99_s), {', '.join(NEIGHBOUR_CRITERIA)}")
+    return NeighbourCriteria(quantiles=tuple(quantiles), **out)
+
+
+def _neighbour_memory(path: str, value: Any) -> int:
+    if isinstance(value, str):
+        try:
+            size = parse_size(value)
+        except ValueError:
+            raise _bad(path, value, "expected a size, e.g. 256MiB or 1GiB") from None
+    else:
+        size = int(_number(path, value, low=MIN_NEIGHBOUR_BYTES, high=MAX_NEIGHBOUR_BYTES, integer=True))
+    if not MIN_NEIGHBOUR_BYTES <= size <= MAX_NEIGHBOUR_BYTES:
+        raise _bad(path, value, f"expected between 1MiB and {MAX_NEIGHBOUR_BYTES >> 30}GiB")
+    return size
+
+
+def parse_neighbour(value: Any, steps: tuple[Step, ...]) -> NeighbourSpec:
+    """The ``neighbour:`` section against the steps it refers to; ``SpecError`` names the first bad field."""
+    body = _mapping("neighbour", value, NEIGHBOUR_KEYS)
+    if "memory" not in body:
+        raise SpecError("neighbour.memory: missing; the size the hog touches, e.g. memory: 256MiB")
+    during = body.get("during", steps[-1].name)
+    by_name = {s.name: s for s in steps}
+    if during not in by_name:
+        raise _bad("neighbour.during", during, f"expected the name of a step: {', '.join(by_name)}")
+    step = by_name[during]
+    start = _seconds("neighbour.start_after", body["start_after"], high=MAX_STEP_S) if "start_after" in body \
+        else step.duration_s / 3  # fmt: skip
+    if start >= step.duration_s:
+        raise SpecError(f"neighbour.start_after: {start:g} s is not within step {during!r} ({step.duration_s:g} s)")
+    hold = _seconds("neighbour.hold", body["hold"], high=MAX_STEP_S) if "hold" in body else step.duration_s - start
+    if hold < MIN_HOLD_S:
+        raise _bad("neighbour.hold", body.get("hold", hold), f"expected at least {MIN_HOLD_S:g} s")
+    if start + hold > step.duration_s + 1e-9:
+        raise SpecError(
+            f"neighbour: start_after {start:g} s + hold {hold:g} s ends after step {during!r} ({step.duration_s:g} s); "
+            "the neighbour runs while that step's load does"
+        )
+    criteria = _neighbour_criteria("neighbour.criteria", body.get("criteria"))
+    if not criteria.names():
+        raise SpecError("neighbour.criteria: missing; e.g. {max_target_reclaimed_ratio: 0.1, e2e_p99_s: 2, oom_kills: 0}")
+    if criteria.max_latency_ratio is not None and start <= 0:
+        raise SpecError("neighbour.criteria.max_latency_ratio: needs start_after > 0 (the requests before are the baseline)")
+    return NeighbourSpec(during, _neighbour_memory("neighbour.memory", body["memory"]), start, hold, criteria)
+
+
+def _with_neighbour(spec: GateSpec, top: dict[str, Any]) -> GateSpec:
+    if top.get("neighbour") is None:
+        return spec
+    return replace(spec, neighbour=parse_neighbour(top["neighbour"], spec.steps))

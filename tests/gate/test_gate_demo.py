@@ -16,11 +16,7 @@ fail a PSI criterion; the tests say so when it happens.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,46 +24,22 @@ import pytest
 import yaml
 
 from diag.demo.harness import DemoServer, start_demo
-from diag.demo.scenarios.cgroups import MemoryGroup, ScenarioCgroups, unavailable_reason
+from diag.demo.scenarios.cgroups import MemoryGroup
+from tests.gate.demo_gate import ONE_SLOT, SERVER_NICE
+from tests.gate.demo_gate import gate as _gate
+from tests.gate.demo_gate import own_group as _own_group
 from tests.paths import REPO
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 EXAMPLE = REPO / "docs" / "gate-example.yaml"
 
 
-# One slot, a backlog that waits (never 429), and each model step paced to at least 5 ms: the slot's service rate
-# then has a ceiling no host exceeds, so the planned overload is one on an idle host as on a busy one. (Calibrating
-# the rate from a few requests timed first failed when the host was busy during them and quiet during the peak.)
-STEP_FLOOR_MS = 5
-ONE_SLOT = ["--max-concurrency", "1", "--queue-size", "4096", "--queue-timeout", "120", "--min-step-ms", str(STEP_FLOOR_MS)]
 PSI = "psi_memory_some_avg10"
 PEAK_OUTPUT = 64  # tokens: 65 paced steps (prefill + 64 decodes), at least 0.325 s a request, at most ~3.1 per second
 PEAK_RATE = 8.0  # requests/s: at least 2.6x the slot's ceiling; a slower host only makes the overload larger
 
 
 Served = tuple[DemoServer, Path, MemoryGroup | None]  # the server, its recorder, its own cgroup if any
-Gated = tuple[subprocess.CompletedProcess[str], dict]  # the gate's process and its JSON
-# Where we may (root), the server and the gate's load generator run at a scheduler preference over the rest of the
-# suite: the example's peak is sized for the slot's speed, and on two cores shared with other tests' processes the
-# slot's steps (the CPU's part above the floor) and the generator's schedule otherwise slip enough to fail its p99.
-ROOT = os.geteuid() == 0
-SERVER_NICE = -15 if ROOT else 0  # its one inference thread: nearly a core's worth whatever else runs
-GATE_NICE = ["nice", "-n", "-10"] if ROOT else []
-SERVICE_GROUP_LIMIT = 1 << 30  # far above the server's ~150 MiB: a boundary for its accounting, not a squeeze
-
-
-@contextlib.contextmanager
-def _own_group() -> Iterator[MemoryGroup | None]:
-    """A memory cgroup for the server alone where this host lets us make one, else None (the session's group)."""
-    if unavailable_reason():
-        yield None
-        return
-    groups = ScenarioCgroups(prefix="llmdiag-gate")
-    try:
-        yield groups.create("service", SERVICE_GROUP_LIMIT)
-    finally:
-        groups.close()
-    assert not groups.leftovers, f"cgroups left behind: {groups.leftovers}"
 
 
 @pytest.fixture(scope="module")
@@ -102,16 +74,6 @@ def _overload(tmp_path: Path, names: tuple[str, ...]) -> Path:
 def _psi_from_elsewhere(step: dict) -> list[str]:
     """The PSI criteria of ``step`` that failed on host pressure (another job's, on a shared test host)."""
     return [c["criterion"] for c in step["criteria"] if c["criterion"] == PSI and not c["passed"] and "host" in c["note"]]
-
-
-def _gate(spec: Path, srv: DemoServer, rec: Path, out: Path, group: MemoryGroup | None) -> Gated:
-    argv = [*GATE_NICE, sys.executable, "-m", "diag.cli", "gate", "--spec", str(spec), "--target", srv.url]
-    argv += ["--pid", str(srv.pid), "--recorder", str(rec), "--json", str(out)]
-    argv += ["--cgroup", group.path] if group is not None else []  # its PSI and OOM kills, not the host's
-    run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
-    print(run.stdout, run.stderr)
-    assert "Traceback" not in run.stderr
-    return run, json.loads(out.read_text())
 
 
 def test_the_example_spec_passes_on_one_slot(one_slot: Served, tmp_path: Path) -> None:
@@ -160,8 +122,9 @@ def test_a_peak_past_one_slot_fails_on_p99_with_a_queue_backlog(one_slot: Served
 def test_the_backlog_is_diagnosed_from_the_services_metrics_alone(tmp_path: Path) -> None:
     """No request rows: the agent's scrape of the service's /metrics is the only service-side evidence."""
     with _own_group() as group:
-        srv = start_demo(ONE_SLOT, weights_mb=16, weights_dir=tmp_path / "w", log_dir=tmp_path, recorder=None, cgroup=group,
-                         nice=SERVER_NICE)
+        srv = start_demo(
+            ONE_SLOT, weights_mb=16, weights_dir=tmp_path / "w", log_dir=tmp_path, recorder=None, cgroup=group, nice=SERVER_NICE
+        )
         try:
             spec = _overload(tmp_path, ("normal", "peak"))
             run, out = _gate(spec, srv, tmp_path / "gate.db", tmp_path / "gate.json", group)
