@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+STALE_RETRIES = 2  # a request that met a just-closed keep-alive connection goes again at most this often
 MAX_BODY = 16 * 1024 * 1024  # a non-streamed answer larger than this is an error, not a memory hog
 Chunk = Callable[[bytes], None]
 
@@ -41,6 +42,10 @@ class RemoteProtocolError(HttpError):
     """The server closed the connection mid-answer, or answered something that is not HTTP/1.1."""
 
 
+class ClosedBeforeAnswer(RemoteProtocolError):
+    """The server closed the connection before one byte of the answer came back."""
+
+
 @dataclass(slots=True)
 class Response:
     status: int
@@ -50,7 +55,7 @@ class Response:
 class _Exchange:
     """One request on one connection: the parser's callbacks fill it, ``done`` resolves it."""
 
-    __slots__ = ("done", "framed", "headers_done", "keep_alive", "on_chunk", "parts", "size", "status")
+    __slots__ = ("done", "framed", "headers_done", "keep_alive", "on_chunk", "parts", "received", "size", "status")
 
     def __init__(self, done: asyncio.Future[Response], on_chunk: Chunk | None) -> None:
         self.done = done
@@ -61,6 +66,7 @@ class _Exchange:
         self.framed = False  # a Content-Length or chunked body: its end is in the stream, not at the connection's close
         self.headers_done = False
         self.keep_alive = False
+        self.received = False  # any byte of the answer arrived
 
 
 class _Connection(asyncio.Protocol):
@@ -72,12 +78,15 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.exchange: _Exchange | None = None
         self.closed = False
+        self.uses = 0  # requests started on it: a reused connection may have been closed by the server meanwhile
 
     # transport side
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self.exchange is not None:
+            self.exchange.received = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -95,6 +104,9 @@ class _Connection(asyncio.Protocol):
         if ex.headers_done and not ex.framed:  # a body delimited by the connection's close: it is complete now
             self.exchange = None
             ex.done.set_result(Response(ex.status, b"".join(ex.parts)))
+        elif not ex.received:
+            self.exchange = None
+            ex.done.set_exception(ClosedBeforeAnswer("the server closed the connection before answering"))
         else:
             self.exchange = None
             ex.done.set_exception(RemoteProtocolError("the server closed the connection before the answer was complete"))
@@ -212,7 +224,26 @@ class HttpClient:
         return await self._send(head.encode(), None)
 
     async def _send(self, request: bytes, on_chunk: Chunk | None) -> Response:
-        conn = await self._acquire()
+        """One exchange; a request that met a kept-alive connection the server had just closed goes again.
+
+        Why the second try: a server closes a connection that stayed idle past its keep-alive timeout (uvicorn 5 s,
+        gunicorn 2 s), and a request written at that moment meets the close with no answer at all. That is the
+        connection's age, not the server's failure, so a step that paused would count a false error. Only a
+        *reused* connection closed before one byte of the answer is retried, at most twice: a fresh connection
+        closed unanswered, or any answer cut short, stays the server's error.
+        """
+        for attempt in range(STALE_RETRIES + 1):
+            conn = await self._acquire()
+            reused = conn.uses > 0
+            try:
+                return await self._exchange(conn, request, on_chunk)
+            except ClosedBeforeAnswer:
+                if not reused or attempt == STALE_RETRIES:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _exchange(self, conn: _Connection, request: bytes, on_chunk: Chunk | None) -> Response:
+        conn.uses += 1
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Response] = loop.create_future()
         conn.start(request, done, on_chunk)

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from diag.gate.http_client import ConnectError, HttpClient, RemoteProtocolError
+from diag.gate.http_client import ClosedBeforeAnswer, ConnectError, HttpClient, RemoteProtocolError
 
 pytestmark = pytest.mark.process
 
@@ -151,6 +151,35 @@ def test_broken_answers_and_a_refused_connection_are_named_errors() -> None:
             async with HttpClient(f"http://127.0.0.1:{s.getsockname()[1]}") as client:
                 with pytest.raises(ConnectError):
                     await client.post("/x", b"{}")
+
+    asyncio.run(go())
+
+
+def test_a_keep_alive_connection_closed_under_a_request_sends_it_again_but_a_fresh_one_does_not() -> None:
+    """A server that closes each connection at its second request, unanswered (a keep-alive timeout racing the
+    reuse): the request goes again on a new connection. One that closes at the first request is an error."""
+    seen: dict[int, int] = {}
+
+    async def idle_timeout(_q: bytes, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        n = seen[id(writer)] = seen.get(id(writer), 0) + 1
+        if n == 2:
+            writer.close()
+            return
+        await _echo(_q, _r, writer)
+
+    async def hang_up(_q: bytes, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    async def go() -> None:
+        async with serving(idle_timeout) as server, HttpClient(f"http://127.0.0.1:{server.port}") as client:
+            first = await client.post("/x", b'{"n": 1}')
+            second = await client.post("/x", b'{"n": 2}')
+            assert (first.body, second.body) == (b'{"n": 1}', b'{"n": 2}')
+            assert server.connections == 2 and len(server.requests) == 3  # the second request was sent twice
+        async with serving(hang_up) as server, HttpClient(f"http://127.0.0.1:{server.port}") as client:
+            with pytest.raises(ClosedBeforeAnswer):
+                await client.post("/x", b"{}")
+            assert server.connections == 1  # a fresh connection closed unanswered: not sent again
 
     asyncio.run(go())
 
