@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from diag.gate.load import StepLoad
 from diag.gate.spec import Criteria, Quantile, Recovery
@@ -37,6 +38,11 @@ class Verdict:
     passed: bool
     value: float | None = None
     note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form, one shape wherever a verdict is reported (a step's criteria, the neighbour's)."""
+        return {"criterion": self.criterion, "limit": self.limit, "measured": self.measured, "value": self.value,
+                "passed": self.passed, "note": self.note}  # fmt: skip
 
 
 def quantile(values: list[float], q: float) -> float:

@@ -255,17 +255,7 @@ class NeighbourOutcome:
             "during": self.during,
             "reason": self.reason or None,
             "window": {"start": self.window[0], "end": self.window[1]} if self.window else None,
-            "criteria": [
-                {
-                    "criterion": v.criterion,
-                    "limit": v.limit,
-                    "measured": v.measured,
-                    "value": v.value,
-                    "passed": v.passed,
-                    "note": v.note,
-                }
-                for v in self.verdicts
-            ],
+            "criteria": [v.to_dict() for v in self.verdicts],
             "evidence": self.evidence,
             "diagnosis": {"primary": self.primary, "line": self.diagnosis},
         }

@@ -99,17 +99,7 @@ class StepReport:
             "interrupted": self.load.interrupted,
             "window": {"start": self.window[0], "end": self.window[1]},
             "measured": self.figures(),
-            "criteria": [
-                {
-                    "criterion": v.criterion,
-                    "limit": v.limit,
-                    "measured": v.measured,
-                    "value": v.value,
-                    "passed": v.passed,
-                    "note": v.note,
-                }
-                for v in self.verdicts
-            ],
+            "criteria": [v.to_dict() for v in self.verdicts],
             "diagnosis": {
                 "primary": a.primary if a else None,
                 "line": self.diagnosis(),
