@@ -432,6 +432,7 @@ def _run_scenario(
             from diag.demo.dialects import DIALECTS
 
             dialect = opts.choice("--dialect", dialect, DIALECTS)
+            SCENARIOS[name].check_dialect(dialect)
         overrides = _parse_params(params, SCENARIOS[name].defaults)
         SCENARIOS[name].params(overrides)
     except ValueError as exc:  # OptionError, or a parameter the scenario refuses

@@ -36,6 +36,23 @@ def test_an_attachment_a_scenario_does_not_take_is_a_one_line_usage_error() -> N
     assert result.exit_code == 2 and "attachment 'inside'" in result.output and "Traceback" not in result.output
 
 
+def test_a_dialect_on_an_engine_scenario_is_refused_not_ignored() -> None:
+    """llama.cpp's server serves its own /metrics: a vLLM or TGI dialect cannot apply there, so asking for one is a
+    usage error before anything starts (root or not), while the reference backend's scenarios still take it."""
+    from diag.cli.main import app
+    from diag.demo.scenarios import run_scenario
+
+    for name in ENGINE_SCENARIO_NAMES:
+        with pytest.raises(ValueError, match="cannot apply"):
+            SCENARIOS[name].check_dialect("vllm")
+        SCENARIOS[name].check_dialect(None)
+    SCENARIOS["queue"].check_dialect("tgi")
+    with pytest.raises(ValueError, match="--dialect vllm cannot apply"):
+        run_scenario("engine-queue", dialect="vllm")
+    result = CliRunner().invoke(app, ["demo", "--scenario", "engine-queue", "--dialect", "vllm"])
+    assert result.exit_code == 2 and "--dialect vllm cannot apply" in result.output and "Traceback" not in result.output
+
+
 def test_the_fourth_copy_limit_holds_the_running_copies_and_half_a_model_more() -> None:
     running, model, per_server = 3, 64 * MIB, 110 * MIB
     limit = limit_for_one_short(running * per_server, running, model)

@@ -25,6 +25,17 @@ class Scenario:
     defaults: dict[str, Any] = field(default_factory=dict)
     # Refuses (ValueError) merged parameters, or a host, the scenario cannot run with -- before anything starts.
     check: Callable[[str, dict[str, Any]], None] | None = None
+    # False for a scenario whose server is not the reference backend (llama.cpp's own): its /metrics is the
+    # engine's own, so another engine's dialect cannot be served and ``--dialect`` is refused, not ignored.
+    speaks_dialects: bool = True
+
+    def check_dialect(self, dialect: str | None) -> None:
+        """Refuse (ValueError, one line) a dialect this scenario cannot serve -- before anything starts."""
+        if dialect is not None and not self.speaks_dialects:
+            raise ValueError(
+                f"scenario {self.name} runs an engine that serves its own /metrics: --dialect {dialect} cannot apply "
+                "(the dialects are the reference backend's)"
+            )
 
     def params(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         merged = dict(self.defaults)
@@ -47,10 +58,11 @@ def scenario(
     *,
     needs_cgroups: bool,
     check: Callable[[str, dict[str, Any]], None] | None = None,
+    speaks_dialects: bool = True,
     **defaults: Any,
 ) -> Callable[[ScenarioFn], ScenarioFn]:
     def register(fn: ScenarioFn) -> ScenarioFn:
-        SCENARIOS[name] = Scenario(name, expected, summary, needs_cgroups, fn, defaults, check)
+        SCENARIOS[name] = Scenario(name, expected, summary, needs_cgroups, fn, defaults, check, speaks_dialects)
         return fn
 
     return register

@@ -80,6 +80,7 @@ def run_scenario(
 
     if dialect is not None and dialect not in DIALECTS:
         raise ValueError(f"dialect {dialect!r}: use one of {', '.join(DIALECTS)}")
+    scenario.check_dialect(dialect)
     if scenario.needs_cgroups:
         reason = unavailable_reason()
         if reason:
