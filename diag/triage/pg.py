@@ -44,9 +44,15 @@ def is_url(target: object) -> bool:
     return isinstance(target, str) and target.startswith(SCHEME)
 
 
+# libpq takes secrets as query parameters too (``?password=...``, ``sslpassword`` for a client key): masked as well.
+_SECRET_PARAMS = re.compile(r"(?i)(^|[?&])((?:ssl)?password=)[^&#]*")
+
+
 def redact(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
+    """The URL without its password -- in the user part or as a query parameter -- for messages and logs."""
+    url = re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
+    base, sep, query = url.partition("?")
+    return base + sep + _SECRET_PARAMS.sub(r"\1\2***", query) if sep else url
 
 
 class Row(tuple):  # type: ignore[type-arg]

@@ -35,6 +35,10 @@ def test_translation_rewrites_placeholders_and_inserts_but_not_string_literals()
     assert translate("INSERT INTO events (a) VALUES (?)").endswith("RETURNING id")
     assert not translate("INSERT INTO alerts (a) VALUES (?)").endswith("RETURNING id")  # no id column
     assert redact("postgresql://u:pw@h:5432/db") == "postgresql://u:***@h:5432/db"
+    hidden = redact("postgresql://u@h/db?sslmode=require&password=s3cret&sslpassword=k3y&application_name=x")
+    assert hidden == "postgresql://u@h/db?sslmode=require&password=***&sslpassword=***&application_name=x"
+    assert redact("postgres://h/db?PASSWORD=a&user=u") == "postgres://h/db?PASSWORD=***&user=u"
+    assert redact("postgresql://h/db?user=password") == "postgresql://h/db?user=password"  # a value, not the key
 
 
 @pytest.fixture
