@@ -1,4 +1,12 @@
-"""The incident store: one SQLite file (WAL), the receiver's only durable state.
+"""The incident store: one SQLite file (WAL) by default, or a PostgreSQL database -- the receiver's only durable state.
+
+Two backends, one interface: ``--db PATH`` is SQLite, the embedded default (one receiver beside the agent);
+``--db postgresql://...`` is PostgreSQL (``diag.triage.pg``), for receivers active-active behind Alertmanager
+peers. The triage logic and the statements below are the same for both: ``diag.triage.pg`` gives psycopg the
+surface of ``sqlite3`` (placeholders, ``INSERT OR IGNORE``, rows by name), takes one advisory lock per write
+transaction so writers take turns as they do on SQLite, and keeps the schema version in ``schema_migrations``
+where SQLite keeps it in ``PRAGMA user_version``. What follows says "SQLite"; it holds for PostgreSQL except where
+a sentence names the file.
 
 Why SQLite: embedded (the receiver is one process beside the agent), transactional, and its
 ``UNIQUE(key, generation)`` constraint is what makes duplicates impossible rather than unlikely --
