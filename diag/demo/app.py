@@ -177,14 +177,6 @@ def create_app(settings: DemoSettings, tracker: RequestTracker | None = None) ->
     app = FastAPI(title="llm-diag demo backend", lifespan=lifespan)
     app.state.tracker = tracker
     app.state.parts = parts
-    # llm-diag: edge arrival time, 429/503/504 handlers, /metrics (summed over workers), /healthz.
-    instrument_fastapi(app, tracker, metrics_path=None if dialect else "/metrics", health_path="/healthz")
-    if dialect is not None:  # the engine's own /metrics, from this worker's live state
-
-        @app.get("/metrics")
-        async def engine_metrics() -> Response:
-            return Response(dialect.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
     @app.post(ROUTE)
     async def completions(body: CompletionRequest) -> dict[str, Any]:
         if dialect is not None:
@@ -249,6 +241,16 @@ def create_app(settings: DemoSettings, tracker: RequestTracker | None = None) ->
             "usage": {"prompt_tokens": n, "completion_tokens": len(done.ids), "total_tokens": n + len(done.ids)},
             "system_fingerprint": f"pid-{os.getpid()}",
         }
+
+    # llm-diag: edge arrival time, 429/503/504 handlers, /metrics (summed over workers), /healthz. After the
+    # completions route: Starlette tries routes in order, so routes added first would be matched (and missed)
+    # on every completion request before its own.
+    instrument_fastapi(app, tracker, metrics_path=None if dialect else "/metrics", health_path="/healthz")
+    if dialect is not None:  # the engine's own /metrics, from this worker's live state
+
+        @app.get("/metrics")
+        async def engine_metrics() -> Response:
+            return Response(dialect.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
 
