@@ -368,6 +368,19 @@ def map_v1_stat(raw: dict[str, int]) -> tuple[dict[str, int], int | None]:
     return stat, source.get("swap")
 
 
+def procs_in(group_dir: str | Path) -> list[int]:
+    """The PIDs in a cgroup directory now (its ``cgroup.procs``; v1 and v2 alike), [] when it is gone or unreadable.
+
+    The one reader for everything that must act on a group's processes by PID -- killing what a scenario or a
+    gate's neighbour left in its group -- rather than by name. A group holds any number of processes, so the
+    file is read whole (no read cap)."""
+    try:
+        text = (Path(group_dir) / "cgroup.procs").read_text()
+    except OSError:
+        return []
+    return [int(word) for word in text.split() if word.isdigit()]
+
+
 def _is_dir(path: Path) -> bool:
     try:
         return path.is_dir()

@@ -29,7 +29,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collectors.cgroup import V1_UNLIMITED_THRESHOLD, discover_mounts, parse_proc_cgroup
+from collectors.cgroup import V1_UNLIMITED_THRESHOLD, discover_mounts, parse_proc_cgroup, procs_in
 
 SLACK_BYTES = 32 << 20  # the hog's interpreter and page tables beside what it touches
 HOST_SHARE = 0.5  # the neighbour's limit may be at most this share of the host's MemAvailable
@@ -96,11 +96,7 @@ class TargetGroup:
         return None
 
     def pids(self) -> list[int]:
-        out = []
-        for word in _read(self.dir / "cgroup.procs").split():
-            with contextlib.suppress(ValueError):
-                out.append(int(word))
-        return out
+        return procs_in(self.dir)
 
     def protection(self) -> str:
         """What shields the service's pages from a neighbour's reclaim, in words (the evidence line)."""
@@ -219,11 +215,7 @@ class NeighbourGroup:
         return _int(self.dir / ("memory.usage_in_bytes" if self.target.kind == "v1" else "memory.current"))
 
     def pids(self) -> list[int]:
-        out = []
-        for word in _read(self.dir / "cgroup.procs").split():
-            with contextlib.suppress(ValueError):
-                out.append(int(word))
-        return out
+        return procs_in(self.dir)
 
     def kill_all(self, timeout_s: float = 10.0) -> None:
         """SIGKILL the hog and anything else in the group, by PID, until the group is empty."""

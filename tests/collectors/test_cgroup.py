@@ -341,3 +341,16 @@ def test_records_serialise() -> None:
     for tree_root, kwargs in ((V1, {"pids": [777]}), (V2, {"pids": [4242, 5151]}), (HYBRID, {"pids": [4242, 1]})):
         for snap in sampler(tree_root, **kwargs).sample():
             assert record_from_json(snap.to_json()) == snap
+
+
+def test_procs_in_reads_every_pid_of_a_group_and_nothing_of_a_group_gone(tmp_path):
+    from collectors.cgroup import procs_in
+
+    group = tmp_path / "llmdiag-x"
+    group.mkdir()
+    pids = list(range(100_000, 100_000 + 3000))  # more than any small read cap would hold
+    (group / "cgroup.procs").write_text("".join(f"{pid}\n" for pid in pids))
+    assert procs_in(group) == pids
+    (group / "cgroup.procs").write_text("")
+    assert procs_in(group) == []
+    assert procs_in(tmp_path / "removed") == []  # a group removed meanwhile: nothing left to act on

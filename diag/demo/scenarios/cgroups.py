@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collectors.cgroup import procs_in
+
 V1_ROOT = Path("/sys/fs/cgroup/memory")
 V2_ROOTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
 MAX_LIMIT_BYTES = 4 << 30  # a scenario never needs more; anything larger is a bug in the caller
@@ -124,11 +126,7 @@ class MemoryGroup:
 
     def pids(self) -> list[int]:
         """Every process in the group now (our spawns and their children, respawned workers included)."""
-        out = []
-        for line in _read(self.v1_dir / "cgroup.procs").split():
-            with contextlib.suppress(ValueError):
-                out.append(int(line))
-        return out
+        return procs_in(self.v1_dir)
 
     def read_v1(self, name: str) -> str:
         return _read(self.v1_dir / name)
