@@ -29,7 +29,7 @@ from diag.rules import numstats
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext
 from diag.rules.requestload import analyse_requests
-from diag.rules.stats import limit_for, memory_series, service_context
+from diag.rules.stats import in_cgroup, limit_for, memory_series, service_context, watched
 from diag.timeline import Series, Timeline
 from diag.units import format_bytes
 
@@ -94,12 +94,20 @@ def kv_cache(s: dict[str, Any]) -> KvCache | None:
     return KvCache(int(n_ctx), total, formula, _num(s, "weights_bytes"))
 
 
-def _engine_kv(tl: Timeline) -> list[tuple[int | None, KvCache]]:
-    """Each engine server's KV reservation, from its latest configuration (one per pid)."""
+def _engine_kv(tl: Timeline, cgroup: str | None = None) -> list[tuple[int | None, KvCache]]:
+    """Each engine server's KV reservation, from its latest configuration (one per pid).
+
+    ``cgroup``: the group whose limit the reservations are weighed against -- only servers seen living in it (or
+    below it), or named by the operator (``--pid``), count. The agent reads the configuration of every engine
+    process it sees on the host; another job's server in another group does not draw on this group's limit, and
+    a server never seen inside the group cannot be said to."""
     latest: dict[int | None, dict[str, Any]] = {}
     for cfg in tl.configs:
         if cfg.settings.get("engine"):
             latest[cfg.pid] = dict(cfg.settings)
+    if cgroup is not None:
+        inside = {t.pid for t in tl.processes.values() if in_cgroup(t.memory_cgroup, cgroup)} | watched(tl)[0]
+        latest = {pid: s for pid, s in latest.items() if pid is None or pid in inside}
     return [(pid, kv) for pid, s in latest.items() if (kv := kv_cache(s)) is not None]
 
 
@@ -232,7 +240,7 @@ def _project(tl: Timeline, ac: AnalysisContext | None, s: dict[str, Any], worker
     else:
         # No footprint measured from requests: an engine's KV reservations are known from its settings alone,
         # anonymous memory each server holds from start-up, beside the weights (one shared mmap'd file).
-        kv = _engine_kv(tl)
+        kv = _engine_kv(tl, service_context(tl, ac).cgroup)
         p.kv_total, p.kv_servers = sum(k.bytes for _, k in kv), len(kv)
         p.idle += p.kv_total
     conc = _num(s, "max_concurrency")

@@ -13,7 +13,7 @@ from typing import Any
 
 from collectors.kmsg import parse_oom_events
 from collectors.processes import parse_smaps_rollup
-from collectors.records import CgroupSnapshot, OomEvent, ServiceConfig, WatchScope
+from collectors.records import CgroupSnapshot, OomEvent, ProcessSample, ServiceConfig, WatchScope
 from diag.rules.config import kv_cache, unsafe_config
 from diag.rules.engine import analyze
 from diag.rules.oom import host_oom
@@ -80,13 +80,18 @@ def _engine_settings(**over: Any) -> dict[str, Any]:
     return {**s, **over}
 
 
-def _timeline(settings: dict[str, Any], limit: int, oom: OomEvent | None = None, pid: int = 23755):  # type: ignore[no-untyped-def]
-    records: list[dict[str, Any]] = [
-        WatchScope(ts=100.0, pids=[pid], cgroups=[GROUP], resolved_pids=[pid], resolved_cgroups=[GROUP]).to_dict(),
-        ServiceConfig(ts=100.5, service="llama_cpp.server", pid=pid, settings=settings).to_dict(),
+def _records(settings: dict[str, Any], limit: int, pid: int = 23755) -> list[Any]:
+    records: list[Any] = [
+        WatchScope(ts=100.0, pids=[pid], cgroups=[GROUP], resolved_pids=[pid], resolved_cgroups=[GROUP]),
+        ServiceConfig(ts=100.5, service="llama_cpp.server", pid=pid, settings=settings),
     ]
     for i in range(4):
-        records.append(CgroupSnapshot(ts=100.0 + i, path=GROUP, version="v1", usage_bytes=50 * MIB, limit_bytes=limit).to_dict())
+        records.append(CgroupSnapshot(ts=100.0 + i, path=GROUP, version="v1", usage_bytes=50 * MIB, limit_bytes=limit))
+    return records
+
+
+def _timeline(settings: dict[str, Any], limit: int, oom: OomEvent | None = None, pid: int = 23755):  # type: ignore[no-untyped-def]
+    records = [r.to_dict() for r in _records(settings, limit, pid)]
     if oom is not None:
         records.append(oom.to_dict())
     return timeline_from_records(records)
@@ -115,6 +120,28 @@ def test_a_kv_cache_under_the_weights_is_no_risk_and_within_the_limit_no_cause()
     assert unsafe_config(_timeline(_engine_settings(n_ctx=2048), limit=320 * MIB)) is None
     risky = unsafe_config(_timeline(_engine_settings(), limit=1024 * MIB))  # dominates, but fits: a risk only
     assert risky is not None and risky.confidence < 0.5 and "n_ctx 32768" in risky.summary
+
+
+def test_only_the_servers_in_the_limited_group_add_their_kv_cache_to_its_limit() -> None:
+    """The agent reads the configuration of every llama.cpp server on the host. One in another group (another job's,
+    seen in its own cgroup) or one never seen inside this group adds nothing to this group's arithmetic: three
+    foreign 32k-context servers beside a small one must not make it "alone exceed" its limit."""
+    small = _engine_settings(n_ctx=256)
+    tl = _timeline(small, limit=83 * MIB)
+    assert unsafe_config(tl) is None  # the one server fits
+    foreign: list[dict[str, Any]] = []
+    for i, pid in enumerate((31001, 31002)):
+        foreign.append(ServiceConfig(ts=100.2, service="llama_cpp.server", pid=pid, settings=_engine_settings()).to_dict())
+        foreign.append(ProcessSample(ts=101.0 + i, pid=pid, comm="python", memory_cgroup="/other-job").to_dict())
+    unseen = ServiceConfig(ts=100.3, service="llama_cpp.server", pid=31003, settings=_engine_settings()).to_dict()
+    records = [*(r.to_dict() for r in _records(small, 83 * MIB)), *foreign, unseen]
+    assert unsafe_config(timeline_from_records(sorted(records, key=lambda r: r["ts"]))) is None
+    # A second server seen inside the group does count: two 32k reservations do not fit.
+    inside = [ServiceConfig(ts=100.2, service="llama_cpp.server", pid=31004, settings=_engine_settings()).to_dict(),
+              ProcessSample(ts=101.0, pid=31004, comm="python", memory_cgroup=GROUP).to_dict()]  # fmt: skip
+    both = timeline_from_records(sorted([*(r.to_dict() for r in _records(small, 83 * MIB)), *inside], key=lambda r: r["ts"]))
+    f = unsafe_config(both)
+    assert f is not None and "2 server(s)" in f.summary
 
 
 def test_an_oom_kill_with_locked_memory_says_use_mlock_pinned_it() -> None:

@@ -8,8 +8,8 @@ a collector must be (it would otherwise stall in the reclaim it is measuring).
 Scope: a scenario's records are its own world -- the host series, its groups, the processes in its
 groups and the OOM kills in its groups. Process samples of unrelated processes and OOM kills in
 other cgroups (on a shared CI box: other jobs) are dropped by ``scenario_records`` before analysis
-and before a fixture is written; the host series stay, because host pressure is what the
-noisy-neighbour rule compares against.
+and before a fixture is written, and so are the configurations the agent read off such processes; the
+host series stay, because host pressure is what the noisy-neighbour rule compares against.
 """
 
 from __future__ import annotations
@@ -101,7 +101,13 @@ def scenario_records(recorder_path: str | Path, groups: Sequence[str], pids: Ite
                 # The harness's agent watches the neighbour's group too, to record it as evidence: that is the
                 # harness's scope, not an operator naming the service, and would make the neighbour the service.
                 continue
+            if kind == "process":
+                keep_pids.add(obj.get("pid"))
             out.append(obj)
+    # An engine's configuration (read by the agent from any engine process it sees on the host) belongs to the
+    # scenario only when that process does: another job's llama.cpp server would otherwise add its KV cache to
+    # the scenario's limit arithmetic.
+    out = [o for o in out if o.get("kind") != "config" or o.get("pid") is None or o.get("pid") in keep_pids]
     out.sort(key=lambda o: float(o.get("ts") or 0.0))
     return out
 
