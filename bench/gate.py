@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import random
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,7 +90,7 @@ async def _sequential_cpu(url: str, n: int) -> tuple[float, float]:
         return theirs, (_cpu_s() - cpu0) / n
 
 
-async def _step(url: str, rate: float, seconds: float) -> tuple[StepLoad, float]:
+async def _step(url: str, rate: float, seconds: float, precise: bool) -> tuple[StepLoad, float]:
     spec = parse_spec({
         "request_timeout": "10s", "max_in_flight": 4096,
         "steps": [{"name": "b", "rate": rate, "duration": seconds,
@@ -98,7 +100,7 @@ async def _step(url: str, rate: float, seconds: float) -> tuple[StepLoad, float]
     async with make_client(url, spec, connections=512) as client:
         await run_step(client, warm, warm.steps[0], 0, asyncio.Event())  # connections open, code paths warm
         cpu0 = _cpu_s()
-        load = await run_step(client, spec, spec.steps[0], 0, asyncio.Event())
+        load = await run_step(client, spec, spec.steps[0], 0, asyncio.Event(), precise=precise)
         return load, _cpu_s() - cpu0
 
 
@@ -111,10 +113,45 @@ class Figures:
     lag_p99: float
     lag_max: float
     cpu_per_req: float
+    floor_p99: float = float("nan")
+    load_avg: float = float("nan")
 
 
-def ours(url: str, rate: float, seconds: float) -> Figures:
-    load, cpu = asyncio.run(_step(url, rate, seconds))
+# The generator's variants: how an arrival's time is waited for (diag.gate.alarm) and which event loop runs it.
+VARIANTS = {"timerfd": (True, False), "spin": (False, False), "uvloop": (True, True), "uvloop-spin": (False, True)}
+
+
+def _run_loop(coro: object, use_uvloop: bool) -> object:
+    if not use_uvloop:
+        return asyncio.run(coro)  # type: ignore[arg-type]
+    import uvloop  # only for this comparison: not a dependency of the project
+
+    return uvloop.run(coro)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def floor_beside(seconds: float) -> Iterator[list[float]]:
+    """The host floor measured in a process of its own *while* the block runs: the same moment's scheduling noise,
+    not a figure from before it. Yields a list that holds [p50, p99] once the block has ended."""
+    proc = subprocess.Popen([sys.executable, __file__, "--floor-only", str(seconds)], stdout=subprocess.PIPE, text=True)
+    out: list[float] = []
+    try:
+        yield out
+    finally:
+        try:
+            text, _ = proc.communicate(timeout=seconds + 30)
+            out.extend(json.loads(text))
+        except (subprocess.TimeoutExpired, ValueError):
+            proc.kill()
+            proc.wait()
+            out.extend([float("nan"), float("nan")])
+
+
+def ours(url: str, rate: float, seconds: float, variant: str = "timerfd") -> Figures:
+    precise, use_uvloop = VARIANTS[variant]
+    with floor_beside(seconds + 1.0) as floor:
+        load, cpu = _run_loop(_step(url, rate, seconds, precise), use_uvloop)  # type: ignore[misc]
+    load_avg = os.getloadavg()[0]
     lags = [r.lag_s for r in load.results]
     n = len(load.results)
     errors = sum(1 for r in load.results if not r.ok) + load.dropped
@@ -124,7 +161,7 @@ def ours(url: str, rate: float, seconds: float) -> Figures:
         kinds["dropped at max_in_flight"] = load.dropped
     if kinds:
         print(f"{'':>8} {rate:>6.0f} errors: " + ", ".join(f"{k} x{v}" for k, v in kinds.most_common()), flush=True)
-    return Figures(n / (load.load_end - load.t0), n, errors, p50, p99, max(lags), cpu / max(1, n))
+    return Figures(n / (load.load_end - load.t0), n, errors, p50, p99, max(lags), cpu / max(1, n), floor[1], load_avg)
 
 
 def _guidellm_run(exe: str, url: str, rate: float, seconds: float, work: Path) -> tuple[dict, float]:
@@ -169,42 +206,54 @@ def theirs(exe: str, url: str, rate: float, seconds: float, work: Path, startup_
 
 def _row(label: str, rate: float, f: Figures) -> str:
     lags = f"{f.lag_p50 * 1e3:>7.3f}ms {f.lag_p99 * 1e3:>7.3f}ms {f.lag_max * 1e3:>7.3f}ms"
-    return f"{label:>8} {rate:>6.0f} {f.achieved:>9.0f} {f.sent:>6} {f.errors:>5} {lags} {f.cpu_per_req * 1e6:>7.0f}us"
+    floor = f"{f.floor_p99 * 1e3:>7.3f}ms {f.lag_p99 / f.floor_p99:>6.2f}x" if f.floor_p99 == f.floor_p99 else f"{'':>9} {'':>7}"
+    return (f"{label:>11} {rate:>6.0f} {f.achieved:>9.0f} {f.sent:>6} {f.errors:>5} {lags} {floor} "
+            f"{f.cpu_per_req * 1e6:>7.0f}us {f.load_avg:>5.1f}")  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rates", default="100,500,1000,2000,3000", help="requests/s, comma-separated")
     parser.add_argument("--seconds", type=float, default=5.0, help="each rate's duration")
+    parser.add_argument("--variants", default="timerfd,spin", help=f"generator variants, comma-separated: {', '.join(VARIANTS)}")
     parser.add_argument("--guidellm", metavar="PATH", help="guidellm's executable: run the same rates with it too")
+    parser.add_argument("--floor-only", type=float, metavar="SECONDS", help=argparse.SUPPRESS)  # floor_beside's child
     args = parser.parse_args()
+    if args.floor_only is not None:
+        print(json.dumps(host_floor(args.floor_only)))
+        return
     rates = [float(r) for r in args.rates.split(",")]
+    variants = args.variants.split(",")
+    if unknown := [v for v in variants if v not in VARIANTS]:
+        parser.error(f"unknown variant {unknown[0]!r}: one of {', '.join(VARIANTS)}")
     p50, p99 = host_floor()
     print(f"host floor: a sleeping process wakes {p50 * 1e3:.3f} ms late at p50, {p99 * 1e3:.3f} ms at p99 "
-          f"(load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs)")  # fmt: skip
-    best = 0.0
-    heads = ("tool", "rate", "achieved", "sent", "err", "lag p50", "lag p99", "lag max", "cpu/req")
-    print(" ".join(f"{h:>{w}}" for h, w in zip(heads, (8, 6, 9, 6, 5, 9, 9, 9, 9), strict=True)))
+          f"(load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs); each row's floor is measured beside it")  # fmt: skip
+    best = dict.fromkeys(variants, 0.0)
+    heads = ("tool", "rate", "achieved", "sent", "err", "lag p50", "lag p99", "lag max", "floor p99", "/floor", "cpu/req", "load")
     with stub_server() as stub, tempfile.TemporaryDirectory(prefix="bench-gate-") as tmp:
         httpx_cpu, our_cpu = asyncio.run(_sequential_cpu(stub.url, 1000))
         print(f"client CPU per request, 1000 sequential POSTs on one connection: httpx {httpx_cpu * 1e6:.0f} us, "
               f"diag.gate.http_client {our_cpu * 1e6:.0f} us")  # fmt: skip
+        print(" ".join(f"{h:>{w}}" for h, w in zip(heads, (11, 6, 9, 6, 5, 9, 9, 9, 9, 7, 9, 5), strict=True)))
         startup = 0.0
         if args.guidellm:
             _, startup = _guidellm_run(args.guidellm, stub.url, 1, 0, Path(tmp))
         for rate in rates:
-            f = ours(stub.url, rate, args.seconds)
-            if f.lag_p99 <= LAG_TARGET_S and f.errors == 0:
-                best = max(best, rate)
-            print(_row("diag", rate, f), flush=True)
+            for variant in variants:  # side by side, each rate in turn: the same minute's host for every variant
+                f = ours(stub.url, rate, args.seconds, variant)
+                if f.lag_p99 <= LAG_TARGET_S and f.errors == 0:
+                    best[variant] = max(best[variant], rate)
+                print(_row(variant, rate, f), flush=True)
             if args.guidellm:
                 try:
                     other = theirs(args.guidellm, stub.url, rate, args.seconds, Path(tmp), startup)
                     print(_row("guidellm", rate, other), flush=True)
                 except (RuntimeError, KeyError, IndexError, subprocess.TimeoutExpired) as exc:
-                    print(f"{'guidellm':>8} {rate:>6.0f} failed: {exc}", flush=True)
+                    print(f"{'guidellm':>11} {rate:>6.0f} failed: {exc}", flush=True)
     print(f"load average {os.getloadavg()[0]:.2f} at the end (other work shares the CPUs)")
-    print(f"highest rate with send-lag p99 <= {LAG_TARGET_S * 1e3:g} ms and no errors: {best:.0f} requests/s")
+    for variant, rate in best.items():
+        print(f"{variant}: highest rate with send-lag p99 <= {LAG_TARGET_S * 1e3:g} ms and no errors: {rate:.0f} requests/s")
 
 
 if __name__ == "__main__":

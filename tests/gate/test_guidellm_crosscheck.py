@@ -6,9 +6,11 @@ generator that mis-framed a stream, read the first token late, or sent less than
 pass them. Two tools built independently agreeing on the same server's figures is the check that does not share
 our assumptions.
 
-guidellm is not installed by the project: it depends on torch (from the package index, a CUDA build with ~3 GB of
-NVIDIA wheels) for its data loader, which no test here otherwise needs. Point ``GUIDELLM`` at its executable (or put
-it on ``PATH``) to run this check; it is skipped, saying so, otherwise.
+guidellm lives in a venv of its own, ``.venv/guidellm`` (``make install-guidellm``, part of ``make test``): it needs
+torch for its data loader, which nothing else here does, and the package index's torch is the CUDA build with ~3 GB
+of NVIDIA wheels, so that venv pins the CPU build (the Makefile says how). This test finds guidellm there, or wherever
+``GUIDELLM`` names its executable. ``make test`` sets ``GUIDELLM``, so there a missing guidellm fails the test; an
+ordinary ``pytest`` without that venv skips it, saying so.
 
 The rate is 50 requests/s, streamed. guidellm's side is fixed, not Poisson (its ``constant`` profile); ours is the
 spec's seeded Poisson draw, so its count is fixed too -- 3 017 arrivals in 60 s, 0.6 % above the rate -- and the test
@@ -24,7 +26,6 @@ import asyncio
 import json
 import os
 import random
-import shutil
 import statistics
 import subprocess
 from pathlib import Path
@@ -34,19 +35,26 @@ import pytest
 from diag.gate.load import StepLoad, make_client, prompt_text, run_step
 from diag.gate.spec import parse_spec
 from tests.gate.stubproc import stub_server
+from tests.paths import REPO
 
 pytestmark = [pytest.mark.live, pytest.mark.process, pytest.mark.slow]
 
 RATE, SECONDS, PROMPT, OUTPUT = 50, 60, 16, 8
 TTFT_S, ITL_S = 0.2, 0.02
+VENV_GUIDELLM = REPO / ".venv" / "guidellm" / "bin" / "guidellm"
 
 
 def _guidellm() -> str:
-    exe = os.environ.get("GUIDELLM") or shutil.which("guidellm")
-    if not exe or not Path(exe).is_file():
-        pytest.skip("guidellm is not installed (it needs torch and its CUDA wheels, which the project does not install); "
-                    "set GUIDELLM to its executable to run this cross-check")  # fmt: skip
-    return exe
+    """``GUIDELLM`` if set (it must then exist: asked for by name, never skipped), else the project's own venv."""
+    named = os.environ.get("GUIDELLM")
+    if named:
+        if not os.access(named, os.X_OK):
+            pytest.fail(f"GUIDELLM={named} is not an executable (make install-guidellm installs it there)")
+        return named
+    if not os.access(VENV_GUIDELLM, os.X_OK):
+        pytest.skip(f"guidellm is not installed: {VENV_GUIDELLM.relative_to(REPO)} is missing (make install-guidellm, "
+                    "or set GUIDELLM to its executable)")  # fmt: skip
+    return str(VENV_GUIDELLM)
 
 
 def _theirs(exe: str, url: str, work: Path) -> tuple[float, float, int]:
