@@ -8,15 +8,26 @@ The figure of merit is the highest rate whose send-lag p99 stays <= 1 ms: above 
 lateness, not the server, would start to shape the latencies it reports (they count from the schedule, so
 the lag is charged, not hidden -- but the load is then not quite the one asked for).
 
-First it measures the host's floor: how late a process that only sleeps wakes up (Poisson sleeps at 1 000/s).
-No generator on this host can send more punctually than that, so a lag figure is read against it: on a shared
-machine the scheduler, not the generator, often sets the p99.
+The host's floor is how late a process that only sleeps wakes up (Poisson sleeps at 1 000/s). No generator on this
+host can send more punctually than that, so a lag figure is read against it: on a shared machine the scheduler, not
+the generator, often sets the p99. It is measured once before the rates, and again *beside* each row, in a process
+of its own for the row's duration, so each row's lag p99 is printed with the same moment's floor p99 and their ratio.
+
+``--variants`` compares ways of running the generator side by side, each rate in turn (so every variant meets the same
+minutes of the host): ``timerfd`` (what ``diag gate`` runs: diag.gate.alarm wakes the loop at each arrival),
+``spin`` (asyncio's timer a millisecond early, then yielding to the loop until the time), and ``uvloop`` /
+``uvloop-spin`` the same on uvloop's event loop (installed separately: not a dependency of the project). A
+``+agent`` suffix runs a thread beside the generator that samples every process's /proc files every 0.2 s, as
+``diag gate``'s host agent does from a thread of the same process; ``+agent5ms`` the same with Python's default GIL
+switch interval (5 ms) instead of the 0.5 ms diag.gate.load sets while a step runs. ``+nice`` runs the generator,
+the stub and that row's floor at nice -10 (root only): what scheduling priority, rather than code, buys on a busy host.
 
 With ``--guidellm PATH`` (its executable) the same rates are also run by guidellm against the same stub, and the
 rate it reached (its requests over the span of their starts) and its CPU per request (its process and workers,
 less a one-request run's, i.e. without its start-up) are printed beside ours.
 
-    .venv/bin/python bench/gate.py                                  # rates 100 .. 3000, 5 s each
+    .venv/bin/python bench/gate.py                                  # rates 100 .. 3000, 5 s each, timerfd and spin
+    .venv/bin/python bench/gate.py --rates 2000 --variants timerfd,spin,uvloop
     .venv/bin/python bench/gate.py --rates 500,2000 --seconds 10 --guidellm /path/to/bin/guidellm
 """
 
@@ -33,6 +44,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -119,6 +131,36 @@ class Figures:
 
 # The generator's variants: how an arrival's time is waited for (diag.gate.alarm) and which event loop runs it.
 VARIANTS = {"timerfd": (True, False), "spin": (False, False), "uvloop": (True, True), "uvloop-spin": (False, True)}
+# A variant may add "+agent": a thread doing an agent's sampling beside it, or "+agent5ms": that, with Python's
+# default 5 ms GIL switch interval instead of the one diag.gate.load sets for a step.
+# "+nice": the generator, the stub and the floor's process all at nice NICE (root): what priority, not code, buys.
+EXTRAS = ("", "agent", "agent5ms", "nice")
+NICE = -10
+
+
+def _busy_sampler(stop: threading.Event) -> None:
+    """A stand-in for `diag gate`'s host agent, which samples in a thread of the generator's process: every 0.2 s,
+    read and split every process's stat and status (pure Python, holding the GIL between the reads)."""
+    while not stop.wait(0.2):
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                with contextlib.suppress(OSError):
+                    Path(f"/proc/{pid}/stat").read_text().split()
+                    dict(ln.split(":", 1) for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in ln)
+
+
+@contextlib.contextmanager
+def agent_thread(on: bool) -> Iterator[None]:
+    stop = threading.Event()
+    thread = threading.Thread(target=_busy_sampler, args=(stop,), daemon=True)
+    if on:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if on:
+            thread.join()
 
 
 def _run_loop(coro: object, use_uvloop: bool) -> object:
@@ -130,10 +172,12 @@ def _run_loop(coro: object, use_uvloop: bool) -> object:
 
 
 @contextlib.contextmanager
-def floor_beside(seconds: float) -> Iterator[list[float]]:
+def floor_beside(seconds: float, nice: int = 0) -> Iterator[list[float]]:
     """The host floor measured in a process of its own *while* the block runs: the same moment's scheduling noise,
     not a figure from before it. Yields a list that holds [p50, p99] once the block has ended."""
     proc = subprocess.Popen([sys.executable, __file__, "--floor-only", str(seconds)], stdout=subprocess.PIPE, text=True)
+    if nice:
+        os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
     out: list[float] = []
     try:
         yield out
@@ -147,10 +191,36 @@ def floor_beside(seconds: float) -> Iterator[list[float]]:
             out.extend([float("nan"), float("nan")])
 
 
-def ours(url: str, rate: float, seconds: float, variant: str = "timerfd") -> Figures:
-    precise, use_uvloop = VARIANTS[variant]
-    with floor_beside(seconds + 1.0) as floor:
-        load, cpu = _run_loop(_step(url, rate, seconds, precise), use_uvloop)  # type: ignore[misc]
+@contextlib.contextmanager
+def reniced(pids: tuple[int, ...], nice: int) -> Iterator[None]:
+    """``pids`` (0: this process) at scheduling priority ``nice`` for the block (root may go below 0), then back."""
+    before = [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids]
+    for pid in pids:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+    try:
+        yield
+    finally:
+        for pid, value in zip(pids, before, strict=True):
+            with contextlib.suppress(ProcessLookupError):
+                os.setpriority(os.PRIO_PROCESS, pid, value)
+
+
+def ours(url: str, rate: float, seconds: float, variant: str = "timerfd", stub_pid: int = 0) -> Figures:
+    base, _, extra = variant.partition("+")
+    precise, use_uvloop = VARIANTS[base]
+    switch = gate_load.SWITCH_INTERVAL_S
+    if extra == "agent5ms":  # the agent's thread beside it, and Python's default GIL switch interval
+        gate_load.SWITCH_INTERVAL_S = 0.005
+    nice = NICE if extra == "nice" else 0
+    try:
+        with (
+            reniced((0, stub_pid) if nice else (), nice),
+            floor_beside(seconds + 1.0, nice) as floor,
+            agent_thread(extra in ("agent", "agent5ms")),
+        ):
+            load, cpu = _run_loop(_step(url, rate, seconds, precise), use_uvloop)  # type: ignore[misc]
+    finally:
+        gate_load.SWITCH_INTERVAL_S = switch
     load_avg = os.getloadavg()[0]
     lags = [r.lag_s for r in load.results]
     n = len(load.results)
@@ -160,7 +230,7 @@ def ours(url: str, rate: float, seconds: float, variant: str = "timerfd") -> Fig
     if load.dropped:
         kinds["dropped at max_in_flight"] = load.dropped
     if kinds:
-        print(f"{'':>8} {rate:>6.0f} errors: " + ", ".join(f"{k} x{v}" for k, v in kinds.most_common()), flush=True)
+        print(f"{'':>16} {rate:>6.0f} {variant} errors: " + ", ".join(f"{k} x{v}" for k, v in kinds.most_common()), flush=True)
     return Figures(n / (load.load_end - load.t0), n, errors, p50, p99, max(lags), cpu / max(1, n), floor[1], load_avg)
 
 
@@ -207,7 +277,7 @@ def theirs(exe: str, url: str, rate: float, seconds: float, work: Path, startup_
 def _row(label: str, rate: float, f: Figures) -> str:
     lags = f"{f.lag_p50 * 1e3:>7.3f}ms {f.lag_p99 * 1e3:>7.3f}ms {f.lag_max * 1e3:>7.3f}ms"
     floor = f"{f.floor_p99 * 1e3:>7.3f}ms {f.lag_p99 / f.floor_p99:>6.2f}x" if f.floor_p99 == f.floor_p99 else f"{'':>9} {'':>7}"
-    return (f"{label:>11} {rate:>6.0f} {f.achieved:>9.0f} {f.sent:>6} {f.errors:>5} {lags} {floor} "
+    return (f"{label:>16} {rate:>6.0f} {f.achieved:>9.0f} {f.sent:>6} {f.errors:>5} {lags} {floor} "
             f"{f.cpu_per_req * 1e6:>7.0f}us {f.load_avg:>5.1f}")  # fmt: skip
 
 
@@ -224,7 +294,7 @@ def main() -> None:
         return
     rates = [float(r) for r in args.rates.split(",")]
     variants = args.variants.split(",")
-    if unknown := [v for v in variants if v not in VARIANTS]:
+    if unknown := [v for v in variants if v.partition("+")[0] not in VARIANTS or v.partition("+")[2] not in EXTRAS]:
         parser.error(f"unknown variant {unknown[0]!r}: one of {', '.join(VARIANTS)}")
     p50, p99 = host_floor()
     print(f"host floor: a sleeping process wakes {p50 * 1e3:.3f} ms late at p50, {p99 * 1e3:.3f} ms at p99 "
@@ -235,13 +305,13 @@ def main() -> None:
         httpx_cpu, our_cpu = asyncio.run(_sequential_cpu(stub.url, 1000))
         print(f"client CPU per request, 1000 sequential POSTs on one connection: httpx {httpx_cpu * 1e6:.0f} us, "
               f"diag.gate.http_client {our_cpu * 1e6:.0f} us")  # fmt: skip
-        print(" ".join(f"{h:>{w}}" for h, w in zip(heads, (11, 6, 9, 6, 5, 9, 9, 9, 9, 7, 9, 5), strict=True)))
+        print(" ".join(f"{h:>{w}}" for h, w in zip(heads, (16, 6, 9, 6, 5, 9, 9, 9, 9, 7, 9, 5), strict=True)))
         startup = 0.0
         if args.guidellm:
             _, startup = _guidellm_run(args.guidellm, stub.url, 1, 0, Path(tmp))
         for rate in rates:
             for variant in variants:  # side by side, each rate in turn: the same minute's host for every variant
-                f = ours(stub.url, rate, args.seconds, variant)
+                f = ours(stub.url, rate, args.seconds, variant, stub.proc.pid)
                 if f.lag_p99 <= LAG_TARGET_S and f.errors == 0:
                     best[variant] = max(best[variant], rate)
                 print(_row(variant, rate, f), flush=True)
@@ -250,7 +320,7 @@ def main() -> None:
                     other = theirs(args.guidellm, stub.url, rate, args.seconds, Path(tmp), startup)
                     print(_row("guidellm", rate, other), flush=True)
                 except (RuntimeError, KeyError, IndexError, subprocess.TimeoutExpired) as exc:
-                    print(f"{'guidellm':>11} {rate:>6.0f} failed: {exc}", flush=True)
+                    print(f"{'guidellm':>16} {rate:>6.0f} failed: {exc}", flush=True)
     print(f"load average {os.getloadavg()[0]:.2f} at the end (other work shares the CPUs)")
     for variant, rate in best.items():
         print(f"{variant}: highest rate with send-lag p99 <= {LAG_TARGET_S * 1e3:g} ms and no errors: {rate:.0f} requests/s")

@@ -8,9 +8,9 @@ CPU-bound: it is preempted more, and waits longer for a CPU when it wakes. A ``t
 makes a file descriptor readable at an absolute ``CLOCK_MONOTONIC`` time) is watched by the loop like any socket:
 the loop sleeps until that moment exactly, and the callback runs as the loop's first read of that wake-up.
 
-``Alarm`` uses a timerfd where the C library has one (Linux), else ``call_at`` a millisecond early and a spin
-(``call_soon`` until the time comes) for the rest. ``time.monotonic`` is ``CLOCK_MONOTONIC`` and asyncio's own
-``loop.time()``, so the times are the load generator's.
+``Alarm`` uses a timerfd where the C library has one (Linux), set ``EARLY_S`` (0.2 ms) early, and spins the rest
+(``call_soon`` until the time comes); else ``call_at`` a millisecond early and the same spin. ``time.monotonic`` is
+``CLOCK_MONOTONIC`` and asyncio's own ``loop.time()``, so the times are the load generator's.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ import time
 from collections.abc import Callable
 
 SPIN_S = 0.001  # the fallback's spin: epoll rounds a wait up to whole milliseconds
+# The timerfd wakes the loop this much early and the rest is spun: a wake-up itself takes ~0.1 ms at the median here
+# (a process that only sleeps wakes that late), which a spin this short removes for ~2 % of a core at 100 arrivals/s.
+EARLY_S = 0.0002
 _CLOCK_MONOTONIC = 1
 _TFD_NONBLOCK = os.O_NONBLOCK
 _TFD_CLOEXEC = os.O_CLOEXEC
@@ -76,14 +79,16 @@ class Alarm:
 
     def at(self, when: float) -> None:
         self._due = when
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
         if self.fd >= 0:  # re-arming replaces a pending time; a stale wake-up is ignored in _fired
-            sec = int(when)
-            self._spec.it_value.tv_sec, self._spec.it_value.tv_nsec = sec, max(1, int((when - sec) * 1e9))
+            wake = when - EARLY_S
+            sec = int(wake)
+            self._spec.it_value.tv_sec, self._spec.it_value.tv_nsec = sec, max(1, int((wake - sec) * 1e9))
             if _LIBC.timerfd_settime(self.fd, _TFD_TIMER_ABSTIME, self._spec, None) != 0:  # type: ignore[union-attr]
                 raise OSError(ctypes.get_errno(), "timerfd_settime")
             return
-        if self._handle is not None:
-            self._handle.cancel()
         self._handle = self.loop.call_at(when - SPIN_S, self._spin)
 
     def cancel(self) -> None:
@@ -109,9 +114,10 @@ class Alarm:
 
     def _fired(self) -> None:
         self._drain()
-        if time.monotonic() >= self._due:  # else an expiry of a time since replaced or cancelled
-            self._due = float("inf")
-            self.callback()
+        left = self._due - time.monotonic()
+        if left > EARLY_S + 0.001:  # an expiry of a time since replaced or cancelled: the timer holds the new one
+            return
+        self._spin()
 
     def _spin(self) -> None:
         if time.monotonic() < self._due:

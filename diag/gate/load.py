@@ -19,6 +19,7 @@ import collections
 import contextlib
 import json
 import random
+import sys
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -28,6 +29,10 @@ from diag.gate.alarm import Alarm
 from diag.gate.http_client import HttpClient, HttpError, Response
 from diag.gate.spec import GateSpec, Step
 
+# While a step runs, how long another thread of this process may hold the GIL once the loop wants it back (Python's
+# default is 5 ms). `diag gate` samples the host in a thread of its own; a timerfd's wake-up that found it mid-sample
+# would otherwise wait up to 5 ms before the send -- five times the whole lag budget.
+SWITCH_INTERVAL_S = 0.0005
 # The times of a Result, a StepLoad and the schedule: asyncio's loop.time(), read directly (uvloop's is whole ms).
 clock = time.monotonic
 WORDS = ("the", "of", "and", "model", "token", "serve", "memory", "queue", "cache", "batch", "route", "slot")
@@ -390,6 +395,8 @@ async def run_step(client: HttpClient, spec: GateSpec, step: Step, index: int, s
     out = StepLoad(step=step, t0=clock() + 0.005, wall0=0.0)
     out.wall0 = time.time() + (out.t0 - clock())
     deadlines = Deadlines(loop, spec.request_timeout_s)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(min(switch, SWITCH_INTERVAL_S))
     try:
         if step.rate is not None:
             await _open_loop(client, spec, out, rng, stop, deadlines, precise)
@@ -397,6 +404,7 @@ async def run_step(client: HttpClient, spec: GateSpec, step: Step, index: int, s
             await _closed_loop(client, spec, out, rng, stop, deadlines)
     finally:
         deadlines.close()
+        sys.setswitchinterval(switch)
     out.end = clock()
     out.interrupted = stop.is_set()
     out.results.sort(key=lambda r: r.scheduled)
