@@ -92,7 +92,8 @@ install-lowest: $(LOWEST_STAMP)
 # wheel where its config lists one (find-links); elsewhere give it PyTorch's CPU index:
 # PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu make test. No CUDA build can slip in unnoticed: the pin
 # has no match on the plain index, and the check below refuses a torch built for CUDA or any nvidia-* package.
-# Measured: 1.5 GB, ~2 min. `make test` passes GUIDELLM to the suite, so there the cross-check runs or fails, never skips.
+# Measured: 1.5 GB, ~2.5 min from pip's cache. `make test` passes GUIDELLM to the suite, so there the cross-check
+# runs or fails, never skips.
 GUIDELLM_LOCK := constraints-guidellm.txt
 GUIDELLM_VENV := $(VENV)/guidellm
 GUIDELLM_BIN := $(GUIDELLM_VENV)/bin

@@ -271,11 +271,15 @@ def theirs(exe: str, url: str, rate: float, seconds: float, work: Path, startup_
     n = len(done)
     nan = float("nan")
     errors = len(reqs.get("errored") or []) + len(reqs.get("incomplete") or [])
-    return Figures(n / span if span else nan, n, errors, nan, nan, nan, max(0.0, cpu - startup_cpu) / max(1, n))
+    cpu_per_req = max(0.0, cpu - startup_cpu) / max(1, n)
+    return Figures(n / span if span else nan, n, errors, nan, nan, nan, cpu_per_req, load_avg=os.getloadavg()[0])
 
 
 def _row(label: str, rate: float, f: Figures) -> str:
-    lags = f"{f.lag_p50 * 1e3:>7.3f}ms {f.lag_p99 * 1e3:>7.3f}ms {f.lag_max * 1e3:>7.3f}ms"
+    if f.lag_p50 != f.lag_p50:  # guidellm's: no lag can be derived from its report (theirs() says why)
+        lags = f"{'-':>9} {'-':>9} {'-':>9}"
+    else:
+        lags = f"{f.lag_p50 * 1e3:>7.3f}ms {f.lag_p99 * 1e3:>7.3f}ms {f.lag_max * 1e3:>7.3f}ms"
     floor = f"{f.floor_p99 * 1e3:>7.3f}ms {f.lag_p99 / f.floor_p99:>6.2f}x" if f.floor_p99 == f.floor_p99 else f"{'':>9} {'':>7}"
     return (f"{label:>16} {rate:>6.0f} {f.achieved:>9.0f} {f.sent:>6} {f.errors:>5} {lags} {floor} "
             f"{f.cpu_per_req * 1e6:>7.0f}us {f.load_avg:>5.1f}")  # fmt: skip

@@ -23,7 +23,9 @@ own overhead adds, far below a first token read at the end of the stream (7 x 20
 The stub and each tool in turn run at nice -10 (as root, as the suite runs; otherwise as they are): the test compares
 the tools, and on this host shared with other jobs (load averages of 20-40 on 2 cores) a tool starved of the CPU
 mid-run reads the stub's first token late -- guidellm once measured a TTFT p50 of 397 ms at load average ~35 while
-`diag gate`, right after it, measured 206 ms. Both get the same priority, so neither is favoured."""
+`diag gate`, right after it, measured 206 ms. Both get the same priority, so neither is favoured. With the kernel's
+autogroups (on here) a nice value weighs only within its session: it shields the tools from the rest of `make test`
+(the same session), not from another session's jobs, which share the CPU per session."""
 
 from __future__ import annotations
 
