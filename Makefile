@@ -36,7 +36,7 @@ ENGINES_CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 DEB_PACKAGES := wrk prometheus prometheus-alertmanager prometheus-node-exporter victoria-metrics chromium sosreport systemd \
 	postgresql-15
 
-.PHONY: help install install-engines install-lowest system-deps run check test test-lowest lint bench lock lock-lowest clean
+.PHONY: help install install-engines install-lowest install-guidellm system-deps run check test test-lowest lint bench lock lock-lowest clean
 
 # The tiers (marks registered in pyproject.toml): `live` needs root and real cgroups, `process` starts a
 # process or a server (enforced by tests/tiers.py), `slow` takes over 10 s. `make check` leaves all three out.
@@ -54,6 +54,7 @@ help:
 	@echo "make run          install, then diag bundle on this host"
 	@echo "make lint         ruff check + ruff format --check"
 	@echo "make test-lowest  the tracking tests on the lowest versions pyproject.toml allows"
+	@echo "make install-guidellm  guidellm and the CPU build of torch in .venv/guidellm (the cross-check of diag gate)"
 	@echo "make bench        the benchmarks (bench/RESULTS.md)"
 	@echo "make lock         re-pin constraints.txt (KEEP=1: only what the pins do not cover)"
 	@echo "make clean        remove the venvs and caches"
@@ -84,6 +85,31 @@ $(LOWEST_STAMP): pyproject.toml $(LOWEST)
 
 install-lowest: $(LOWEST_STAMP)
 
+# guidellm, for tests/gate/test_guidellm_crosscheck.py (a load tool no one here wrote checks `diag gate`'s generator),
+# in a venv of its own: it needs torch (its data loader), which nothing else here does, and its own pins
+# (constraints-guidellm.txt, every package; jinja2 too, which it imports without declaring). torch is pinned to the
+# CPU build, 2.13.0+cpu: the package index's torch is the CUDA build with ~3 GB of NVIDIA wheels. pip finds the CPU
+# wheel where its config lists one (find-links); elsewhere give it PyTorch's CPU index:
+# PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu make test. No CUDA build can slip in unnoticed: the pin
+# has no match on the plain index, and the check below refuses a torch built for CUDA or any nvidia-* package.
+# Measured: 1.5 GB, ~2.5 min from pip's cache. `make test` passes GUIDELLM to the suite, so there the cross-check
+# runs or fails, never skips.
+GUIDELLM_LOCK := constraints-guidellm.txt
+GUIDELLM_VENV := $(VENV)/guidellm
+GUIDELLM_BIN := $(GUIDELLM_VENV)/bin
+GUIDELLM_STAMP := $(GUIDELLM_VENV)/.installed-$(shell cat $(GUIDELLM_LOCK) | sha1sum | cut -c1-12)
+$(GUIDELLM_STAMP): $(GUIDELLM_LOCK)
+	@test -x $(GUIDELLM_BIN)/python || $(PYTHON) -m venv $(GUIDELLM_VENV)
+	$(GUIDELLM_BIN)/$(PIP) -c $(GUIDELLM_LOCK) guidellm torch jinja2 2>&1 | { grep -v 'is ignored' || true; }; exit $${PIPESTATUS[0]}
+	$(GUIDELLM_BIN)/python -m pip check
+	@$(GUIDELLM_BIN)/python -c "import torch, importlib.metadata as m; \
+	  gpu = sorted(d.name for d in m.distributions() if d.name.lower().startswith('nvidia')); \
+	  assert torch.version.cuda is None and not gpu, f'not the CPU build of torch: cuda {torch.version.cuda}, {gpu}'"
+	$(GUIDELLM_BIN)/guidellm --version
+	@rm -f $(GUIDELLM_VENV)/.installed-*; touch $@
+
+install-guidellm: $(GUIDELLM_STAMP)
+
 system-deps:
 	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -99,10 +125,11 @@ run: install
 # The lowest set's tracking tests run first (a minute); a failure there fails `make test`, after the
 # whole suite has still run.
 TEST_LOWEST := LLMDIAG_CONSTRAINTS=$(LOWEST) $(LOWEST_BIN)/python -m pytest -q -m "not live" $(LOWEST_TESTS)
-test: install install-engines install-lowest system-deps
+test: install install-engines install-lowest install-guidellm system-deps
 	$(BIN)/ruff check .
 	@echo "the tracking tests on the lowest versions the ranges allow ($(LOWEST)), then the whole suite ($(WORKERS) workers)"
-	status=0; $(TEST_LOWEST) || status=$$?; $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadgroup --durations=25 || status=$$?; exit $$status
+	status=0; $(TEST_LOWEST) || status=$$?; GUIDELLM=$(abspath $(GUIDELLM_BIN))/guidellm \
+	  $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadgroup --durations=25 || status=$$?; exit $$status
 
 # No root, no process, no server: safe and quick anywhere (one xdist worker per core; the workers are pytest itself,
 # the tests start nothing) (the tree may be read-only, e.g. another user's clone).

@@ -19,7 +19,7 @@ import asyncio
 import collections
 import contextlib
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -218,46 +218,73 @@ class HttpClient:
         """POST ``body`` (JSON) to ``path`` under the base URL; raises ``HttpError`` for a failed exchange."""
         return await self._send(b"%s%d\r\n\r\n%s" % (self._head(path), len(body), body), on_chunk)
 
+    def post_now(self, path: str, body: bytes, on_chunk: Chunk | None = None) -> Coroutine[None, None, Response]:
+        """``post``, with the request written *now*, before this returns, when a kept-alive connection is idle; the
+        coroutine returned waits for the answer (else it opens or waits for a connection first, as ``post`` does).
+
+        Why: a coroutine's body runs only when the loop next gets to its task -- after whatever else is ready then
+        (other answers being read) -- so a load generator that calls ``post`` in a new task at an arrival's time
+        sends a little later than it says. Written from the caller's own step, the request leaves at its time.
+        """
+        request = b"%s%d\r\n\r\n%s" % (self._head(path), len(body), body)
+        conn = self._idle_connection()
+        started = None if conn is None else (conn, self._start(conn, request, on_chunk))
+        return self._send(request, on_chunk, started)
+
     async def get(self, path: str) -> Response:
         """GET ``path`` under the base URL (a readiness probe); raises ``HttpError`` for a failed exchange."""
         head = f"GET {self.prefix}{path} HTTP/1.1\r\nHost: {self.authority}\r\nAccept: */*\r\n\r\n"
         return await self._send(head.encode(), None)
 
-    async def _send(self, request: bytes, on_chunk: Chunk | None) -> Response:
+    async def _send(self, request: bytes, on_chunk: Chunk | None,
+                    started: tuple[_Connection, asyncio.Future[Response]] | None = None) -> Response:  # fmt: skip
         """One exchange; a request that met a kept-alive connection the server had just closed goes again.
 
         Why the second try: a server closes a connection that stayed idle past its keep-alive timeout (uvicorn 5 s,
         gunicorn 2 s), and a request written at that moment meets the close with no answer at all. That is the
         connection's age, not the server's failure, so a step that paused would count a false error. Only a
         *reused* connection closed before one byte of the answer is retried, at most twice: a fresh connection
-        closed unanswered, or any answer cut short, stays the server's error.
+        closed unanswered, or any answer cut short, stays the server's error. ``started``: the first attempt's
+        request is already written (``post_now``).
         """
         for attempt in range(STALE_RETRIES + 1):
-            conn = await self._acquire()
-            reused = conn.uses > 0
+            if started is None:
+                conn = await self._acquire()
+                done = self._start(conn, request, on_chunk)
+            else:
+                (conn, done), started = started, None
             try:
-                return await self._exchange(conn, request, on_chunk)
+                return await self._answer(conn, done)
             except ClosedBeforeAnswer:
-                if not reused or attempt == STALE_RETRIES:
+                if conn.uses == 1 or attempt == STALE_RETRIES:  # a fresh connection: the server's refusal
                     raise
         raise AssertionError("unreachable")
 
-    async def _exchange(self, conn: _Connection, request: bytes, on_chunk: Chunk | None) -> Response:
+    def _start(self, conn: _Connection, request: bytes, on_chunk: Chunk | None) -> asyncio.Future[Response]:
         conn.uses += 1
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[Response] = loop.create_future()
+        done: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         conn.start(request, done, on_chunk)
+        return done
+
+    @staticmethod
+    async def _answer(conn: _Connection, done: asyncio.Future[Response]) -> Response:
         try:
             return await done
         except asyncio.CancelledError:
             conn.close()
             raise
 
-    async def _acquire(self) -> _Connection:
+    def _idle_connection(self) -> _Connection | None:
         while self._idle:
             conn = self._idle.pop()
             if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
                 return conn
+        return None
+
+    async def _acquire(self) -> _Connection:
+        conn = self._idle_connection()
+        if conn is not None:
+            return conn
         if self._closed:
             raise HttpError("the client is closed")
         if len(self._all) + self._opening < self.max_connections:

@@ -19,21 +19,28 @@ import collections
 import contextlib
 import json
 import random
+import sys
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
-from diag.gate.http_client import HttpClient, HttpError
+from diag.gate.alarm import Alarm
+from diag.gate.http_client import HttpClient, HttpError, Response
 from diag.gate.spec import GateSpec, Step
 
-SPIN_S = 0.001  # the last stretch before a send is spent yielding to the loop: epoll rounds a wait up to whole ms
-STOP_CHECK_S = 0.05  # waits longer than this also watch the stop event (a task each: too dear at high rates)
+# While a step runs, how long another thread of this process may hold the GIL once the loop wants it back (Python's
+# default is 5 ms). `diag gate` samples the host in a thread of its own; a timerfd's wake-up that found it mid-sample
+# would otherwise wait up to 5 ms before the send -- five times the whole lag budget.
+SWITCH_INTERVAL_S = 0.0005
+# The times of a Result, a StepLoad and the schedule: asyncio's loop.time(), read directly (uvloop's is whole ms).
+clock = time.monotonic
 WORDS = ("the", "of", "and", "model", "token", "serve", "memory", "queue", "cache", "batch", "route", "slot")
 
 
 @dataclass(slots=True)
 class Result:
-    """One request as the client saw it; times are ``loop.time()`` seconds (monotonic)."""
+    """One request as the client saw it; times are ``clock()`` seconds (monotonic)."""
 
     scheduled: float
     sent: float
@@ -135,7 +142,7 @@ class _Sse:
             return
         lines = (self.buf + data).split(b"\n")
         self.buf = lines.pop()
-        now = self.loop.time()
+        now = clock()
         for line in lines:
             if not line.startswith(b"data:"):
                 continue
@@ -160,19 +167,22 @@ class _Sse:
             res.output_tokens += 1
 
 
-async def _exchange(client: HttpClient, spec: GateSpec, body: dict[str, Any], res: Result) -> None:
-    data = json.dumps(body).encode()
-    if body.get("stream"):
-        sse = _Sse(res, asyncio.get_running_loop())
-        resp = await client.post(spec.endpoint, data, sse)
-        res.status = resp.status
-        if resp.status != 200:
-            res.error = f"HTTP {resp.status}"
-        return
-    resp = await client.post(spec.endpoint, data)
+def _begin(client: HttpClient, spec: GateSpec, data: bytes, res: Result, stream: bool) -> Awaitable[Response]:
+    """Start one request now: with this module's own client its bytes are written before this returns (when a
+    kept-alive connection is idle), so ``res.sent`` is when it left, not when its task first ran."""
+    on_chunk = _Sse(res, asyncio.get_running_loop()) if stream else None
+    res.sent = clock()
+    if isinstance(client, HttpClient):
+        return client.post_now(spec.endpoint, data, on_chunk)
+    return client.post(spec.endpoint, data, on_chunk)  # another client (an ASGI app in this process): when awaited
+
+
+def _read(resp: Response, res: Result, stream: bool) -> None:
     res.status = resp.status
     if resp.status != 200:
         res.error = f"HTTP {resp.status}"
+        return
+    if stream:
         return
     try:
         usage = json.loads(resp.body).get("usage") or {}
@@ -199,7 +209,7 @@ class Deadlines:
         self.timer: asyncio.TimerHandle | None = None
 
     def start(self, task: asyncio.Task[Any]) -> list[Any]:
-        entry = [self.loop.time() + self.timeout_s, task]
+        entry = [clock() + self.timeout_s, task]
         self.queue.append(entry)
         if self.timer is None:
             self.timer = self.loop.call_at(entry[0], self._fire)
@@ -207,7 +217,7 @@ class Deadlines:
 
     def _fire(self) -> None:
         self.timer = None
-        now = self.loop.time()
+        now = clock()
         queue = self.queue
         while queue and queue[0][0] <= now:
             _, task = queue.popleft()
@@ -224,15 +234,14 @@ class Deadlines:
         self.queue.clear()
 
 
-async def send(client: HttpClient, spec: GateSpec, body: dict[str, Any], scheduled: float, deadlines: Deadlines) -> Result:
-    """One request, bounded by the spec's timeout; never raises for what the server or the network did."""
-    loop = deadlines.loop
-    res = Result(scheduled=scheduled, sent=loop.time())
+async def finish(answer: Awaitable[Response], res: Result, stream: bool, deadlines: Deadlines) -> Result:
+    """Wait for a started request's answer, bounded by the spec's timeout; never raises for what the server or the
+    network did."""
     task = asyncio.current_task()
     assert task is not None
     entry = deadlines.start(task)
     try:
-        await _exchange(client, spec, body, res)
+        _read(await answer, res, stream)
     except asyncio.CancelledError:
         if task not in deadlines.expired:
             raise  # a stop, not this request's deadline
@@ -245,50 +254,97 @@ async def send(client: HttpClient, spec: GateSpec, body: dict[str, Any], schedul
         res.error = f"{type(exc).__name__}: {exc}"[:200]
     finally:
         entry[1] = None
-    res.done = loop.time()
+    res.done = clock()
     return res
 
 
-async def _until(loop: asyncio.AbstractEventLoop, at: float, stop: asyncio.Event) -> None:
-    """Wait until loop time ``at``: sleep most of the way, then yield to the loop for the last ``SPIN_S``.
-    A long wait (a low rate) also ends on ``stop``, so Ctrl-C is not held up by a far-off arrival."""
-    delay = at - loop.time() - SPIN_S
-    if delay > STOP_CHECK_S:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), delay)
-        if stop.is_set():
+async def send(client: HttpClient, spec: GateSpec, body: dict[str, Any], scheduled: float, deadlines: Deadlines) -> Result:
+    """One request started now (scheduled at ``scheduled``), bounded by the spec's timeout."""
+    res = Result(scheduled=scheduled, sent=0.0)
+    stream = bool(body.get("stream"))
+    return await finish(_begin(client, spec, json.dumps(body).encode(), res, stream), res, stream, deadlines)
+
+
+class _Sender:
+    """The open loop's schedule, run from the loop's callbacks rather than a task: an ``Alarm`` wakes it at each
+    arrival's time and it writes every request then due before the loop does anything else it has ready.
+
+    Why not a task that sleeps and then sends: the task's wake-up waits behind whatever else the loop has ready at
+    that moment (answers to read and parse), and asyncio's timers are a millisecond coarse. Here the request's bytes
+    are built ahead of its time, the alarm (diag.gate.alarm) fires at the time itself, and the write is the first
+    thing done on that wake-up; what the answer needs afterwards runs in a task of its own."""
+
+    def __init__(self, client: HttpClient, spec: GateSpec, out: StepLoad, rng: random.Random, deadlines: Deadlines,
+                 precise: bool) -> None:  # fmt: skip
+        assert out.step.rate is not None
+        self.client, self.spec, self.out, self.rng, self.deadlines = client, spec, out, rng, deadlines
+        self.loop = deadlines.loop
+        self.stream = out.step.stream
+        self.arrivals = iter(arrivals(out.step.rate, out.step.duration_s, rng))
+        self.tasks: set[asyncio.Task[Result]] = set()
+        self.finished: asyncio.Future[None] = self.loop.create_future()
+        self.alarm = Alarm(self.loop, self._due, precise=precise)
+        self.next: tuple[float, bytes] | None = None
+        self._prepare()
+
+    def _prepare(self) -> None:
+        """The next arrival's time and its request's bytes, built now rather than when it is due."""
+        offset = next(self.arrivals, None)
+        if offset is None:
+            self.next = None
             return
-    elif delay > 0:
-        await asyncio.sleep(delay)
-    while loop.time() < at:
-        await asyncio.sleep(0)
+        self.next = (self.out.t0 + offset, json.dumps(request_body(self.spec, self.out.step, self.rng)).encode())
+
+    def start(self) -> None:
+        self._due()
+
+    def stop(self) -> None:
+        self.alarm.close()
+
+    def _due(self) -> None:
+        """Send every arrival whose time has come, then set the alarm for the next one."""
+        try:
+            while self.next is not None and self.next[0] <= clock():
+                at, data = self.next
+                self._send(at, data)
+                self._prepare()
+            if self.next is not None:
+                self.alarm.at(self.next[0])
+            elif not self.finished.done():
+                self.finished.set_result(None)
+        except Exception as exc:  # a callback's exception would only be logged: end the step with it instead
+            if not self.finished.done():
+                self.finished.set_exception(exc)
+
+    def _send(self, at: float, data: bytes) -> None:
+        if len(self.tasks) >= self.spec.max_in_flight:
+            self.out.dropped += 1
+            return
+        res = Result(scheduled=at, sent=0.0)
+        answer = _begin(self.client, self.spec, data, res, self.stream)
+        task = self.loop.create_task(finish(answer, res, self.stream, self.deadlines))
+        self.tasks.add(task)
+        task.add_done_callback(self._keep)
+
+    def _keep(self, task: asyncio.Task[Result]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is None:
+            self.out.results.append(task.result())
 
 
 async def _open_loop(client: HttpClient, spec: GateSpec, out: StepLoad, rng: random.Random,
-                     stop: asyncio.Event, deadlines: Deadlines) -> None:  # fmt: skip
-    loop = asyncio.get_running_loop()
-    assert out.step.rate is not None
-    tasks: set[asyncio.Task[Result]] = set()
-
-    def keep(task: asyncio.Task[Result]) -> None:
-        tasks.discard(task)
-        if not task.cancelled() and task.exception() is None:
-            out.results.append(task.result())
-
-    for offset in arrivals(out.step.rate, out.step.duration_s, rng):
-        at = out.t0 + offset
-        await _until(loop, at, stop)
-        if stop.is_set():
-            break
-        if len(tasks) >= spec.max_in_flight:
-            out.dropped += 1
-            continue
-        task = loop.create_task(send(client, spec, request_body(spec, out.step, rng), at, deadlines))
-        tasks.add(task)
-        task.add_done_callback(keep)
-    out.load_end = loop.time()
-    if tasks:
-        await _drain(tasks, stop)
+                     stop: asyncio.Event, deadlines: Deadlines, precise: bool) -> None:  # fmt: skip
+    sender = _Sender(client, spec, out, rng, deadlines, precise)
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        sender.start()
+        await asyncio.wait({sender.finished, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        sender.stop()
+        stopper.cancel()
+    out.load_end = clock()
+    if sender.tasks:
+        await _drain(sender.tasks, stop)
 
 
 async def _drain(tasks: set[asyncio.Task[Result]], stop: asyncio.Event) -> None:
@@ -312,13 +368,13 @@ async def _closed_loop(client: HttpClient, spec: GateSpec, out: StepLoad, rng: r
     end = out.t0 + out.step.duration_s
 
     async def client_loop() -> None:
-        while loop.time() < end and not stop.is_set():
-            out.results.append(await send(client, spec, request_body(spec, out.step, rng), loop.time(), deadlines))
+        while clock() < end and not stop.is_set():
+            out.results.append(await send(client, spec, request_body(spec, out.step, rng), clock(), deadlines))
 
     tasks = {loop.create_task(client_loop()) for _ in range(out.step.concurrency)}
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), max(0.0, end - loop.time()))
-    out.load_end = min(loop.time(), end)
+        await asyncio.wait_for(stop.wait(), max(0.0, end - clock()))
+    out.load_end = min(clock(), end)
     await _drain(tasks, stop)  # type: ignore[arg-type]
 
 
@@ -329,21 +385,27 @@ def make_client(target: str, spec: GateSpec, connections: int | None = None) -> 
     return HttpClient(target, max_connections=n)
 
 
-async def run_step(client: HttpClient, spec: GateSpec, step: Step, index: int, stop: asyncio.Event) -> StepLoad:
-    """Run one step to its end (load for ``duration``, then the in-flight requests drained) or until ``stop``."""
+async def run_step(client: HttpClient, spec: GateSpec, step: Step, index: int, stop: asyncio.Event, *,
+                   precise: bool = True) -> StepLoad:  # fmt: skip
+    """Run one step to its end (load for ``duration``, then the in-flight requests drained) or until ``stop``.
+    ``precise=False``: the open loop's arrivals wait on asyncio's timer and a spin, not a timerfd (the bench's
+    comparison; diag.gate.alarm says why the timerfd is the default)."""
     loop = asyncio.get_running_loop()
     rng = random.Random(f"{spec.seed}:{index}:{step.name}")  # a step's load does not depend on the steps before it
-    out = StepLoad(step=step, t0=loop.time() + 0.005, wall0=0.0)
-    out.wall0 = time.time() + (out.t0 - loop.time())
+    out = StepLoad(step=step, t0=clock() + 0.005, wall0=0.0)
+    out.wall0 = time.time() + (out.t0 - clock())
     deadlines = Deadlines(loop, spec.request_timeout_s)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(min(switch, SWITCH_INTERVAL_S))
     try:
         if step.rate is not None:
-            await _open_loop(client, spec, out, rng, stop, deadlines)
+            await _open_loop(client, spec, out, rng, stop, deadlines, precise)
         else:
             await _closed_loop(client, spec, out, rng, stop, deadlines)
     finally:
         deadlines.close()
-    out.end = loop.time()
+        sys.setswitchinterval(switch)
+    out.end = clock()
     out.interrupted = stop.is_set()
     out.results.sort(key=lambda r: r.scheduled)
     return out

@@ -6,9 +6,11 @@ generator that mis-framed a stream, read the first token late, or sent less than
 pass them. Two tools built independently agreeing on the same server's figures is the check that does not share
 our assumptions.
 
-guidellm is not installed by the project: it depends on torch (from the package index, a CUDA build with ~3 GB of
-NVIDIA wheels) for its data loader, which no test here otherwise needs. Point ``GUIDELLM`` at its executable (or put
-it on ``PATH``) to run this check; it is skipped, saying so, otherwise.
+guidellm lives in a venv of its own, ``.venv/guidellm`` (``make install-guidellm``, part of ``make test``): it needs
+torch for its data loader, which nothing else here does, and the package index's torch is the CUDA build with ~3 GB
+of NVIDIA wheels, so that venv pins the CPU build (the Makefile says how). This test finds guidellm there, or wherever
+``GUIDELLM`` names its executable. ``make test`` sets ``GUIDELLM``, so there a missing guidellm fails the test; an
+ordinary ``pytest`` without that venv skips it, saying so.
 
 The rate is 50 requests/s, streamed. guidellm's side is fixed, not Poisson (its ``constant`` profile); ours is the
 spec's seeded Poisson draw, so its count is fixed too -- 3 017 arrivals in 60 s, 0.6 % above the rate -- and the test
@@ -16,7 +18,14 @@ checks it stays within 2 % of the rate, so the 5 % compares the tools and not th
 2-core host shared with other jobs guidellm fell behind (83 requests/s, its median first token 1.1 s: its own workers
 late, the stub's first token comes at 0.2 s), which is guidellm's limit here rather than a disagreement on the server.
 The stub sends the first token after 0.2 s, so 5 % of the TTFT is 10 ms: far above the milliseconds either tool's
-own overhead adds, far below a first token read at the end of the stream (7 x 20 ms later)."""
+own overhead adds, far below a first token read at the end of the stream (7 x 20 ms later).
+
+The stub and each tool in turn run at nice -10 (as root, as the suite runs; otherwise as they are): the test compares
+the tools, and on this host shared with other jobs (load averages of 20-40 on 2 cores) a tool starved of the CPU
+mid-run reads the stub's first token late -- guidellm once measured a TTFT p50 of 397 ms at load average ~35 while
+`diag gate`, right after it, measured 206 ms. Both get the same priority, so neither is favoured. With the kernel's
+autogroups (on here) a nice value weighs only within its session: it shields the tools from the rest of `make test`
+(the same session), not from another session's jobs, which share the CPU per session."""
 
 from __future__ import annotations
 
@@ -24,7 +33,6 @@ import asyncio
 import json
 import os
 import random
-import shutil
 import statistics
 import subprocess
 from pathlib import Path
@@ -34,19 +42,27 @@ import pytest
 from diag.gate.load import StepLoad, make_client, prompt_text, run_step
 from diag.gate.spec import parse_spec
 from tests.gate.stubproc import stub_server
+from tests.paths import REPO
 
 pytestmark = [pytest.mark.live, pytest.mark.process, pytest.mark.slow]
 
 RATE, SECONDS, PROMPT, OUTPUT = 50, 60, 16, 8
 TTFT_S, ITL_S = 0.2, 0.02
+NICE = -10
+VENV_GUIDELLM = REPO / ".venv" / "guidellm" / "bin" / "guidellm"
 
 
 def _guidellm() -> str:
-    exe = os.environ.get("GUIDELLM") or shutil.which("guidellm")
-    if not exe or not Path(exe).is_file():
-        pytest.skip("guidellm is not installed (it needs torch and its CUDA wheels, which the project does not install); "
-                    "set GUIDELLM to its executable to run this cross-check")  # fmt: skip
-    return exe
+    """``GUIDELLM`` if set (it must then exist: asked for by name, never skipped), else the project's own venv."""
+    named = os.environ.get("GUIDELLM")
+    if named:
+        if not os.access(named, os.X_OK):
+            pytest.fail(f"GUIDELLM={named} is not an executable (make install-guidellm installs it there)")
+        return named
+    if not os.access(VENV_GUIDELLM, os.X_OK):
+        pytest.skip(f"guidellm is not installed: {VENV_GUIDELLM.relative_to(REPO)} is missing (make install-guidellm, "
+                    "or set GUIDELLM to its executable)")  # fmt: skip
+    return str(VENV_GUIDELLM)
 
 
 def _theirs(exe: str, url: str, work: Path) -> tuple[float, float, int]:
@@ -60,7 +76,8 @@ def _theirs(exe: str, url: str, work: Path) -> tuple[float, float, int]:
            f"--profile=kind=constant,rate={RATE}", f"--constraint=kind=max_duration,seconds={SECONDS}",
            f"--data=kind=json_file,path={prompts}", f"--output=kind=json,path={out}", "--disable-console"]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "NO_PROXY": "*"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False,
+                          preexec_fn=_raise_priority)  # fmt: skip  # its worker processes inherit it
     assert proc.returncode == 0 and out.exists(), (proc.stderr or proc.stdout)[-2000:]
     metrics = json.loads(out.read_text())["benchmarks"][0]["metrics"]
     rps = metrics["requests_per_second"]
@@ -85,12 +102,26 @@ def _ours(url: str) -> tuple[float, float, int]:
     return len(ok) / (load.load_end - load.t0), statistics.median(ttft), sent - len(ok)
 
 
+def _raise_priority(pid: int = 0) -> None:
+    """``pid`` (0: the caller) at nice ``NICE`` where the test may (root): see the module's docstring."""
+    if os.geteuid() == 0:
+        os.setpriority(os.PRIO_PROCESS, pid, NICE)
+
+
 def test_guidellm_and_diag_gate_agree_on_throughput_and_ttft(tmp_path: Path) -> None:
     exe = _guidellm()
+    own = os.getpriority(os.PRIO_PROCESS, 0)
     with stub_server("--ttft", str(TTFT_S), "--itl", str(ITL_S)) as stub:
+        _raise_priority(stub.proc.pid)
         their_rps, their_ttft, their_failed = _theirs(exe, stub.url, tmp_path)
-        our_rps, our_ttft, our_failed = _ours(stub.url)
+        _raise_priority()
+        try:
+            our_rps, our_ttft, our_failed = _ours(stub.url)
+        finally:
+            if os.geteuid() == 0:
+                os.setpriority(os.PRIO_PROCESS, 0, own)
     figures = {"ours": (our_rps, our_ttft, our_failed), "guidellm": (their_rps, their_ttft, their_failed)}
+    print(f"requests/s, TTFT p50 (s), failed: {figures}")  # shown by pytest -rA: the figures a pass rests on
     assert our_failed == 0 and their_failed == 0, figures
     assert abs(our_rps - their_rps) <= 0.05 * their_rps, figures
     assert abs(our_ttft - their_ttft) <= 0.05 * their_ttft, figures

@@ -184,6 +184,44 @@ def test_a_keep_alive_connection_closed_under_a_request_sends_it_again_but_a_fre
     asyncio.run(go())
 
 
+def test_post_now_writes_the_request_before_it_returns_and_its_coroutine_reads_the_answer() -> None:
+    """The load generator's send: on an idle kept-alive connection the request is on the wire before ``post_now``
+    returns -- the server gets it though the coroutine returned has not run yet (``post``'s would not have sent it);
+    with no idle connection the coroutine opens one; a reused connection closed under it still goes again."""
+    closed: list[bytes] = []
+
+    async def idle_timeout(request: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if b"stale" in request and not closed:  # the first time only: a keep-alive timeout racing the reuse
+            closed.append(request)
+            writer.close()
+            return
+        await _echo(request, reader, writer)
+
+    async def until(cond: Callable[[], bool]) -> None:
+        async with asyncio.timeout(30):
+            while not cond():
+                await asyncio.sleep(0.01)
+
+    async def go() -> None:
+        async with serving(idle_timeout) as server, HttpClient(f"http://127.0.0.1:{server.port}") as client:
+            fresh = client.post_now("/x", b'"fresh"')  # no connection yet: opened when awaited
+            await asyncio.sleep(0.05)
+            assert server.requests == []
+            assert (await fresh).body == b'"fresh"'
+            early = client.post_now("/x", b'"early"')  # the connection is idle now: written at once
+            later = client.post("/x", b'"later"')  # not sent until its coroutine runs
+            await until(lambda: len(server.requests) == 2)
+            assert server.requests[1].endswith(b'"early"')
+            assert [(await early).body, (await later).body] == [b'"early"', b'"later"']
+            assert server.connections == 1
+            stale = client.post_now("/x", b'"stale"')  # the server closes that connection unanswered
+            await until(lambda: len(server.requests) == 4)
+            assert (await stale).body == b'"stale"'
+            assert server.connections == 2 and len(server.requests) == 5  # sent again, on a new connection
+
+    asyncio.run(go())
+
+
 def test_a_cancelled_request_closes_its_connection_so_no_late_answer_is_read_as_the_next_one() -> None:
     async def go() -> None:
         release = asyncio.Event()

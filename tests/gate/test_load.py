@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from diag.gate.alarm import Alarm
 from diag.gate.criteria import quantile
 from diag.gate.load import StepLoad, make_client, run_step
 from diag.gate.spec import GateSpec, parse_spec
@@ -109,3 +110,40 @@ def test_streaming_measures_ttft_and_inter_token_gaps_and_the_timeout_bounds_a_r
         took = time.monotonic() - t0
     assert slow.results and {r.error for r in slow.results} == {"timeout"}
     assert all(0.5 <= r.e2e_s < 2.5 for r in slow.results) and took < 4.0  # cut at 0.5 s, not at the 5 s answer
+
+
+@pytest.mark.parametrize("precise", [True, False], ids=["timerfd", "spin"])
+def test_an_alarm_fires_never_before_its_time_and_a_replaced_or_cancelled_time_not_at_all(precise: bool) -> None:
+    """The open loop's wake-up (diag.gate.alarm): early would send before the schedule, which no load on the host
+    can excuse, so that bound is exact; late is the host's, so only an upper bound far above a busy host's delays."""
+
+    async def go() -> tuple[str, list[tuple[str, float, float]]]:
+        loop = asyncio.get_running_loop()
+        fired: list[tuple[str, float, float]] = []
+        due = {"t": 0.0, "name": ""}
+        alarm = Alarm(loop, lambda: fired.append((due["name"], due["t"], time.monotonic())), precise=precise)
+        try:
+            for name, delay in (("a", 0.02), ("b", 0.0005), ("c", 0.0), ("d", -0.01)):
+                due["t"], due["name"] = time.monotonic() + delay, name
+                alarm.at(due["t"])
+                async with asyncio.timeout(30):
+                    while len(fired) < "abcd".index(name) + 1:
+                        await asyncio.sleep(0)
+            alarm.at(time.monotonic() + 0.05)  # replaced by a sooner time: fires once, at that one
+            due["t"], due["name"] = time.monotonic() + 0.01, "e"
+            alarm.at(due["t"])
+            async with asyncio.timeout(30):
+                while len(fired) < 5:
+                    await asyncio.sleep(0)
+            alarm.at(time.monotonic() + 0.01)
+            alarm.cancel()  # and a cancelled one never fires
+            await asyncio.sleep(0.2)  # past both the replaced time and the cancelled one
+        finally:
+            alarm.close()
+        return alarm.kind, fired
+
+    kind, fired = asyncio.run(go())
+    assert kind == ("timerfd" if precise else "spin")
+    assert [name for name, _, _ in fired] == ["a", "b", "c", "d", "e"]
+    assert all(got >= want for _, want, got in fired), fired
+    assert all(got - want < 5.0 for _, want, got in fired), fired
