@@ -54,21 +54,18 @@ def xdist_group_of(item: pytest.Item) -> str | None:
       host-wide), other cgroups' memory and pressure -- so two at once see each other's faults (measured: run
       side by side, healthy and moe-skew scenarios were judged noisy_neighbour, a queue backlog inconclusive
       after another test's OOM kill). Every live test is in it unless it says otherwise: the safe default.
-    - a ``live`` test that says why (its own classification, written where the test is) leaves that group, and
-      then the two rules above place it:
-      - ``host_quiet(reason)``: it needs root or a cgroup only -- it makes no fault the host shows (no OOM kill,
-        no thrash, no pressure, no neighbour growing) but inside ``livecg.host_exclusive()``, and judges nothing
-        the host shows (no verdict, no host-wide reading): it runs anywhere, beside anything;
-      - ``host_reader(reason)``: it judges the host but makes no fault there (load on an unconfined service,
-        no memory fault): it runs beside other readers and quiet tests, never beside a test of the live group
-        (it holds the host shared, the live group's tests hold it alone: ``livecg.host_exclusive``).
+    - a ``live`` test also marked ``host_quiet(reason)`` leaves that group (then the two rules above place it):
+      it needs root or a cgroup only -- it makes no fault the host shows (no OOM kill, no thrash, no pressure,
+      no neighbour growing) but inside ``livecg.host_exclusive()``, and judges nothing the host shows (no
+      verdict, no host-wide reading), so it neither disturbs nor is disturbed by the faults of the live group.
       CPU load is no such fault: the live group shares the cores with the other workers' process tests anyway,
-      and its judged runs are written for that (the service at a higher priority, a second attempt).
+      and its judged tests are written for that (the service at nice -15, a second attempt). The reason is
+      the test's own classification, written where the test is; ``host_quiet_reason`` refuses the mark without one.
     An explicit ``@pytest.mark.xdist_group`` wins over all of them.
     """
     if item.get_closest_marker("xdist_group") is not None:
         return None
-    if item.get_closest_marker("live") is not None and host_claim(item) is None:
+    if item.get_closest_marker("live") is not None and host_quiet_reason(item) is None:
         return "live"
     info = getattr(item, "_fixtureinfo", None)
     wide = [
@@ -82,31 +79,23 @@ def xdist_group_of(item: pytest.Item) -> str | None:
     return item.nodeid.split("::", 1)[0] if wide else None
 
 
-HOST_MARKS = ("host_quiet", "host_reader")
+def host_quiet_reason(item: pytest.Item) -> str | None:
+    """The reason a live test gives for leaving the serial ``live`` group, or None when it stays there.
 
-
-def host_claim(item: pytest.Item) -> tuple[str, str] | None:
-    """``(mark, reason)`` when a live test claims it may leave the serial ``live`` group, None when it stays there.
-
-    The marks are claims about the host, so each must say why it holds, and they only mean something on a live
-    test: a mark without a reason, both marks, or one on a test that is not ``live`` is a usage error at collection.
+    The mark is a claim about the host, so it must say why it holds, and it only means something on a live test:
+    a ``host_quiet`` mark without a reason, or on a test that is not ``live``, is a usage error at collection.
     """
-    marks = [mark for name in HOST_MARKS if (mark := item.get_closest_marker(name)) is not None]
-    if not marks:
+    mark = item.get_closest_marker("host_quiet")
+    if mark is None:
         return None
-    if len(marks) > 1:
-        raise pytest.UsageError(f"{item.nodeid}: host_quiet and host_reader exclude each other (a reader is not quiet)")
-    mark = marks[0]
     reason = mark.kwargs.get("reason", mark.args[0] if mark.args else "")
     if not isinstance(reason, str) or not reason.strip():
-        raise pytest.UsageError(
-            f"{item.nodeid}: @pytest.mark.{mark.name} needs its reason (reason=...): why the host cannot tell"
-        )
+        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.host_quiet needs its reason (reason=...): why the host cannot tell")
     if item.get_closest_marker("live") is None:
         raise pytest.UsageError(
-            f"{item.nodeid}: @pytest.mark.{mark.name} is for live tests only (it takes one out of the live group)"
+            f"{item.nodeid}: @pytest.mark.host_quiet is for live tests only (it takes one out of the live group)"
         )
-    return mark.name, reason
+    return reason
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the marks into the node ids
@@ -130,19 +119,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """Hold the host (``livecg.host_exclusive``) from setup to teardown: a ``live``-group test alone, a reader shared.
+    """A test of the ``live`` group holds the host (``livecg.host_exclusive``) from its setup to its teardown.
 
-    The group already runs one test at a time on its worker; the lock keeps the readers (``host_reader``) and the
-    few tests elsewhere whose fault shows for only part of their time (they hold it alone meanwhile) off its tests.
+    The group already runs one test at a time on its worker; the lock is for the few tests elsewhere that make a
+    fault the host shows only for part of their time and hold it meanwhile (the dashboards' live stack).
     """
-    claim = host_claim(item)
-    if _in_live_group(item):
-        hold = livecg.host_exclusive()
-    elif claim is not None and claim[0] == "host_reader":
-        hold = livecg.host_exclusive(shared=True)
-    else:
-        hold = contextlib.nullcontext()
-    with hold:
+    with livecg.host_exclusive() if _in_live_group(item) else contextlib.nullcontext():
         yield
 
 

@@ -65,29 +65,25 @@ def memory_cgroup(limit_bytes: int, name: str = "llmdiag-test") -> Iterator[Live
 # The folder every xdist worker of this run shares (tests/conftest.py sets it in a worker); None in a run without
 # workers, where one process runs one test at a time and there is nobody to exclude.
 host_lock_dir: Path | None = None
-_held: list[bool] = []  # the holds now open in this process, outermost first: True for a shared one
+_held: list[int] = []  # the open lock files while held (a stack, so a nested host_exclusive is a no-op)
 
 
 @contextlib.contextmanager
-def host_exclusive(shared: bool = False) -> Iterator[None]:
-    """Hold the host: no test that makes a fault the host shows runs meanwhile -- nor, unless ``shared``, any that judges it.
+def host_exclusive() -> Iterator[None]:
+    """Have the host to ourselves: no test of the serial ``live`` group runs while this is held.
 
-    Why: a live test judges this host -- its OOM kills, pressure, other cgroups' memory -- so a fault made beside
-    it moves its verdict. A test that makes such a fault holds the host alone (exclusive): the serial ``live``
-    group does, each of its tests from setup to teardown (tests/conftest.py), and a test elsewhere whose fault
-    shows for only part of its time holds it for that part (the dashboards' live stack: its load and its two
-    OOM kills). A test that judges the host but makes no fault there (``host_reader``) holds it ``shared``:
-    such tests run side by side, never beside a fault. Host-wide that is the order of the serial group.
+    Why: a live test judges this host -- its OOM kills, pressure, other cgroups' memory -- so a fault made
+    beside it moves its verdict. ``make test`` runs the ``live`` group on one xdist worker, each of its tests
+    inside this lock (tests/conftest.py); a test elsewhere that makes such a fault holds it for exactly as long
+    as the fault can show (the dashboards' live stack: its load and its two OOM kills), and runs the rest of
+    its time -- queries, waits -- beside the group. Host-wide it is the same order as running in the group.
 
-    Fair, so nobody starves: a waiter first takes the *turnstile* and keeps it while it waits for the host, so
-    no newcomer -- the live group asking again right after its last test, or more readers -- takes the host
-    before the waiter's turn. Reentrant: inside a held hold, another is a no-op (a live-group test whose fixture
-    holds it too); asking for the host alone inside a shared hold is refused (it would wait for itself).
+    Fair, so neither side starves: a waiter first takes the *turnstile* and keeps it while it waits for the
+    host, so the other side cannot take the host again between two of its tests before the waiter had its turn.
+    Reentrant: inside a held ``host_exclusive`` (a live-group test using such a fixture), another is a no-op.
     """
     if host_lock_dir is None or _held:
-        if _held and all(_held) and not shared:
-            raise RuntimeError("host_exclusive(): the host alone was asked for inside a shared hold of it")
-        _held.append(shared)
+        _held.append(-1)
         try:
             yield
         finally:
@@ -98,10 +94,10 @@ def host_exclusive(shared: bool = False) -> Iterator[None]:
     try:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         try:
-            fcntl.flock(host, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+            fcntl.flock(host, fcntl.LOCK_EX)
         finally:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
-        _held.append(shared)
+        _held.append(host)
         try:
             yield
         finally:

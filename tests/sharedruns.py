@@ -15,23 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# The scenarios whose runs judge the host but make no fault there: each needs no memory cgroup (its server runs
-# unconfined, or in a group far above what it uses), and what it does is load -- requests, a queue, a skewed router,
-# batches, a KV cache filled by the demo server's own accounting, a checkpoint re-read from the page cache. They run
-# beside each other (``host_reader``), never beside a live-group test. Left out on purpose: duplicate-models (four
-# private copies of the weights: memory the host shows), oversized-context (huge prompts blow the memory peak), and
-# every scenario with a memory fault (leak, pressure, thrash, host-oom, noisy-neighbour, unsafe-config).
-READER_SCENARIOS = frozenset({"healthy", "queue", "loader-refresh", "moe-skew", "request-count-batching", "kv-saturation"})
-READER_REASON = "load only, no memory fault (tests/sharedruns.py READER_SCENARIOS); its verdict reads the host"
-
-
-def reader_marks(name: str) -> tuple[Any, ...]:
-    """The marks a scenario's parametrised case carries: ``host_reader`` for the scenarios in ``READER_SCENARIOS``."""
-    import pytest
-
-    return (pytest.mark.host_reader(reason=READER_REASON),) if name in READER_SCENARIOS else ()
-
-
 # A scenario's verdict gets one second attempt: these runs share a 2-core host with whatever else runs
 # there, and a neighbour's burst can legitimately change what a 45-60 s recording shows.
 ATTEMPTS = int(os.environ.get("LLMDIAG_SCENARIO_ATTEMPTS", "2"))

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests import livecg
-from tests.conftest import host_claim, xdist_group_of
+from tests.conftest import host_quiet_reason, xdist_group_of
 from tests.paths import REPO
 
 CASES = """
@@ -59,17 +59,6 @@ def test_quiet_without_reason():
 @pytest.mark.host_quiet(reason="not live")
 def test_quiet_but_not_live():
     pass
-
-@pytest.mark.live
-@pytest.mark.host_reader(reason="load only")
-def test_reader():
-    pass
-
-@pytest.mark.live
-@pytest.mark.host_reader(reason="load only")
-@pytest.mark.host_quiet(reason="quiet")
-def test_reader_and_quiet():
-    pass
 """
 
 
@@ -80,26 +69,11 @@ def test_live_tests_stay_in_the_serial_group_unless_they_say_why(pytester: pytes
     assert xdist_group_of(items["test_quiet_with_its_module"]) == items["test_quiet_with_its_module"].nodeid.split("::")[0]
     assert xdist_group_of(items["test_explicit_group_wins"]) is None  # its own mark is kept as it is
     assert xdist_group_of(items["test_not_live"]) is None
-    assert xdist_group_of(items["test_reader"]) is None
-    assert host_claim(items["test_quiet_spread_freely"]) == ("host_quiet", "reads a limit")
-    assert host_claim(items["test_reader"]) == ("host_reader", "load only")
-    assert host_claim(items["test_live_by_default"]) is None
+    assert host_quiet_reason(items["test_quiet_spread_freely"]) == "reads a limit"
     with pytest.raises(pytest.UsageError, match="needs its reason"):
         xdist_group_of(items["test_quiet_without_reason"])
     with pytest.raises(pytest.UsageError, match="for live tests only"):
-        host_claim(items["test_quiet_but_not_live"])
-    with pytest.raises(pytest.UsageError, match="exclude each other"):
-        host_claim(items["test_reader_and_quiet"])
-
-
-def test_reader_scenarios_make_no_memory_fault() -> None:
-    """A scenario that needs a memory cgroup makes a memory fault there: it may not run beside the live group."""
-    from diag.demo.scenarios.library import SCENARIOS
-    from tests.sharedruns import READER_SCENARIOS, reader_marks
-
-    assert set(SCENARIOS) >= READER_SCENARIOS
-    assert [n for n in READER_SCENARIOS if SCENARIOS[n].needs_cgroups] == []
-    assert [m.name for m in reader_marks("queue")] == ["host_reader"] and reader_marks("leak") == ()
+        host_quiet_reason(items["test_quiet_but_not_live"])
 
 
 def test_host_exclusive_is_a_no_op_without_workers_and_reentrant_with_them(
@@ -109,8 +83,6 @@ def test_host_exclusive_is_a_no_op_without_workers_and_reentrant_with_them(
     with livecg.host_exclusive(), livecg.host_exclusive():
         assert not list(tmp_path.iterdir())
     monkeypatch.setattr(livecg, "host_lock_dir", tmp_path)
-    with livecg.host_exclusive(shared=True), pytest.raises(RuntimeError, match="inside a shared hold"), livecg.host_exclusive():
-        pass
     with livecg.host_exclusive(), livecg.host_exclusive():  # a live-group test whose fixture holds it too: no deadlock
         fd = os.open(tmp_path / "live-host.lock", os.O_RDWR)
         try:
@@ -168,37 +140,3 @@ def test_a_waiting_worker_gets_the_host_before_the_holder_takes_it_again(tmp_pat
         entered = time.monotonic()
     assert waiter.wait(timeout=30) == 0
     assert float(got.read_text()) < entered
-
-
-@pytest.mark.process
-def test_readers_share_the_host_and_a_fault_waits_for_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Another process holds the host shared: a second reader gets it at once, a fault (the host alone) waits."""
-    monkeypatch.setattr(livecg, "host_lock_dir", tmp_path)
-    got = tmp_path / "reader-had-it"
-    holder = subprocess.Popen([sys.executable, "-c", READER, str(tmp_path), str(got)], cwd=REPO, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
-        with livecg.host_exclusive(shared=True):
-            pass  # at once: readers share it
-        assert _held_by_another(tmp_path / "live-host.lock")  # the host alone is not to be had meanwhile
-        assert holder.stdin is not None
-        holder.stdin.close()  # the reader lets go
-        with livecg.host_exclusive():
-            assert got.exists()
-    finally:
-        if holder.poll() is None:
-            holder.kill()
-        holder.wait()
-
-
-READER = """
-import sys
-from pathlib import Path
-from tests import livecg
-livecg.host_lock_dir = Path(sys.argv[1])
-with livecg.host_exclusive(shared=True):
-    print("holding", flush=True)
-    sys.stdin.read()
-    Path(sys.argv[2]).write_text("done")
-"""

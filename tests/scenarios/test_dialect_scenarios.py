@@ -29,7 +29,7 @@ from diag.demo.scenarios import SCENARIO_NAMES
 from diag.demo.scenarios.library import SCENARIOS
 from diag.demo.scenarios.runner import ScenarioResult, run_scenario
 from tests.livecg import require_live
-from tests.sharedruns import ATTEMPTS, reader_marks
+from tests.sharedruns import ATTEMPTS
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
@@ -50,7 +50,7 @@ KNOWN_GAPS: dict[tuple[str, str], str] = {}
 KV_DIALECTS = {"vllm"}  # the engines whose pinned /metrics carry KV usage and preemptions
 
 
-@pytest.fixture  # the session's folder (cheap to ask for again): a module scope would tie every case to one worker
+@pytest.fixture(scope="module")
 def weights_dir(scenario_weights: Path) -> Path:
     return scenario_weights
 
@@ -90,7 +90,7 @@ CASES = [(name, dialect) for name in SCENARIO_NAMES for dialect in DIALECTS
          if name in SERVICE_SIDE or (dialect == "vllm" and name not in TRACKER_ONLY)]  # fmt: skip
 
 
-@pytest.mark.parametrize(("name", "dialect"), [pytest.param(n, d, marks=reader_marks(n), id=f"{n}-{d}") for n, d in CASES])
+@pytest.mark.parametrize(("name", "dialect"), CASES, ids=[f"{n}-{d}" for n, d in CASES])
 def test_scenario_in_an_engines_dialect(
     name: str, dialect: str, weights_dir: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

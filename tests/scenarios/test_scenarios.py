@@ -36,7 +36,7 @@ from diag.demo.scenarios.library import SCENARIOS
 from diag.demo.scenarios.load import check_loopback
 from diag.demo.scenarios.runner import ScenarioResult, run_scenario
 from tests.livecg import require_live
-from tests.sharedruns import ATTEMPTS, reader_marks, verdict_problems
+from tests.sharedruns import ATTEMPTS, verdict_problems
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "scenarios"
@@ -93,7 +93,7 @@ def _explain(result: ScenarioResult) -> str:
 
 @pytest.mark.slow
 @pytest.mark.live
-@pytest.mark.parametrize("name", [pytest.param(name, marks=reader_marks(name)) for name in SCENARIO_NAMES])
+@pytest.mark.parametrize("name", SCENARIO_NAMES)
 def test_scenario_reproduces_its_incident(name: str, weights_dir: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """Each scenario, run for real, leaves its signature and gets its verdict -- and leaves nothing behind.
 
