@@ -59,8 +59,9 @@ def xdist_group_of(item: pytest.Item) -> str | None:
       no neighbour growing) but inside ``livecg.host_exclusive()``, and judges nothing the host shows (no
       verdict, no host-wide reading), so it neither disturbs nor is disturbed by the faults of the live group.
       CPU load is no such fault: the live group shares the cores with the other workers' process tests anyway,
-      and its judged tests are written for that (the service at nice -15, a second attempt). The reason is
-      the test's own classification, written where the test is; ``host_quiet_reason`` refuses the mark without one.
+      and its judged tests are written for that (the service at a raised priority where it matters, a second
+      attempt). The reason is the test's own classification, written where the test is; ``host_quiet_reason``
+      refuses the mark without one.
     An explicit ``@pytest.mark.xdist_group`` wins over all of them.
     """
     if item.get_closest_marker("xdist_group") is not None:
