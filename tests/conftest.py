@@ -17,7 +17,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,12 +53,20 @@ def xdist_group_of(item: pytest.Item) -> str | None:
     - ``live`` tests share one group, before both: they diagnose *this host* -- its OOM kills (/dev/kmsg is
       host-wide), other cgroups' memory and pressure -- so two at once see each other's faults (measured: run
       side by side, healthy and moe-skew scenarios were judged noisy_neighbour, a queue backlog inconclusive
-      after another test's OOM kill).
-    An explicit ``@pytest.mark.xdist_group`` wins over all three.
+      after another test's OOM kill). Every live test is in it unless it says otherwise: the safe default.
+    - a ``live`` test also marked ``host_quiet(reason)`` leaves that group (then the two rules above place it):
+      it needs root or a cgroup only -- it makes no fault the host shows (no OOM kill, no thrash, no pressure,
+      no neighbour growing) but inside ``livecg.host_exclusive()``, and judges nothing the host shows (no
+      verdict, no host-wide reading), so it neither disturbs nor is disturbed by the faults of the live group.
+      CPU load is no such fault: the live group shares the cores with the other workers' process tests anyway,
+      and its judged tests are written for that (the service at a raised priority where it matters, a second
+      attempt). The reason is the test's own classification, written where the test is; ``host_quiet_reason``
+      refuses the mark without one.
+    An explicit ``@pytest.mark.xdist_group`` wins over all of them.
     """
     if item.get_closest_marker("xdist_group") is not None:
         return None
-    if item.get_closest_marker("live") is not None:
+    if item.get_closest_marker("live") is not None and host_quiet_reason(item) is None:
         return "live"
     info = getattr(item, "_fixtureinfo", None)
     wide = [
@@ -70,12 +80,53 @@ def xdist_group_of(item: pytest.Item) -> str | None:
     return item.nodeid.split("::", 1)[0] if wide else None
 
 
+def host_quiet_reason(item: pytest.Item) -> str | None:
+    """The reason a live test gives for leaving the serial ``live`` group, or None when it stays there.
+
+    The mark is a claim about the host, so it must say why it holds, and it only means something on a live test:
+    a ``host_quiet`` mark without a reason, or on a test that is not ``live``, is a usage error at collection.
+    """
+    mark = item.get_closest_marker("host_quiet")
+    if mark is None:
+        return None
+    reason = mark.kwargs.get("reason", mark.args[0] if mark.args else "")
+    if not isinstance(reason, str) or not reason.strip():
+        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.host_quiet needs its reason (reason=...): why the host cannot tell")
+    if item.get_closest_marker("live") is None:
+        raise pytest.UsageError(
+            f"{item.nodeid}: @pytest.mark.host_quiet is for live tests only (it takes one out of the live group)"
+        )
+    return reason
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the marks into the node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         group = xdist_group_of(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _in_live_group(item: pytest.Item) -> bool:
+    mark = item.get_closest_marker("xdist_group")
+    return mark is not None and (mark.args[0] if mark.args else mark.kwargs.get("name")) == "live"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In an xdist worker, where the workers meet: its basetemp is ``<the run's folder>/<worker id>``."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and config.option.basetemp:
+        livecg.host_lock_dir = Path(config.option.basetemp).parent
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A test of the ``live`` group holds the host (``livecg.host_exclusive``) from its setup to its teardown.
+
+    The group already runs one test at a time on its worker; the lock is for the few tests elsewhere that make a
+    fault the host shows only for part of their time and hold it meanwhile (the dashboards' live stack).
+    """
+    with livecg.host_exclusive() if _in_live_group(item) else contextlib.nullcontext():
+        yield
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

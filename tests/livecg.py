@@ -11,7 +11,10 @@ killed by PID, never by name. A test that cannot run here gets a skip with the e
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +22,7 @@ import pytest
 from diag.demo.scenarios.cgroups import MAX_LIMIT_BYTES, ScenarioCgroups, own_v1_memory_cgroup, unavailable_reason
 from diag.demo.scenarios.cgroups import MemoryGroup as LiveGroup
 
-__all__ = ["LiveGroup", "memory_cgroup", "own_v1_memory_cgroup", "require_live", "skip_reason"]
+__all__ = ["LiveGroup", "host_exclusive", "memory_cgroup", "own_v1_memory_cgroup", "require_live", "skip_reason"]
 
 
 def skip_reason() -> str | None:
@@ -57,3 +60,49 @@ def memory_cgroup(limit_bytes: int, name: str = "llmdiag-test") -> Iterator[Live
     finally:
         groups.close()
     assert not groups.leftovers, f"live test cgroups left behind: {groups.leftovers}"
+
+
+# The folder every xdist worker of this run shares (tests/conftest.py sets it in a worker); None in a run without
+# workers, where one process runs one test at a time and there is nobody to exclude.
+host_lock_dir: Path | None = None
+_held: list[int] = []  # the open lock files while held (a stack, so a nested host_exclusive is a no-op)
+
+
+@contextlib.contextmanager
+def host_exclusive() -> Iterator[None]:
+    """Have the host to ourselves: no test of the serial ``live`` group runs while this is held.
+
+    Why: a live test judges this host -- its OOM kills, pressure, other cgroups' memory -- so a fault made
+    beside it moves its verdict. ``make test`` runs the ``live`` group on one xdist worker, each of its tests
+    inside this lock (tests/conftest.py); a test elsewhere that makes such a fault holds it for exactly as long
+    as the fault can show (the dashboards' live stack: its load and its two OOM kills), and runs the rest of
+    its time -- queries, waits -- beside the group. Host-wide it is the same order as running in the group.
+
+    Fair, so neither side starves: a waiter first takes the *turnstile* and keeps it while it waits for the
+    host, so the other side cannot take the host again between two of its tests before the waiter had its turn.
+    Reentrant: inside a held ``host_exclusive`` (a live-group test using such a fixture), another is a no-op.
+    """
+    if host_lock_dir is None or _held:
+        _held.append(-1)
+        try:
+            yield
+        finally:
+            _held.pop()
+        return
+    turnstile = os.open(host_lock_dir / "live-turnstile.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    host = os.open(host_lock_dir / "live-host.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(host, fcntl.LOCK_EX)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        _held.append(host)
+        try:
+            yield
+        finally:
+            _held.pop()
+            fcntl.flock(host, fcntl.LOCK_UN)
+    finally:
+        os.close(host)
+        os.close(turnstile)

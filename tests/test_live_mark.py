@@ -22,6 +22,7 @@ def test_an_unmarked_test_that_needs_the_live_tier_fails() -> None:
 
 
 @pytest.mark.live
+@pytest.mark.host_quiet(reason="asks whether the live tier is here; makes no group")
 def test_a_marked_test_gets_the_live_tier_or_the_reason_it_cannot() -> None:
     reason = livecg.skip_reason()
     if reason is None:

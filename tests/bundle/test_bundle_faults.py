@@ -30,6 +30,9 @@ def _as_nobody() -> None:
 
 
 @pytest.mark.live
+@pytest.mark.host_quiet(
+    reason="root only to drop capabilities: a bundle of what it could not read, no fault made, no verdict asserted"
+)
 def test_every_unreadable_source_is_named_with_its_reason(tmp_path: Path) -> None:
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv (util-linux) to drop the capabilities that let root read anything")

@@ -117,6 +117,9 @@ ERRORS = "llmdiag_recorder_write_errors_total"
 
 @pytest.mark.slow
 @pytest.mark.live
+@pytest.mark.host_quiet(
+    reason="a 3-64 MiB tmpfs filled by the agent's own recorder: its rows and /metrics are checked, the analysis only for running"
+)
 def test_a_full_disk_costs_the_oldest_rows_never_the_agent(tmp_path: Path) -> None:
     _require_mount()
     with _tmpfs(tmp_path / "small", "3m") as disk:
@@ -154,6 +157,9 @@ NO_DAC = ("setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_
 
 
 @pytest.mark.live
+@pytest.mark.host_quiet(
+    reason="a small tmpfs remounted read-only under the agent: its recorder's errors are checked, nothing host-wide"
+)
 def test_read_only_folder_then_deleted_then_replaced_recorder(tmp_path: Path) -> None:
     _require_mount()
     folder = tmp_path / "state"
@@ -285,6 +291,9 @@ def test_processes_appearing_and_vanishing_by_the_thousand_cost_no_sample(tmp_pa
 
 
 @pytest.mark.live
+@pytest.mark.host_quiet(
+    reason="empty 32-64 MiB groups created and removed under our own: the agent's sampling is checked, no memory is used"
+)
 def test_the_agent_keeps_resolving_a_group_that_comes_and_goes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--cgroup for a group that does not exist yet: warned about, looked for every sample, found when it appears,
     lost again when it goes -- each change a WatchScope record and the state on /metrics. Then groups are created

@@ -263,6 +263,7 @@ def _wait_for(check, timeout_s: float) -> bool:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.live
+@pytest.mark.host_quiet(reason="a unit started, seen recording and stopped: no fault, no verdict asserted")
 def test_unit_starts_and_stops_under_systemd(tmp_path: Path) -> None:
     """Installed in /run/systemd/system under a throw-away name, started, seen recording, stopped, removed."""
     _require_systemd()
@@ -276,6 +277,9 @@ def test_unit_starts_and_stops_under_systemd(tmp_path: Path) -> None:
 
 
 @pytest.mark.live
+@pytest.mark.host_quiet(
+    reason="the units' shared user and recorder: the diagnosis must be read (no permission error), whatever its class"
+)
 def test_both_units_share_one_user_and_the_receiver_reads_the_agents_recorder(tmp_path: Path) -> None:
     """The agent and the receiver under throw-away names sharing one throw-away User= and state directory: one
     uid runs both, and a page delivered to the receiver is diagnosed from the agent's recorder (not 'no flight

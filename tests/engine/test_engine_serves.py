@@ -26,6 +26,9 @@ TOKENS = 12
 ASCII = {chr(b - 3) for b in range(len(PRINTABLE)) if PRINTABLE[b]}
 
 
+@pytest.mark.host_quiet(
+    reason="one server in a group far above the model: greedy answers compared with each other, CPU only, no verdict"
+)
 def test_completions_and_streamed_chat_are_deterministic(tmp_path: Path, engine_model: WrittenModel) -> None:
     require_live()
     made = ScenarioCgroups(prefix="llmdiag-engine")

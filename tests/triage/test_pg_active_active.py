@@ -80,6 +80,9 @@ def _deliver(receivers: list[ReceiverProcess], deliveries: list[dict], on_progre
     return acked, retries, errors
 
 
+@pytest.mark.host_quiet(
+    reason="receivers (--no-diagnosis) and PostgreSQL killed and restarted: CPU and sockets only, counts of alerts and tickets"
+)
 def test_two_receivers_on_one_postgres_kill9_and_a_database_restart_lose_and_duplicate_nothing(pg_server, tmp_path):
     reset(pg_server.url)
     deliveries, expected = plan()
