@@ -168,6 +168,8 @@ async def _exchange(client: HttpClient, spec: GateSpec, body: dict[str, Any], re
         res.status = resp.status
         if resp.status != 200:
             res.error = f"HTTP {resp.status}"
+        elif not sse.ended and res.error is None:  # a server cut the stream short (a shutdown) yet framed it whole
+            res.error = "the stream ended without data: [DONE]"
         return
     resp = await client.post(spec.endpoint, data)
     res.status = resp.status
