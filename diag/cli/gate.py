@@ -130,8 +130,10 @@ def gate(
     Each step sends its load (open loop: Poisson arrivals at `rate`, latency counted from the scheduled
     time; closed loop: `concurrency` clients), while the host agent samples memory, PSI, OOM kills and
     the backend's /metrics; then the step's criteria are judged and the rules engine diagnoses the step's
-    window, so a FAIL names the criterion and why (e.g. queue_backlog). A progress line per step, then a
-    table of steps x criteria. Ctrl-C stops the load and still reports the steps that ran.
+    window, so a FAIL names the criterion and why (e.g. queue_backlog). A target that serves no Prometheus
+    /metrics (llama-cpp-python's server) is a note, not a failure; a failed step the host's side explains
+    nothing of is then diagnosed from the client's figures. A progress line per step, then a table of steps x
+    criteria. Ctrl-C stops the load and still reports the steps that ran.
 
     At the first failed step the gate takes an incident bundle of the run so far (`diag bundle` over the
     gate's flight recorder, the --pid/--cgroup targets watched) before the next step, and names it in the

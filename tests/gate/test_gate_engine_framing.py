@@ -98,3 +98,13 @@ def test_a_step_that_kept_up_or_a_closed_loop_gets_no_client_line() -> None:
     closed = parse_spec({"steps": [{"name": "c", "concurrency": 2, "duration": "5s", "prompt_tokens": 4, "output_tokens": 4}]})
     slow = [Result(scheduled=float(i), sent=float(i), done=i + 0.5 * i, status=200) for i in range(9)]
     assert client_queue(StepLoad(closed.steps[0], 0.0, 0.0, slow, load_end=9.0, end=14.0)) == ""
+
+
+def test_a_target_without_metrics_is_a_note_not_a_failure() -> None:
+    from diag.cli.gate import _metrics_note
+
+    note = _metrics_note(False, "GET /metrics: HTTP 404", scrape=True)
+    assert note.startswith("the target serves no Prometheus metrics (GET /metrics: HTTP 404)")
+    assert "judged on the client's figures and the host's samples" in note
+    assert "--no-scrape" in _metrics_note(True, "", scrape=False)
+    assert _metrics_note(True, "", scrape=True) == ""
