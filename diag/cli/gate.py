@@ -44,8 +44,13 @@ def _target(text: str, allow_remote: bool) -> str:
     return text.rstrip("/")
 
 
-def _probe(target: str) -> bool:
-    """Whether something answers HTTP at the target (any status), and whether it serves Prometheus text at /metrics."""
+def _probe(target: str) -> tuple[bool, str]:
+    """Whether something answers HTTP at the target (any status; nothing at all: exit 2), and whether it serves
+    Prometheus text at /metrics -- with, when it does not, what the gate says instead of the engine's counters.
+
+    Why a note and not a failure: many engines (llama-cpp-python's server among them) expose no /metrics; the gate
+    still judges every step on the client's figures and the host's samples, and the reader learns that the
+    diagnosis had no engine-side counters (queue depth, KV cache) to go on."""
     import httpx
 
     try:
@@ -53,12 +58,24 @@ def _probe(target: str) -> bool:
             client.get(target + "/")
             try:
                 resp = client.get(target + "/metrics")
-            except httpx.HTTPError:
-                return False
+            except httpx.HTTPError as exc:
+                return False, f"GET /metrics failed ({type(exc).__name__})"
             head = resp.text[:4096] if resp.status_code == 200 else ""
-            return "# TYPE " in head or "# HELP " in head
+            if "# TYPE " in head or "# HELP " in head:
+                return True, ""
+            got = f"HTTP {resp.status_code}" if resp.status_code != 200 else "HTTP 200 without Prometheus text"
+            return False, f"GET /metrics: {got}"
     except httpx.HTTPError as exc:
         fail(f"--target {target}: nothing answers there ({type(exc).__name__}: {exc}); start the server first")
+
+
+def _metrics_note(serves: bool, why: str, scrape: bool) -> str:
+    if serves and scrape:
+        return ""
+    if serves:
+        return "the target's /metrics were not scraped (--no-scrape): the diagnosis has no engine-side counters"
+    return (f"the target serves no Prometheus metrics ({why}): the engine's own counters (queue, KV cache, tokens) "
+            "are not in the diagnosis; each step is judged on the client's figures and the host's samples")  # fmt: skip
 
 
 def gate(
@@ -113,8 +130,10 @@ def gate(
     Each step sends its load (open loop: Poisson arrivals at `rate`, latency counted from the scheduled
     time; closed loop: `concurrency` clients), while the host agent samples memory, PSI, OOM kills and
     the backend's /metrics; then the step's criteria are judged and the rules engine diagnoses the step's
-    window, so a FAIL names the criterion and why (e.g. queue_backlog). A progress line per step, then a
-    table of steps x criteria. Ctrl-C stops the load and still reports the steps that ran.
+    window, so a FAIL names the criterion and why (e.g. queue_backlog). A target that serves no Prometheus
+    /metrics (llama-cpp-python's server) is a note, not a failure; a failed step the host's side explains
+    nothing of is then diagnosed from the client's figures. A progress line per step, then a table of steps x
+    criteria. Ctrl-C stops the load and still reports the steps that ran.
 
     At the first failed step the gate takes an incident bundle of the run so far (`diag bundle` over the
     gate's flight recorder, the --pid/--cgroup targets watched) before the next step, and names it in the
@@ -167,8 +186,9 @@ def gate(
         fail(f"--spec {exc}" if str(exc).startswith(str(spec)) else f"--spec {spec}: {exc}")
     extra = _systemd(unit, parsed, pids)
     pids, cgroups = (*pids, *extra.pids), (*cgroups, *extra.cgroups)
-    serves_metrics = _probe(base)
-    _run(parsed, base, pids, cgroups, json_out, recorder, scrape and serves_metrics, html, bundles, extra)
+    serves_metrics, why = _probe(base)
+    note = _metrics_note(serves_metrics, why, scrape)
+    _run(parsed, base, pids, cgroups, json_out, recorder, scrape and serves_metrics, html, bundles, extra, note)
 
 
 @dataclass(frozen=True)
@@ -241,7 +261,7 @@ def _bundle_dir(given: Path | None, json_out: Path | None) -> Path:
 
 def _run(parsed, base: str, pids: tuple[int, ...], cgroups: tuple[str, ...], json_out: Path | None,  # type: ignore[no-untyped-def]
          recorder: Path | None, scrape: bool, html: Path | None, bundles: Path | None,
-         systemd: _Systemd) -> None:  # fmt: skip
+         systemd: _Systemd, metrics_note: str = "") -> None:  # fmt: skip
     from diag.gate.report import render
     from diag.gate.runner import RunOptions, run_gate
 
@@ -262,6 +282,7 @@ def _run(parsed, base: str, pids: tuple[int, ...], cgroups: tuple[str, ...], jso
             unit=systemd.unit,
             oomd=systemd.oomd,
             terminate_pid=systemd.terminate_pid,
+            notes=(metrics_note,) if metrics_note else (),
         )  # type: ignore[arg-type]
         progress(f"gate: {len(parsed.steps)} steps, {parsed.total_s:g} s of load against {base}{parsed.endpoint}")
         report = run_gate(parsed, run, progress)

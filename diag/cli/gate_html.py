@@ -2,7 +2,9 @@
 
 What it shows: the verdict, the infrastructure and application gates (each check's state, the value read and
 why), the steps x criteria table (PASS/FAIL and the measured value, the limit beside it), each step's diagnosis
-(the primary class and the leading finding's evidence in one line), where the first failed step's bundle went,
+(the primary class and the leading finding's evidence in one line), the neighbour check when the spec has one
+(its verdict and criteria, the service's protection, its resident and mapped memory, major faults and stall before
+the neighbour and while it held, the OOM kills, the diagnosis), where the first failed step's bundle went,
 and four charts over the run with every step's boundaries marked -- the load asked, sent and served; the latency
 quantiles; the memory PSI; the target's memory.
 
@@ -33,11 +35,12 @@ from collectors.redact import redact_argv, redact_text
 from diag.bundle import svgplot
 from diag.bundle.charts import Chart, GiB, MiB
 from diag.bundle.report import environment
+from diag.gate.neighbour import NeighbourOutcome
 from diag.gate.report import render
 from diag.gate.runner import GateReport, StepReport
 from diag.gate.timeseries import RunSeries, run_series
 from diag.timeline import Series, Timeline
-from diag.units import format_value
+from diag.units import format_bytes, format_value
 from diag.views.charts import PALETTE, reduce_minmax
 
 BOUNDARY = "#888888"
@@ -157,6 +160,45 @@ def _evidence(s: StepReport) -> str:
     return f"{e.what}: {format_value(e.value, e.unit)}"
 
 
+def _num(v: float | None, fmt: str) -> str:
+    return "not readable" if v is None else fmt.format(v)
+
+
+def neighbour_view(nb: NeighbourOutcome | None) -> dict[str, Any] | None:
+    """The negative check in the reader's words: its state, each criterion, and a table of what the service's
+    memory did before the neighbour and while it held its memory (from ``NeighbourOutcome.facts``)."""
+    if nb is None:
+        return None
+    f = nb.facts or {}
+    rows: list[dict[str, str]] = []
+    for key, what, fmt in (
+        ("resident_bytes", "resident memory of the service's processes (RSS)", None),
+        ("file_resident_bytes", "file-backed resident memory (mapped weights)", None),
+        ("group_usage_bytes", "the service group's usage (page cache included)", None),
+        ("major_faults_per_s", "major page faults", "{:.1f}/s"),
+        ("memory_stall_pct", "memory stall of the service's group (PSI some)", "{:.1f} %"),
+    ):
+        pair = f.get(key)
+        if not pair or (pair.get("before") is None and pair.get("during") is None):
+            continue
+        cell = (lambda v: "not readable" if v is None else format_bytes(v)) if fmt is None else (lambda v, f_=fmt: _num(v, f_))
+        rows.append({"what": what, "before": cell(pair.get("before")), "during": cell(pair.get("during"))})
+    hog = f.get("neighbour") or {}
+    parent = f.get("parent") or {}
+    kills = f.get("oom_kills")
+    return {
+        "state": nb.state, "during": nb.during, "reason": nb.reason, "verdicts": nb.verdicts, "rows": rows,
+        "protection": f.get("protection"), "service_group": f.get("service_group"), "hog": hog,
+        "hog_memory": format_bytes(hog.get("memory_bytes")), "hog_limit": format_bytes(hog.get("limit_bytes")),
+        "hog_peak": format_bytes(hog.get("peak_bytes")) if hog.get("peak_bytes") is not None else None,
+        "parent": parent.get("path"),
+        "parent_limit": "unlimited" if parent.get("limit_bytes") is None else format_bytes(parent["limit_bytes"]),
+        "oom_kills": "unknown" if kills is None and f else kills, "hog_exit": f.get("hog_exit"),
+        "leftover": f.get("leftover"), "diagnosis": nb.diagnosis, "primary": nb.primary, "window": nb.window,
+        "evidence": nb.evidence if not f else [],  # the figures are tabulated; prose only where there are none
+    }  # fmt: skip
+
+
 def view(report: GateReport, run: RunSeries, argv: Sequence[str]) -> dict[str, Any]:
     """What the template shows, every string already in the reader's words."""
     criteria: list[str] = []
@@ -183,7 +225,7 @@ def view(report: GateReport, run: RunSeries, argv: Sequence[str]) -> dict[str, A
         "not_run": [s.name for s in report.spec.steps[len(report.steps) :]], "run": run,
         "target": redact_text(report.target)[0] + report.spec.endpoint, "spec": report.spec.source,
         "command": redact_argv(["diag", *argv[1:]]), "version": tool_version(), "created": time.time(),
-        "bundle": report.bundle, "gates": list(report.gates.values()),
+        "bundle": report.bundle, "gates": list(report.gates.values()), "neighbour": neighbour_view(report.neighbour),
     }  # fmt: skip
 
 
@@ -303,6 +345,43 @@ TEMPLATE = """<!DOCTYPE html>
   {% endfor %}
   </tbody>
 </table>
+
+{% if neighbour %}{% set nb = neighbour %}
+<h2 id="neighbour">Neighbour during {{ nb.during }}: <span class="{{ {'PASS': 'ok', 'FAIL': 'bad'}.get(nb.state, 'dim') }}">{{ nb.state }}</span></h2>
+<p>The negative check: a bounded memory hog in a sibling of the service's memory cgroup, during step <strong>{{ nb.during }}</strong>'s load{% if nb.window %}, holding its memory {{ nb.window[0] | when }}–{{ nb.window[1] | when }} UTC{% endif %}; the service's memory and latency before it against while it held.</p>
+{% if nb.reason %}<div class="warn"><strong>{{ nb.state }}:</strong> {{ nb.reason }}{% if nb.state == "NOT RUN" %} — the gate does not pass on a check it did not make.{% endif %}</div>{% endif %}
+{% if nb.verdicts %}
+<table class="neighbour-criteria">
+  <thead><tr><th>criterion</th><th>result</th><th>measured</th><th>limit</th><th>how</th></tr></thead>
+  <tbody>
+  {% for v in nb.verdicts %}
+    <tr id="neighbour-{{ v.criterion }}"><td>{{ v.criterion }}</td><td class="{{ 'ok' if v.passed else 'bad' }}">{{ "PASS" if v.passed else "FAIL" }}</td><td class="num">{{ v.measured }}</td><td class="num">{{ v.limit }}</td><td class="dim">{{ v.note }}</td></tr>
+  {% endfor %}
+  </tbody>
+</table>
+{% endif %}
+{% if nb.hog %}
+<ul class="neighbour-setup">
+  <li id="neighbour-hog">Neighbour: {{ nb.hog_memory }} touched in <code>{{ nb.hog.group }}</code> (hard limit {{ nb.hog_limit }}), ready {{ nb.hog.ready_s | value("s") }} after its start, held {{ nb.hog.held_s | value("s") }}{% if nb.hog_peak %}; its group's usage at the peak {{ nb.hog_peak }}{% endif %}.</li>
+  <li id="neighbour-protection">Protection of <code>{{ nb.service_group }}</code>: {{ nb.protection }}.</li>
+  <li id="neighbour-parent">Shared parent <code>{{ nb.parent }}</code>: limit {{ nb.parent_limit }}{% if nb.parent_limit != "unlimited" %} — the neighbour's pages count against the service's limit{% endif %}.</li>
+</ul>
+{% endif %}
+{% if nb.rows %}
+<table class="neighbour-memory">
+  <thead><tr><th>the service</th><th>before the neighbour</th><th>while it held its memory</th></tr></thead>
+  <tbody>
+  {% for r in nb.rows %}<tr><td>{{ r.what }}</td><td class="num">{{ r.before }}</td><td class="num">{{ r.during }}</td></tr>{% endfor %}
+  </tbody>
+</table>
+<p class="meta">Memory before: the median over the seconds before the neighbour started; during: the lowest while it held (what reclaim took). Faults and stall: rates over each window.</p>
+{% endif %}
+{% if nb.hog %}<p id="neighbour-oom">OOM kills in the service during the hold: <strong class="{{ 'ok' if nb.oom_kills == 0 else 'bad' }}">{{ nb.oom_kills }}</strong></p>{% endif %}
+{% if nb.hog_exit %}<div class="warn">{{ nb.hog_exit }}</div>{% endif %}
+{% if nb.leftover %}<div class="warn"><strong>Left over:</strong> the neighbour's group could not be removed: {{ nb.leftover }}</div>{% endif %}
+{% for e in nb.evidence %}<p class="dim">{{ e }}</p>{% endfor %}
+{% if nb.diagnosis %}<p id="neighbour-diagnosis">Diagnosis of the step it ran in: <strong>{{ nb.primary or "not diagnosed" }}</strong> — {{ nb.diagnosis }}</p>{% endif %}
+{% endif %}
 
 <h2 id="measured">What each step measured</h2>
 <table class="measured">

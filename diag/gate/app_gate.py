@@ -8,7 +8,10 @@ every step would fail for the same one reason, and a bundle of it would be noise
 prefill that times out or a concurrency bound missed are findings about a running server: the steps still run,
 so the report shows what the load did too, and the gate fails on the check.
 
-Why graceful termination runs last, after the steps: it ends the service. It signals only the one process given
+Why graceful termination sends its requests as the spec's clients do (``stream:`` at the top): a server may drain
+the two kinds differently -- llama-cpp-python's uvicorn finishes plain requests on SIGTERM but ends every open
+event stream at once, framed as a whole answer without its ``data: [DONE]`` -- and the clients' kind is the one that
+matters. Why graceful termination runs last, after the steps: it ends the service. It signals only the one process given
 (``--pid`` or the unit's MainPID), after checking that the PID still names the same process it named when the gate
 started (its start time in ``/proc/<pid>/stat``), so a recycled PID is never signalled.
 """
@@ -36,9 +39,9 @@ Progress = Callable[[str], None]
 Client = HttpClient | HttpxClient  # the run's own client: the load's, or an in-process app's
 
 
-def _step(probe: Probe, name: str) -> Step:
+def _step(probe: Probe, name: str, stream: bool = False) -> Step:
     return Step(name, probe.within_s, Lengths("fixed", probe.prompt_tokens), Lengths("fixed", probe.output_tokens),
-                stream=False, criteria=Criteria())  # fmt: skip
+                stream=stream, criteria=Criteria())  # fmt: skip
 
 
 async def _requests(client: Client, spec: GateSpec, probe: Probe, name: str) -> list[Result]:
@@ -139,7 +142,7 @@ async def graceful_termination(client: Client, spec: GateSpec, probe: Probe, pid
                      "it exited or was replaced during the run; nothing was signalled")  # fmt: skip
     loop = asyncio.get_running_loop()
     bounded = replace(spec, request_timeout_s=probe.within_s)
-    step = _step(probe, name)
+    step = _step(probe, name, stream=spec.stream)
     rng = random.Random(f"{spec.seed}:application:{name}")
     deadlines = Deadlines(loop, probe.within_s)
     try:
@@ -175,8 +178,10 @@ async def _terminate(client: Client, bounded: GateSpec, probe: Probe, step: Step
     value = f"{len(ok)}/{len(results)} in-flight requests completed; " + (
         f"exited {exited_s:.2f} s after SIGTERM" if exited else f"still running {probe.within_s:g} s after SIGTERM"
     )
+    how = "streamed" if step.stream else "not streamed"
     if exited and len(ok) == len(results):
-        return Check(name, "PASS", value, f"bound {probe.within_s:g} s")
+        return Check(name, "PASS", value, f"bound {probe.within_s:g} s; the requests {how}, as the spec's clients send them")
     errors = sorted({r.error or f"HTTP {r.status}" for r in results if not r.ok})
     why = ([f"requests cut off ({', '.join(errors)})"] if errors else []) + ([] if exited else ["the process did not exit"])
-    return Check(name, "FAIL", value, "; ".join(why) + " (the process was sent SIGTERM only; it is left as it is)")
+    tail = f" (requests {how}; the process was sent SIGTERM only; it is left as it is)"
+    return Check(name, "FAIL", value, "; ".join(why) + tail)

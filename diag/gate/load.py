@@ -50,6 +50,7 @@ class Result:
     first_token: float | None = None
     itl_s: list[float] = field(default_factory=list)
     output_tokens: int = 0
+    stream_done: bool = False  # a streamed answer's ``data: [DONE]`` arrived (its absence is a stream cut short)
 
     @property
     def ok(self) -> bool:
@@ -148,7 +149,7 @@ class _Sse:
                 continue
             payload = line[5:].strip()
             if payload == b"[DONE]":
-                self.ended = True
+                self.ended = self.res.stream_done = True
                 return
             try:
                 text = _chunk_text(json.loads(payload))
@@ -183,6 +184,8 @@ def _read(resp: Response, res: Result, stream: bool) -> None:
         res.error = f"HTTP {resp.status}"
         return
     if stream:
+        if not res.stream_done and res.error is None:  # a server cut the stream short (a shutdown) yet framed it whole
+            res.error = "the stream ended without data: [DONE]"
         return
     try:
         usage = json.loads(resp.body).get("usage") or {}

@@ -244,6 +244,7 @@ class NeighbourOutcome:
     diagnosis: str = ""
     primary: str | None = None
     window: tuple[float, float] | None = None  # wall clock of the hold
+    facts: dict[str, Any] = field(default_factory=dict)  # the evidence as figures (``neighbour_facts``), for a page
 
     @property
     def passed(self) -> bool:
@@ -257,6 +258,7 @@ class NeighbourOutcome:
             "window": {"start": self.window[0], "end": self.window[1]} if self.window else None,
             "criteria": [v.to_dict() for v in self.verdicts],
             "evidence": self.evidence,
+            "facts": self.facts or None,
             "diagnosis": {"primary": self.primary, "line": self.diagnosis},
         }
 
@@ -358,6 +360,7 @@ def judge_neighbour(run: NeighbourRun, load: StepLoad, oom_kills_kmsg: int | Non
                 Verdict("oom_kills", limit, str(kills), kills <= crit.oom_kills, float(kills), f"in {target.path}")
             )
     out.evidence = _evidence(run, before, during, how, kills)
+    out.facts = neighbour_facts(run, before, during, kills)
     if not all(v.passed for v in out.verdicts):
         out.state = "FAIL"
     return out
@@ -404,3 +407,40 @@ def _evidence(
     if run.leftover:
         lines.append(f"the neighbour's group could not be removed: {run.leftover}")
     return lines
+
+
+def _median(samples: list[TargetSample], attr: str) -> float | None:
+    values = [v for s in samples if (v := getattr(s, attr)) is not None]
+    return float(statistics.median(values)) if values else None
+
+
+def _lowest(samples: list[TargetSample], attr: str) -> float | None:
+    values = [v for s in samples if (v := getattr(s, attr)) is not None]
+    return float(min(values)) if values else None
+
+
+def neighbour_facts(run: NeighbourRun, before: list[TargetSample], during: list[TargetSample],
+                    kills: int | None) -> dict[str, Any]:  # fmt: skip
+    """The evidence lines' figures, each "before" and "during" a number or None (not readable here): what a page
+    tabulates without parsing prose. Memory before is the median over the seconds before the hog, during the
+    lowest while it held (what reclaim took); faults and stall are rates over each window."""
+    assert run.target is not None and run.start is not None and run.ready is not None and run.stop is not None
+    psi_b, psi_d = _rate(before, "psi_total_us"), _rate(during, "psi_total_us")
+    return {
+        "neighbour": {
+            "group": run.group_path, "memory_bytes": run.spec.memory_bytes, "limit_bytes": run.limit_bytes,
+            "ready_s": round(run.ready - run.start, 3), "held_s": round(run.stop - run.ready, 3),
+            "peak_bytes": max((s.hog_usage for s in during if s.hog_usage is not None), default=None),
+        },
+        "service_group": run.target.path,
+        "protection": run.target.protection(),
+        "parent": {"path": run.target.parent_path, "limit_bytes": run.parent_limit},
+        "resident_bytes": {"before": _median(before, "rss"), "during": _lowest(during, "rss")},
+        "file_resident_bytes": {"before": _median(before, "rss_file"), "during": _lowest(during, "rss_file")},
+        "group_usage_bytes": {"before": _median(before, "usage"), "during": _lowest(during, "usage")},
+        "major_faults_per_s": {"before": _rate(before, "majflt"), "during": _rate(during, "majflt")},
+        "memory_stall_pct": {"before": None if psi_b is None else psi_b / 1e4, "during": None if psi_d is None else psi_d / 1e4},
+        "oom_kills": kills,
+        "hog_exit": run.hog_exit or None,
+        "leftover": run.leftover or None,
+    }  # fmt: skip

@@ -39,6 +39,36 @@ LATE_SEND_S = 0.05  # a generator this late behind its schedule is shaping the l
 FIRST_SAMPLE_S = 10.0  # the agent's first sample reads every process once: slow on a busy host
 
 
+QUIET = ("healthy", "inconclusive")  # the rules' verdicts that explain no failure
+
+
+def client_queue(load: StepLoad) -> str:
+    """A queue as the client saw it, or "": fewer requests served than asked, and latency growing through the step
+    or requests timing out.
+
+    Why the client's side: a server that exposes no metrics (llama-cpp-python's) and queues requests behind one
+    model lock shows the host nothing unusual -- one busy process, no memory pressure -- so the rules' verdict on the
+    window is healthy or inconclusive while every request waits. The gate's own requests are the evidence then:
+    an open-loop load the server does not keep up with leaves each arrival waiting longer than the one before."""
+    res = load.results
+    if len(res) < 3 or load.step.rate is None:
+        return ""  # a closed loop waits for each answer: its queue cannot grow
+    ok = [r for r in res if r.ok]
+    timeouts = sum(1 for r in res if r.error == "timeout")
+    third = max(1, len(res) // 3)
+    early = sum(r.e2e_s for r in res[:third]) / third
+    late = sum(r.e2e_s for r in res[-third:]) / third
+    served = len(ok) / max(1e-9, load.end - load.t0)
+    growing = late > 2 * early and late - early > 0.5
+    if served >= load.step.rate * 0.9 or not (growing or timeouts):
+        return ""
+    parts = [f"served {served:.2f} req/s of the {load.step.rate:g} asked",
+             f"e2e {early:.2f} s for the first third of arrivals, {late:.2f} s for the last"]  # fmt: skip
+    if timeouts:
+        parts.append(f"{timeouts} of {len(res)} timed out")
+    return "queue_backlog (client side): " + ", ".join(parts)
+
+
 @dataclass
 class StepReport:
     """One step's outcome: the load's figures, each criterion's verdict, and the diagnosis of its window."""
@@ -59,14 +89,19 @@ class StepReport:
         return self.load.wall0, self.load.wall(self.load.end)
 
     def diagnosis(self) -> str:
-        """One line: the verdict of the rules on this step's window and its leading finding's summary."""
+        """One line: the verdict of the rules on this step's window and its leading finding's summary; for a failed
+        step the rules found nothing in (``client_queue`` says why that happens), what the client saw instead."""
         a = self.analysis
         if a is None:
-            return f"not diagnosed ({self.analysis_error})"
-        lead = next((f for f in a.findings if f.cls == a.primary), None) or (a.findings[0] if a.findings else None)
-        if a.primary == "healthy" or lead is None:
-            return a.primary
-        return f"{a.primary}: {lead.summary}"
+            line = f"not diagnosed ({self.analysis_error})"
+        else:
+            lead = next((f for f in a.findings if f.cls == a.primary), None) or (a.findings[0] if a.findings else None)
+            line = a.primary if a.primary == "healthy" or lead is None else f"{a.primary}: {lead.summary}"
+        if not self.passed and (a is None or a.primary in QUIET):
+            client = client_queue(self.load)
+            if client:
+                return f"{client} (the host's side: {line})"
+        return line
 
     def figures(self) -> dict[str, Any]:
         """What the step measured, whatever its criteria: counts, achieved rate, send lag, latency quantiles."""
@@ -76,6 +111,7 @@ class StepReport:
         lags = [r.lag_s for r in res]
         e2e = [r.e2e_s for r in ok]
         ttft = [t for r in ok if (t := r.ttft_s) is not None]
+        itl = [g for r in ok for g in r.itl_s]
 
         def q(xs: list[float], p: float) -> float | None:
             return round(quantile(xs, p), 6) if xs else None
@@ -87,6 +123,7 @@ class StepReport:
             "send_lag_p50_s": q(lags, 0.5), "send_lag_p99_s": q(lags, 0.99),
             "send_lag_max_s": round(max(lags), 6) if lags else None,
             "e2e_p50_s": q(e2e, 0.5), "e2e_p99_s": q(e2e, 0.99), "ttft_p50_s": q(ttft, 0.5), "ttft_p99_s": q(ttft, 0.99),
+            "itl_p50_s": q(itl, 0.5), "itl_p99_s": q(itl, 0.99), "output_tokens": sum(r.output_tokens for r in ok),
             "drain_s": round(max(0.0, self.load.end - self.load.load_end), 6),
         }  # fmt: skip
 
@@ -103,6 +140,7 @@ class StepReport:
             "diagnosis": {
                 "primary": a.primary if a else None,
                 "line": self.diagnosis(),
+                "client": client_queue(self.load) or None if not self.passed else None,
                 "findings": [
                     {"class": f.cls, "rule": f.rule, "confidence": round(f.confidence, 3), "summary": f.summary}
                     for f in (a.findings[:5] if a else [])
@@ -171,6 +209,7 @@ class RunOptions:
     oomd: OomdState | None = None  # systemd-oomd's state, where it was asked
     terminate_pid: int | None = None  # the one process graceful_termination may signal (--pid or the unit's MainPID)
     transport: Any = None  # an httpx transport in place of the network (an in-process ASGI app); None: real HTTP
+    notes: Sequence[str] = ()  # what the caller found before the run (e.g. no /metrics at the target): in the report
 
 
 def _diagnose(opts: RunOptions, sampler: HostSampler, load: StepLoad) -> tuple[HostFacts, Analysis | None, str]:
@@ -348,6 +387,7 @@ def run_gate(spec: GateSpec, opts: RunOptions, progress: Progress = lambda _line
     configuration, the load's figures are still the evidence a reviewer wants beside them, and the exit status
     is 1 either way. A failed readiness check does stop it (diag.gate.app_gate says why)."""
     report = GateReport(spec, opts.target)
+    report.notes.extend(opts.notes)
     if opts.terminate_pid is not None:
         report.terminate_start = start_time(opts.terminate_pid)  # the process graceful_termination may signal, by identity
     _infrastructure(spec, opts, report, progress)

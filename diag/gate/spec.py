@@ -26,7 +26,7 @@ The shape (a complete example is ``docs/gate-example.yaml``)::
       short_request: {prompt_tokens: 8, output_tokens: 8, within: 10s}
       long_prefill: {prompt_tokens: 2048, output_tokens: 1, within: 60s}
       concurrency: {requests: 4, within: 30s}
-      graceful_termination: true       # needs --pid or --unit: SIGTERM with requests in flight
+      graceful_termination: true       # needs --pid or --unit: SIGTERM with requests in flight (streamed if stream: true)
     neighbour:                         # the negative check: a bounded memory hog in a sibling cgroup during a step
       during: peak                     # the step it runs in (default: the last one)
       memory: 256MiB                   # what the hog touches; its group's hard limit is this plus a small slack
@@ -159,6 +159,7 @@ class GateSpec:
     neighbour: NeighbourSpec | None = None
     infrastructure: InfraSpec = field(default_factory=lambda: InfraSpec())
     application: AppSpec | None = None
+    stream: bool = False  # the top-level default: how the service's clients call it (graceful termination sends so)
 
     @property
     def total_s(self) -> float:
@@ -339,7 +340,7 @@ def parse_spec(data: Any, source: str = "<spec>") -> GateSpec:
         raise SpecError(f"steps: {len(steps_raw)} steps; at most {MAX_STEPS}")
     names: set[str] = set()
     steps = tuple(_step(i, raw, defaults, stream, names) for i, raw in enumerate(steps_raw))
-    spec = GateSpec(endpoint, steps, model.strip() if model else None, timeout, in_flight, seed, source)
+    spec = GateSpec(endpoint, steps, model.strip() if model else None, timeout, in_flight, seed, source, stream=stream)
     return _with_neighbour(_with_gates(spec, top), top)
 
 
