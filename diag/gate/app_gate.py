@@ -79,7 +79,10 @@ async def readiness(client: Client, ready: Readiness) -> Check:
     while True:
         try:
             left = max(0.05, deadline - loop.time())
-            resp = await asyncio.wait_for(client.get(ready.path), timeout=min(left, 10.0))
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the answer when a cancel (Ctrl-C, the run's
+            # stop) lands as the answer completes, and the poll would then go on to its deadline.
+            async with asyncio.timeout(min(left, 10.0)):
+                resp = await client.get(ready.path)
             if 200 <= resp.status < 300:
                 return Check("readiness", "PASS", f"{ready.path} {resp.status} after {loop.time() - start:.2f} s",
                              f"polled every {POLL_S:g} s, deadline {ready.within_s:g} s")  # fmt: skip
