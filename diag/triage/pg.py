@@ -211,7 +211,7 @@ class PgConnection:
                 conn.execute("BEGIN")
                 self._in_tx = True
                 try:
-                    if not self.readonly:
+                    if not self.readonly and "DEFERRED" not in head:  # store.row_transaction: no writer lock
                         conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK,))
                 except BaseException:  # the caller's transaction never started: it will not roll back
                     self._in_tx = False
