@@ -46,6 +46,10 @@ class _Item:
     outcomes: list[str] | None = None
     error: Exception | None = None
     notify: Callable[[_Item], None] | None = None  # called from the writer thread once committed (or failed)
+    # True once the sender was answered without it (a 503 after the commit deadline): it will retry, so the writer
+    # skips it. Applying it anyway is harmless but, when the writer is behind, it is how a retrying sender buries
+    # a receiver: every timed-out delivery and every retry of it would be applied, each making the queue longer.
+    abandoned: Callable[[], bool] = lambda: False
 
 
 class Ingestor:
@@ -72,9 +76,11 @@ class Ingestor:
     def submit(self, note: Notification, timeout_s: float = 10.0) -> list[str]:
         if self._stopping:
             raise Unavailable("the receiver is shutting down")
-        item = _Item(note, threading.Event())
+        gave_up = threading.Event()
+        item = _Item(note, threading.Event(), abandoned=gave_up.is_set)
         self._queue.put(item)
         if not item.done.wait(timeout_s):  # type: ignore[union-attr]
+            gave_up.set()
             raise Unavailable(f"not recorded within {timeout_s:g}s (the store is slow or locked)")
         if item.error is not None:
             raise item.error
@@ -96,7 +102,8 @@ class Ingestor:
             else:
                 future.set_result(item.outcomes or [])
 
-        self._queue.put(_Item(note, notify=lambda item: loop.call_soon_threadsafe(settle, item)))
+        # future.done() read from the writer thread: a bool the loop sets once (cancelled by the commit deadline)
+        self._queue.put(_Item(note, notify=lambda item: loop.call_soon_threadsafe(settle, item), abandoned=future.done))
         return future
 
     def close(self) -> None:
@@ -129,6 +136,7 @@ class Ingestor:
             elif self._stopping:
                 return
             now = time.time()
+            batch = [item for item in batch if not item.abandoned()]
             if batch:
                 self._commit(batch, now)
             if now - last_sweep >= SWEEP_EVERY_S:

@@ -42,7 +42,16 @@ from typing import Any
 
 from diag.triage.sinks import Notice, Sink, SinkError, Ticket
 from diag.triage.sinks.text import Block, Bullets, Doc, Item, code, from_plain, link, para, plain, strong, text
-from diag.triage.store import CLAIM_LEASE_S, IncidentView, add_event, claim_outbox, connect, get_incident, transaction
+from diag.triage.store import (
+    CLAIM_LEASE_S,
+    IncidentView,
+    add_event,
+    claim_outbox,
+    connect,
+    get_incident,
+    row_transaction,
+    transaction,
+)
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +241,7 @@ class Dispatcher:
             self._attempt_failed(row, exc)
             return
         if not finished:
-            with transaction(self._db) as db:
+            with row_transaction(self._db) as db:
                 self._finish(db, row["id"])
 
     def _attempt_failed(self, row: sqlite3.Row, exc: SinkError) -> None:
@@ -241,7 +250,7 @@ class Dispatcher:
         if exc.permanent:
             if not isinstance(exc, NoTicket):
                 log.error("triage: %s failed permanently, not retried: %s", what, exc)
-            with transaction(self._db) as db:
+            with row_transaction(self._db) as db:
                 db.execute(
                     "UPDATE outbox SET attempts = attempts + 1, failed_at = ?, last_error = ?, claimed_until = NULL WHERE id = ?",
                     (now, str(exc)[:500], row["id"]),
@@ -253,7 +262,7 @@ class Dispatcher:
             return
         delay = exc.retry_after_s if exc.retry_after_s is not None else backoff_s(row["attempts"], self.base_backoff_s)
         log.warning("triage: %s failed (retry in %.0fs): %s", what, delay, exc)
-        with transaction(self._db) as db:
+        with row_transaction(self._db) as db:
             db.execute(
                 "UPDATE outbox SET attempts = attempts + 1, next_at = ?, last_error = ?, claimed_until = NULL WHERE id = ?",
                 (now + delay, str(exc)[:500], row["id"]),
@@ -297,10 +306,10 @@ class Dispatcher:
         adopted = ticket is not None
         if ticket is None:
             self._wait_for_lookup(sink, row)
-            with transaction(self._db) as db:  # committed before the request: a lost answer is known to be possible
+            with row_transaction(self._db) as db:  # committed before the request: a lost answer is known to be possible
                 db.execute("UPDATE outbox SET sent_at = ? WHERE id = ?", (time.time(), row["id"]))
             ticket = sink.create(self.notice(view, "create", ticket_doc(view, self.page_url), row["id"]))
-        with transaction(self._db) as db:
+        with row_transaction(self._db) as db:
             db.execute(
                 "INSERT OR IGNORE INTO tickets (incident_id, sink, external_id, url, last_class, created_at)"
                 " VALUES (?, ?, ?, ?, ?, ?)",
@@ -343,7 +352,7 @@ class Dispatcher:
             if stated is not None and stated["last_class"] == view.row["diag_class"]:
                 return False  # the ticket already says this (it was created after the diagnosis)
             sink.comment(ticket, self.notice(view, action, note + diagnosis_doc(view), row["id"]))
-            with transaction(self._db) as db:
+            with row_transaction(self._db) as db:
                 db.execute(
                     "UPDATE tickets SET last_class = ? WHERE incident_id = ? AND sink = ?",
                     (view.row["diag_class"], view.id, sink.name),

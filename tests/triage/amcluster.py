@@ -12,6 +12,7 @@ Without the Debian package (``prometheus-alertmanager`` + ``amtool``) the tests 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -22,8 +23,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.paths import REPO
 from tests.triage.helpers import free_port
 
+HA_EXAMPLE = REPO / "collectors" / "deploy" / "alertmanager-triage-ha.yml"
+HA_TOKEN_FILE = "/etc/alertmanager/llm-diag-triage.token"
 BINARY_CANDIDATES = ("prometheus-alertmanager", "alertmanager")
 
 CONFIG = """
@@ -50,6 +54,21 @@ def binaries() -> tuple[str, str]:
     if am is None or amtool is None:
         pytest.skip("Alertmanager and amtool are not installed (Debian package prometheus-alertmanager)")
     return am, amtool
+
+
+def ha_example(a: str, b: str, token_file: str, **timers: str) -> str:
+    """The shipped HA example with these receivers (base URLs) and token file, and the route timers given
+    (``group_wait="1s"``...): only what a test must change. Each timer named must be in the example once."""
+    text = HA_EXAMPLE.read_text()
+    urls = re.findall(r"url: (http://[^\s]+/webhook)", text)
+    assert len(urls) == 2, urls  # the example routes to two receivers
+    text = text.replace(urls[0], f"{a}/webhook").replace(urls[1], f"{b}/webhook")
+    assert text.count(HA_TOKEN_FILE) == 2
+    text = text.replace(HA_TOKEN_FILE, token_file)
+    for timer, value in timers.items():
+        text, n = re.subn(rf"\b{timer}: \S+", f"{timer}: {value}", text)
+        assert n == 1, timer
+    return text
 
 
 def iso(ts: float) -> str:
@@ -126,18 +145,28 @@ class AlertmanagerPair:
                 [self.amtool, "alert", "add", f"--alertmanager.url={url}", *args], check=True, capture_output=True, timeout=30
             )
 
-    def notifications(self) -> list[float]:
-        """``alertmanager_notifications_total{integration="webhook"}`` of each peer: who actually delivered."""
+    def post(self, alerts: list[dict]) -> None:
+        """``POST /api/v2/alerts`` of a batch to *both* peers, as Prometheus sends each evaluation's alerts to every
+        Alertmanager (``amtool`` would start a process per alert)."""
+        for url in self.urls:
+            r = httpx.post(f"{url}/api/v2/alerts", json=alerts, timeout=30)
+            assert r.status_code == 200, r.text[:300]
+
+    def counter(self, name: str, integration: str = "webhook") -> list[float]:
+        """A counter of each peer's /metrics, summed over its series for ``integration``."""
         out = []
         for url in self.urls:
             text = httpx.get(f"{url}/metrics", timeout=5).text
-            total = sum(
+            out.append(sum(
                 float(line.rsplit(" ", 1)[1])
                 for line in text.splitlines()
-                if line.startswith("alertmanager_notifications_total") and 'integration="webhook"' in line
-            )
-            out.append(total)
+                if line.startswith((f"{name} ", f"{name}{{")) and f'integration="{integration}"' in line
+            ))  # fmt: skip
         return out
+
+    def notifications(self) -> list[float]:
+        """``alertmanager_notifications_total{integration="webhook"}`` of each peer: who actually delivered."""
+        return self.counter("alertmanager_notifications_total")
 
     def stop(self) -> None:
         for proc in self.procs:

@@ -102,7 +102,8 @@ class ReceiverProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"receiver exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
+                # 5 s a probe: a receiver restarted into a storm of retried deliveries answers slowly, not never
+                if httpx.get(f"{self.url}/healthz", timeout=5.0).status_code == 200:
                     return self
             except httpx.HTTPError:
                 time.sleep(0.1)

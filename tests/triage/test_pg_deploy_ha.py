@@ -5,7 +5,6 @@ killed, the other still files the next problem."""
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
 from typing import Any
@@ -14,28 +13,13 @@ import httpx
 import psycopg
 import pytest
 
-from tests.paths import REPO
 from tests.pgserver import reset
-from tests.triage.amcluster import AlertmanagerPair, binaries
+from tests.triage.amcluster import AlertmanagerPair, binaries, ha_example
 from tests.triage.helpers import FakeTracker, ReceiverProcess
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
-EXAMPLE = REPO / "collectors" / "deploy" / "alertmanager-triage-ha.yml"
 TOKEN = "ha-test-token"
-
-
-def rewritten(a: str, b: str, token_file: str) -> str:
-    """The example with this test's receivers, token file and short timers; nothing else changed."""
-    text = EXAMPLE.read_text()
-    urls = re.findall(r"url: (http://[^\s]+/webhook)", text)
-    assert len(urls) == 2, urls  # the example routes to two receivers
-    text = text.replace(urls[0], f"{a}/webhook").replace(urls[1], f"{b}/webhook")
-    text = text.replace("/etc/alertmanager/llm-diag-triage.token", token_file)
-    for timer, value in (("group_wait", "1s"), ("group_interval", "1s")):
-        text, n = re.subn(rf"{timer}: \S+", f"{timer}: {value}", text)
-        assert n == 1, timer
-    return text
 
 
 def incidents(rx: ReceiverProcess, tag: str) -> list[dict[str, Any]]:
@@ -66,7 +50,9 @@ def test_the_shipped_ha_example_files_each_problem_once_and_survives_a_receiver(
     pair = None
     try:
         assert a.post({}).status_code == 401  # the receivers want the token the example's peers send
-        pair = AlertmanagerPair(tmp_path, config_text=rewritten(a.url, b.url, str(token_file)))
+        pair = AlertmanagerPair(
+            tmp_path, config_text=ha_example(a.url, b.url, str(token_file), group_wait="1s", group_interval="1s")
+        )
         tag = uuid.uuid4().hex[:8]
         for instance in ("x", "y", "z"):
             pair.add({"alertname": f"HaLatency{tag}", "job": "llm", "instance": instance}, summary=f"latency {tag}")
