@@ -1,7 +1,7 @@
 """Benchmark: what tracking costs on a real model path -- llama-cpp-python's server, alone and under ``diag wrap``.
 
-The figure is counted, not timed: the server's CPU time per request (``/proc/<pid>/stat`` utime + stime, every
-thread: uvicorn's event loop, the thread pool, llama.cpp's compute threads), with full tracking (``diag wrap``:
+The figure is counted, not timed: the server's CPU time per request (each thread's ``/proc/<pid>/task/*/schedstat``
+run time, every thread: uvicorn's event loop, the thread pool, llama.cpp's compute threads), with full tracking (``diag wrap``:
 metrics, flight recorder, spans on 10 % of requests exported over OTLP/HTTP to a sink in this script that answers
 200 and counts) against the same server untracked, at 64 output tokens. Target: within 1 % (ratio <= 1.01).
 
@@ -12,7 +12,7 @@ back to back share most of what the rest of the machine does to them. The ratio 
 its 95 % percentile-bootstrap interval and the range are printed, and the target counts as met only when the
 whole interval clears it. The load average is printed at start and end.
 
-Per-thread accounting (``/proc/<pid>/task/*/stat``) gives the second, sharper estimate. The server runs each
+Per-thread accounting gives the second, sharper estimate. The server runs each
 completion on one of its worker threads (``run_in_threadpool``; never on the event loop, the main thread), so a
 worker thread that burnt more than half of one request's CPU in a turn ran the model (a completion runs whole on one
 thread: such a worker's turn is a multiple of one request's CPU); those threads cost the same with or
@@ -22,7 +22,7 @@ event loop, the recorder's writer, the span exporter), so the added cost is esti
 *other* threads' CPU per request, over the untracked server's whole CPU per request. The bound of the method: a
 tracking thread burning more than half a request's CPU per turn would be counted as a model thread -- with
 ``--requests`` 40 that is 1.25 % of the untracked CPU, so the estimate holds for overheads below that, and the
-whole-process figure beside it is the check. ``LLMDIAG_BENCH_THREADS=1`` prints each turn's ticks per thread.
+whole-process figure beside it is the check. ``LLMDIAG_BENCH_THREADS=1`` prints each turn's CPU per request of each thread.
 
 Run: ``.venv/bin/python bench/engine_overhead.py [--rounds 9 --requests 40 --max-tokens 64 --size-mib 32]``
 (needs ``pip install -c constraints.txt '.[engines]'``).
@@ -46,17 +46,23 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import bootstrap_median_ci, free_port, stat_ticks  # noqa: E402
+from bench.common import bootstrap_median_ci, free_port  # noqa: E402
 
 
-def _thread_ticks(pid: int) -> dict[int, int]:
-    """CPU ticks of each thread of ``pid`` (a thread that ended between the listing and the read is skipped)."""
-    out: dict[int, int] = {}
+def _thread_cpu_ns(pid: int) -> dict[tuple[int, int], int]:
+    """CPU nanoseconds of each thread of ``pid`` (``/proc/<pid>/task/<tid>/schedstat``: the scheduler's exact run
+    time, where utime + stime are sampled at the 10 ms tick -- one tick per turn is 0.17 % of a 149 ms request at
+    40 requests), keyed by (thread id, start time): a busy host wraps the id space, and a worker thread the server
+    ended while idle (anyio's end after 10 s) may come back under an id an earlier one had -- keyed by id alone its
+    time would be taken from the dead thread's. A thread that ended between the listing and the read is skipped."""
+    out: dict[tuple[int, int], int] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            out[int(tid)] = stat_ticks(f"/proc/{pid}/task/{tid}/stat")
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            run_ns = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
         except (FileNotFoundError, ProcessLookupError):
             continue
+        out[(int(tid), int(fields[19]))] = run_ns  # starttime: field 22 of proc(5)
     return out
 
 
@@ -114,20 +120,20 @@ def _start(model: Path, tracked: bool, workdir: Path, otlp: str) -> tuple[subpro
 
 def _turn(client: httpx.Client, url: str, pid: int, n: int, max_tokens: int) -> Turn:
     """CPU per request over ``n`` completions sent one at a time, whole process and without the model's thread."""
-    tick = os.sysconf("SC_CLK_TCK")
-    before = _thread_ticks(pid)
+    before = _thread_cpu_ns(pid)
     for i in range(n):
         r = client.post(f"{url}/v1/completions", json={"prompt": f"request {i}", "max_tokens": max_tokens, "temperature": 0})
         r.raise_for_status()
-    after = _thread_ticks(pid)
-    deltas = {tid: ticks - before.get(tid, 0) for tid, ticks in after.items()}
+    after = _thread_cpu_ns(pid)
+    deltas = {key: ns - before.get(key, 0) for key, ns in after.items()}
     total = sum(deltas.values())
     per_request = total / n
     # the workers the model ran on; never the event loop (the main thread: the server runs the model off it)
-    model = sum(d for tid, d in deltas.items() if tid != pid and d > MODEL_THREAD_SHARE * per_request)
+    model = sum(d for (tid, _), d in deltas.items() if tid != pid and d > MODEL_THREAD_SHARE * per_request)
     if os.environ.get("LLMDIAG_BENCH_THREADS"):
-        print(f"  pid {pid} thread ticks: {sorted(((d, t) for t, d in deltas.items() if d), reverse=True)}")
-    return Turn(total / tick / n, (total - model) / tick / n)
+        us = sorted(((round(d / n / 1e3), t) for (t, _), d in deltas.items() if d >= n * 1000), reverse=True)
+        print(f"  pid {pid} us/request by thread (>= 1): {us}")
+    return Turn(total / 1e9 / n, (total - model) / 1e9 / n)
 
 
 def _summary(what: str, ratios: list[float]) -> None:

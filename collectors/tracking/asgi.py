@@ -54,17 +54,7 @@ Scope = dict[str, Any]
 
 
 def _has_sampled_traceparent(scope: Scope) -> bool:
-    for name, value in scope.get("headers") or ():
-        if name == b"traceparent":
-            # version-traceid-spanid-flags; bit 0 of flags = sampled
-            parts = value.split(b"-")
-            if len(parts) >= 4 and len(parts[3]) >= 2:
-                try:
-                    return bool(int(parts[3][:2], 16) & 1)
-                except ValueError:
-                    return False
-            return False
-    return False
+    return sp.has_sampled_traceparent(scope.get("headers"))
 
 
 class TrackingMiddleware:

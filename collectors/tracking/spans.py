@@ -101,6 +101,22 @@ def parent_context() -> otel_context.Context | None:
     return None
 
 
+def has_sampled_traceparent(headers: Any) -> bool:
+    """Whether ASGI ``headers`` carry a W3C ``traceparent`` whose sampled flag is set: the caller traces this
+    request, so it is traced here too whatever our own ratio draws (a distributed trace is not cut)."""
+    for name, value in headers or ():
+        if name == b"traceparent":
+            # version-traceid-spanid-flags; bit 0 of flags = sampled
+            parts = value.split(b"-")
+            if len(parts) >= 4 and len(parts[3]) >= 2:
+                try:
+                    return bool(int(parts[3][:2], 16) & 1)
+                except ValueError:
+                    return False
+            return False
+    return False
+
+
 def trace_id_hex(span: Any) -> str | None:
     try:
         ctx = span.get_span_context()
@@ -113,6 +129,11 @@ def trace_id_hex(span: Any) -> str | None:
 
 _OTLP_LOCK = threading.Lock()
 _OTLP_DONE = False
+
+
+def otlp_installed_here() -> bool:
+    """Whether :func:`configure_otlp_from_env` installed the global TracerProvider (not the application)."""
+    return _OTLP_DONE
 
 
 def otlp_endpoint_configured() -> bool:

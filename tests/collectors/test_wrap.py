@@ -143,6 +143,89 @@ def test_metrics_off_leaves_the_path_to_the_app(tmp_path: Path) -> None:
     assert [r["route"] for r in _rows(tmp_path / "rows.db")] == ["other"]  # unmatched paths: one bounded label
 
 
+def _traced_app(tmp_path: Path, ratio: float, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, Any]:
+    """A FastAPI app with its native telemetry on, wrapped as ``install`` does when the tracker set up OTLP export."""
+    from fastapi import FastAPI
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from prometheus_client import CollectorRegistry
+
+    from collectors.tracking import spans as sp
+    from collectors.tracking.tracker import RequestTracker
+    from collectors.tracking.wrapped import sample_framework_spans
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    app = FastAPI(telemetry={"tracer_provider": provider})  # FastAPI's own spans, as under a global provider
+    lock = engine_locks.StartMarkingLock(asyncio.Lock())
+
+    @app.post("/v1/completions")
+    async def complete(body: dict) -> Any:
+        async with lock:  # the start of inference: the tracker's llm.inference span begins here
+            return {"text": "x"}
+
+    tracker = RequestTracker("m", recorder=tmp_path / "rows.db", registry=CollectorRegistry(),
+                             tracer_provider=provider, span_sample_ratio=ratio)  # fmt: skip
+    monkeypatch.setattr(sp, "_OTLP_DONE", True)  # the global provider is the tracker's (configure_otlp_from_env)
+    assert sample_framework_spans(app, ratio)
+    app.middleware_stack = WrappedApp(app.build_middleware_stack(), tracker, WrapConfig(metrics_path=None))
+    return app, tracker, exporter
+
+
+def test_framework_spans_follow_the_span_ratio_and_carry_the_llm_spans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FastAPI traces every request once a provider exists; under wrap only the sampled ones are traced, whole."""
+    import random
+
+    random.seed(7)
+    app, tracker, exporter = _traced_app(tmp_path, 0.5, monkeypatch)
+    asyncio.run(_drive(app, [("POST", "/v1/completions", {"max_tokens": 1})] * 24))
+    tracker.close()
+    spans = exporter.get_finished_spans()
+    servers = {s.context.trace_id: s for s in spans if s.name == "POST /v1/completions"}
+    rows = _rows(tmp_path / "rows.db")
+    traced_rows = {int(r["trace_id"], 16) for r in rows if r.get("trace_id")}
+    assert len(rows) == 24 and 0 < len(servers) < 24, (len(rows), len(servers))
+    assert set(servers) == traced_rows  # a request's framework spans exist exactly when its row names a trace
+    assert {s.context.trace_id for s in spans} == traced_rows  # no stray span of a sampled-out request
+    inference = [s for s in spans if s.name == "llm.inference"]
+    assert len(inference) == len(servers)
+    assert all(s.parent is not None and s.parent.span_id == servers[s.context.trace_id].context.span_id for s in inference)
+
+
+def test_a_sampled_traceparent_is_traced_at_ratio_zero_and_nothing_else_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app, tracker, exporter = _traced_app(tmp_path, 0.0, monkeypatch)
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+    async def drive() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            for i in range(6):
+                headers = {"traceparent": parent} if i == 3 else {}
+                (await client.post("/v1/completions", json={}, headers=headers)).raise_for_status()
+
+    asyncio.run(drive())
+    tracker.close()
+    spans = exporter.get_finished_spans()
+    assert {s.context.trace_id for s in spans} == {0x0AF7651916CD43DD8448EB211C80319C}
+    assert "POST /v1/completions" in {s.name for s in spans}
+    assert not [s for s in spans if s.name.startswith("llm.")]  # ratio 0: no llm.* spans, ever (spans module)
+
+
+def test_a_provider_the_application_set_up_keeps_its_own_sampling(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastapi import FastAPI
+
+    from collectors.tracking import spans as sp
+    from collectors.tracking.wrapped import sample_framework_spans
+
+    monkeypatch.setattr(sp, "_OTLP_DONE", False)
+    app = FastAPI()
+    assert not sample_framework_spans(app, 0.1)
+    assert app._telemetry["exclude"] is None
+
+
 def test_the_start_marking_lock_marks_nothing_outside_a_request_and_keeps_the_locks_behaviour() -> None:
     assert CURRENT_REQUEST.get() is None
     lock = engine_locks.StartMarkingLock(threading.Lock())
