@@ -4,16 +4,19 @@ Data: each target is a recorded scenario run (``tests/fixtures/scenarios``) rend
 exporters (``tests/diag/fleet_series.py``) -- about 190 series per machine (agent and tracker) -- and tiled to
 fill the hour: the run's samples, in order, one every 5 s, repeated (counters restart at each repeat, which
 ``rate()`` reads as a reset). Most targets replay ``healthy``; every tenth a queue, leak or host-OOM run.
-Backfilled with promtool (one file per 25 targets), served by a real Prometheus on 127.0.0.1; or, with
-``--store vm``, sent by remote write to a real VictoriaMetrics on 127.0.0.1 (``tests/vmserver.py``), as a
-Prometheus forwards its series to a long-term store.
+Each size is served in turn by each ``--store`` (both by default, one after the other, so their figures compare
+within one run): backfilled with promtool (one file per 25 targets) into a real Prometheus on 127.0.0.1, and
+sent by remote write to a real VictoriaMetrics on 127.0.0.1 (``tests/vmserver.py``), as a Prometheus forwards
+its series to a long-term store.
 
 Measured in a fresh child process per size: ``load_fleet`` (the queries, parsing, split) and ``judge_fleet``
 (assembly and rules in ``--jobs`` forked workers) wall times, the queries issued, and the peak RSS of the child
-and of its largest worker (``getrusage``: the parent's own ``ru_maxrss`` and its children's).
+and of its largest worker (``getrusage``: the parent's own ``ru_maxrss`` and its children's). With one query in
+flight, the load is also split per query: the HTTP round trip (the store evaluating and encoding, the transfer),
+our decoding, the split per target; the six slowest queries are printed.
 
     .venv/bin/python bench/fleet.py [--targets 50,200] [--hours 1] [--step 5] [--jobs 2] [--concurrency 1,3]
-                                    [--store prometheus|vm] [--keep DIR]
+                                    [--store prometheus,vm] [--rows DIR] [--keep DIR]
 
 Prints figures; asserts nothing.
 """
@@ -86,11 +89,80 @@ def write_batch(path: Path, names: list[str], plan: dict[str, str], tiles: dict[
         fh.write("# EOF\n")
 
 
-def child(url: str, end: float, since: float, jobs: int, concurrency: int) -> None:
-    """One measured run, printed as JSON on stdout."""
+class _Profile:
+    """Where the load's time goes, per query: the HTTP round trip (the store evaluating, encoding and sending, and
+    our reading the bytes) apart from our decoding of the reply into arrays, and the split per target."""
+
+    def __init__(self) -> None:
+        self.queries: list[dict] = []
+        self.split_s = 0.0
+
+    def install(self) -> None:
+        import diag.sources.fleet as fleet_mod
+
+        prof = self
+        call, lazy, split = fleet_mod._LazyPrometheus._call, fleet_mod._lazy_matrix, fleet_mod._split
+
+        def timed_call(client, path, params):  # type: ignore[no-untyped-def]
+            post = client.http.post
+            row = {"query": params.get("query", ""), "http_s": 0.0, "bytes": 0, "wire_bytes": 0, "encoding": ""}
+
+            def timed_post(*a, **k):  # type: ignore[no-untyped-def]
+                t = time.perf_counter()
+                resp = post(*a, **k)
+                row["http_s"] = time.perf_counter() - t
+                row["bytes"], row["wire_bytes"] = len(resp.content), resp.num_bytes_downloaded
+                row["encoding"] = resp.headers.get("content-encoding", "")
+                return resp
+
+            client.http.post = timed_post
+            try:
+                t = time.perf_counter()
+                out = call(client, path, params)
+                row["call_s"] = time.perf_counter() - t
+            finally:
+                del client.http.post
+            prof.queries.append(row)
+            return out
+
+        def timed_lazy(*a, **k):  # type: ignore[no-untyped-def]
+            t = time.perf_counter()
+            out = lazy(*a, **k)
+            prof.queries[-1]["decode_s"] = time.perf_counter() - t  # one query in flight: the last one's reply
+            prof.queries[-1]["series"] = len(out)
+            return out
+
+        def timed_split(*a, **k):  # type: ignore[no-untyped-def]
+            t = time.perf_counter()
+            out = split(*a, **k)
+            prof.split_s = time.perf_counter() - t
+            return out
+
+        fleet_mod._LazyPrometheus._call = timed_call  # type: ignore[method-assign]
+        fleet_mod._lazy_matrix = timed_lazy
+        fleet_mod._split = timed_split
+
+    def summary(self) -> dict:
+        q = self.queries
+        top = sorted(q, key=lambda r: -r["call_s"])[:6]
+        return {
+            "http_s": sum(r["http_s"] for r in q), "decode_s": sum(r.get("decode_s", 0.0) for r in q),
+            "call_s": sum(r["call_s"] for r in q), "split_s": self.split_s,
+            "mib": sum(r["bytes"] for r in q) / 2**20, "wire_mib": sum(r["wire_bytes"] for r in q) / 2**20,
+            "encodings": sorted({r["encoding"] for r in q}),
+            "top": [{"query": r["query"][:90], "http_s": round(r["http_s"], 2), "decode_s": round(r.get("decode_s", 0), 2),
+                     "mib": round(r["bytes"] / 2**20, 1), "series": r.get("series", 0)} for r in top],
+        }  # fmt: skip
+
+
+def child(url: str, end: float, since: float, jobs: int, concurrency: int, rows_to: str) -> None:
+    """One measured run, printed as JSON on stdout (and its rows, target by target, to ``rows_to`` if given)."""
     from diag.cli.fleet import judge_fleet
     from diag.sources.fleet import load_fleet
 
+    prof = _Profile()
+    if concurrency == 1:  # the per-query figures assume one query at a time
+        prof.install()
     t0 = time.perf_counter()
     fleet = load_fleet(url, selector=SELECTOR, since_s=since, until=end, timeout_s=600, concurrency=concurrency)
     t1 = time.perf_counter()
@@ -100,12 +172,37 @@ def child(url: str, end: float, since: float, jobs: int, concurrency: int) -> No
     verdicts: dict[str, int] = defaultdict(int)
     for r in rows:
         verdicts[r["verdict"]] += 1
+    if rows_to:
+        Path(rows_to).write_text(json.dumps(sorted(rows, key=lambda r: r["target"]), sort_keys=True, default=str))
     print(json.dumps({
         "targets": len(fleet.targets), "queries": fleet.queries, "step": fleet.step, "load_s": t1 - t0,
         "judge_s": t2 - t1, "rss_load_mib": rss_load / 1024,
         "rss_self_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "rss_worker_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, "verdicts": verdicts,
+        "profile": prof.summary() if prof.queries else None,
     }))  # fmt: skip
+
+
+def _compacted(url: str, timeout_s: float = 900.0) -> None:
+    """Wait until Prometheus has merged the backfilled blocks into one.
+
+    Why: promtool writes one block per file, all over the same hour; Prometheus merges such overlapping blocks in
+    the background a minute or so after it starts (~10 s of CPU at 200 targets), which would land in the middle of
+    the first measured run -- and a Prometheus that scraped its targets would have one block for the hour."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = httpx.get(f"{url}/metrics", timeout=30).text
+        loaded = re.search(r"^prometheus_tsdb_blocks_loaded (\S+)$", text, re.M)
+        if loaded and float(loaded[1]) <= 1:
+            return
+        time.sleep(5)
+    print("Prometheus had not merged its backfilled blocks; measuring anyway", flush=True)
+
+
+def _loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def main() -> None:
@@ -114,18 +211,22 @@ def main() -> None:
     ap.add_argument("--hours", type=float, default=1.0)
     ap.add_argument("--step", type=float, default=5.0)
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--concurrency", default="3", help="queries in flight; several (1,3) are measured in turn")
+    ap.add_argument("--concurrency", default="1", help="queries in flight; several (1,3) are measured in turn")
     ap.add_argument("--keep", type=Path)
-    ap.add_argument("--store", choices=("prometheus", "vm"), default="prometheus", help="the server queried")
-    ap.add_argument("--child", nargs=5, metavar=("URL", "END", "SINCE", "JOBS", "CONC"), help=argparse.SUPPRESS)
+    ap.add_argument("--store", default="prometheus,vm", help="the servers queried, each size on each in turn")
+    ap.add_argument("--rows", type=Path, help="write each run's rows, target by target, to DIR (to compare verdicts)")
+    ap.add_argument("--child", nargs=6, metavar=("URL", "END", "SINCE", "JOBS", "CONC", "ROWS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        url, end, since, jobs, conc = args.child
-        child(url, float(end), float(since), int(jobs), int(conc))
+        url, end, since, jobs, conc, rows_to = args.child
+        child(url, float(end), float(since), int(jobs), int(conc), rows_to)
         return
     from tests.promserver import prometheus
     from tests.vmserver import victoria_metrics
 
+    stores = args.store.split(",")
+    if not stores or any(s not in ("prometheus", "vm") for s in stores):
+        ap.error("--store: prometheus, vm, or both separated by a comma")
     sizes = [int(x) for x in args.targets.split(",")]
     points = int(args.hours * 3600 / args.step)
     end = float(int(time.time() - 900) // 300 * 300)
@@ -139,6 +240,8 @@ def main() -> None:
             types.setdefault(fam, kind)
     print(f"rendered {len(scenarios)} runs in {time.perf_counter() - t:.1f} s; "
           f"{sum(len(v) for v in tiles['healthy'][0].values())} series per healthy target, {points} points each")  # fmt: skip
+    if args.rows:
+        args.rows.mkdir(parents=True, exist_ok=True)
     for n in sizes:
         work = Path(args.keep or tempfile.mkdtemp(prefix="llmdiag-bench-fleet-")) / f"n{n}"
         work.mkdir(parents=True, exist_ok=True)
@@ -153,34 +256,49 @@ def main() -> None:
             files.append(path)
         size = sum(p.stat().st_size for p in files)
         print(f"{n} targets: wrote {size / 2**20:.0f} MiB of OpenMetrics in {time.perf_counter() - t:.1f} s", flush=True)
-        t = time.perf_counter()
-        store = prometheus([], backfill=files, ready_timeout_s=300) if args.store == "prometheus" else victoria_metrics()
-        with store as server:
-            if args.store == "vm":
-                sent = sum(server.remote_write(p) for p in files)
-                print(f"{n} targets: {sent} samples sent by remote write", flush=True)
-            print(f"{n} targets: {args.store} loaded and ready in {time.perf_counter() - t:.1f} s", flush=True)
-            for p in files:
-                p.unlink()
-            since = (points - 1) * args.step
-            for conc in args.concurrency.split(","):
-                cmd = [sys.executable, __file__, "--child", server.url, str(end), str(since), str(args.jobs), conc]
-                out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=3600)
-                if out.returncode != 0:
-                    print(out.stderr[-3000:])
-                    continue
-                r = json.loads(out.stdout.strip().splitlines()[-1])
-                _report(n, conc, args.jobs, r)
+        for kind in stores:
+            t = time.perf_counter()
+            store = prometheus([], backfill=files, ready_timeout_s=300) if kind == "prometheus" else victoria_metrics()
+            with store as server:
+                if kind == "vm":
+                    sent = sum(server.remote_write(p) for p in files)
+                    print(f"{n} targets: {sent} samples sent by remote write", flush=True)
+                else:
+                    _compacted(server.url)
+                print(f"{n} targets: {kind} loaded and ready in {time.perf_counter() - t:.1f} s", flush=True)
+                since = (points - 1) * args.step
+                for conc in args.concurrency.split(","):
+                    rows_to = str(args.rows / f"{kind}-{n}-c{conc}.json") if args.rows else ""
+                    cmd = [sys.executable, __file__, "--child", server.url, str(end), str(since), str(args.jobs), conc,
+                           rows_to]  # fmt: skip
+                    loadavg = _loadavg()
+                    out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=3600)
+                    if out.returncode != 0:
+                        print(out.stderr[-3000:])
+                        continue
+                    r = json.loads(out.stdout.strip().splitlines()[-1])
+                    _report(n, kind, conc, args.jobs, loadavg, r)
+        for p in files:
+            p.unlink()
         if not args.keep:
             shutil.rmtree(work.parent, ignore_errors=True)
 
 
-def _report(n: int, conc: str, jobs: int, r: dict) -> None:
-    """One measured run, one line."""
-    print(f"{n} targets, {conc} queries in flight: {r['queries']} queries, step {r['step']:g} s; "
-          f"load {r['load_s']:.1f} s, rules {r['judge_s']:.1f} s ({jobs} jobs), total {r['load_s'] + r['judge_s']:.1f} s; "
-          f"peak RSS {r['rss_self_mib']:.0f} MiB (after load {r['rss_load_mib']:.0f}), "
-          f"largest worker {r['rss_worker_mib']:.0f} MiB; verdicts {dict(r['verdicts'])}", flush=True)  # fmt: skip
+def _report(n: int, store: str, conc: str, jobs: int, loadavg: str, r: dict) -> None:
+    """One measured run: one line, then where the load's time went when it was profiled."""
+    print(f"{n} targets on {store} (load average {loadavg}), {conc} queries in flight: {r['queries']} queries, "
+          f"step {r['step']:g} s; load {r['load_s']:.1f} s, rules {r['judge_s']:.1f} s ({jobs} jobs), "
+          f"total {r['load_s'] + r['judge_s']:.1f} s; peak RSS {r['rss_self_mib']:.0f} MiB "
+          f"(after load {r['rss_load_mib']:.0f}), largest worker {r['rss_worker_mib']:.0f} MiB; "
+          f"verdicts {dict(r['verdicts'])}", flush=True)  # fmt: skip
+    p = r.get("profile")
+    if p:
+        print(f"  load: HTTP {p['http_s']:.1f} s for {p['mib']:.0f} MiB of JSON ({p['wire_mib']:.0f} MiB on the wire, "
+              f"encoding {p['encodings']}), decoding {p['decode_s']:.1f} s, split {p['split_s']:.1f} s, "
+              f"other {r['load_s'] - p['call_s'] - p['split_s']:.1f} s", flush=True)  # fmt: skip
+        for q in p["top"]:
+            print(f"    {q['http_s']:6.2f} s HTTP {q['decode_s']:5.2f} s decode {q['mib']:6.1f} MiB "
+                  f"{q['series']:6d} series  {q['query']}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

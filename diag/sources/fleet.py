@@ -25,6 +25,7 @@ are left out and counted (``Fleet.unlabelled``).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import threading
@@ -184,6 +185,37 @@ class _RawSeries(msgspec.Struct):
     values: list[tuple[float, str]] = []
 
 
+class _FloatSeries(msgspec.Struct):
+    """A series whose values are decoded straight to floats (``"1.5"`` -> 1.5, see ``_decode_series``)."""
+
+    metric: dict[str, str] = {}
+    values: list[tuple[float, float]] = []
+
+
+_STRICT = msgspec.json.Decoder(_RawSeries)
+# Non-strict: a number in a string is decoded as the number, by the same correctly rounded parser (``"NaN"`` and
+# ``"-Inf"`` included, but not ``"+Inf"``, which falls back to the strict form).
+_FLOATS = msgspec.json.Decoder(_FloatSeries, strict=False)
+
+
+def _decode_series(raw: msgspec.Raw) -> tuple[dict[str, str], np.ndarray, np.ndarray]:
+    """One series' labels, times and values.
+
+    Why not the strict form alone: there each value is a Python string, then parsed again by numpy -- at 800
+    targets about 110 M points, most of the client's time. Decoded as floats and flattened in one pass it costs
+    half (the values are the same floats: both parsers round correctly). A series holding ``"+Inf"`` (a quantile
+    in the last bucket) takes the strict form."""
+    try:
+        item = _FLOATS.decode(raw)
+        flat = np.fromiter(itertools.chain.from_iterable(item.values), dtype=np.float64, count=2 * len(item.values))
+        return item.metric, flat[0::2].copy(), flat[1::2].copy()
+    except msgspec.ValidationError:
+        strict = _STRICT.decode(raw)
+        ts = np.fromiter((v[0] for v in strict.values), dtype=np.float64, count=len(strict.values))
+        vals = np.array([v[1] for v in strict.values], dtype=np.float64)  # "NaN", "+Inf" parse as floats
+        return strict.metric, ts, vals
+
+
 class _LazyPrometheus(_Prometheus):
     """The query client, decoding a reply's series one at a time.
 
@@ -196,6 +228,7 @@ class _LazyPrometheus(_Prometheus):
     def __init__(self, url: str, selector: str, timeout_s: float, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(url, selector, timeout_s, headers)
         self._lock = threading.Lock()  # queries run on several threads (httpx's client is thread-safe)
+        self.grids = _Grids()  # times shared by the series of every reply
 
     def _count(self) -> None:
         with self._lock:
@@ -208,31 +241,55 @@ class _LazyPrometheus(_Prometheus):
 
     def range(self, query: str, start: float, end: float, step: float) -> list[_Result]:
         params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
-        return _lazy_matrix(self._call("/api/v1/query_range", params))
+        return _lazy_matrix(self._call("/api/v1/query_range", params), self.grids)
 
     def raw(self, query: str, at: float) -> list[_Result]:
-        return _lazy_matrix(self._call("/api/v1/query", {"query": query, "time": f"{at:.3f}"}))
+        return _lazy_matrix(self._call("/api/v1/query", {"query": query, "time": f"{at:.3f}"}), self.grids)
 
 
-def _lazy_matrix(data: dict[str, msgspec.Raw]) -> list[_Result]:
+class _Grids:
+    """Time arrays shared between series: the series of a range query mostly stand on the same steps.
+
+    Why: the times are half of what a fleet holds (800 targets: ~110 M points, 0.9 GB of times alone), and nearly
+    all are copies of a few step grids. A series whose times equal a grid already seen gets that grid's array,
+    made read-only so that a later in-place change fails loudly instead of changing every series sharing it."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[int, float, float], list[np.ndarray]] = {}
+
+    def share(self, ts: np.ndarray) -> np.ndarray:
+        if not ts.size:
+            return ts
+        same = self._seen.setdefault((ts.size, float(ts[0]), float(ts[-1])), [])
+        for grid in same:
+            if np.array_equal(grid, ts):
+                return grid
+        if len(same) < 8:  # a few irregular series with the same ends must not make every lookup long
+            ts.flags.writeable = False
+            same.append(ts)
+        return ts
+
+
+def _lazy_matrix(data: dict[str, msgspec.Raw], grid: _Grids | None = None) -> list[_Result]:
     """As ``prometheus._parse_matrix``, one series decoded at a time; a series in another shape is left out."""
     try:
         kind = msgspec.json.decode(data.get("resultType", b'""'))
         items = msgspec.json.decode(data.get("result", b"[]"), type=list[msgspec.Raw]) if kind == "matrix" else []
     except msgspec.DecodeError:
         return []
+    grid = grid or _Grids()
     out = []
     for raw in items:
         try:
-            item = msgspec.json.decode(raw, type=_RawSeries)
-            ts = np.fromiter((v[0] for v in item.values), dtype=np.float64, count=len(item.values))
-            vals = np.array([v[1] for v in item.values], dtype=np.float64)  # "NaN", "+Inf" parse as floats
+            metric, ts, vals = _decode_series(raw)
         except (msgspec.DecodeError, ValueError, OverflowError):
             log.warning("Prometheus: a series in an unexpected shape was left out")
             continue
         keep = ~np.isnan(vals) & np.isfinite(ts)
-        if item.values and keep.any():
-            out.append(_Result(item.metric, ts[keep], vals[keep]))
+        if keep.all():
+            out.append(_Result(metric, grid.share(ts), vals))
+        elif keep.any():
+            out.append(_Result(metric, grid.share(ts[keep]), vals[keep]))
     return out
 
 
