@@ -77,9 +77,17 @@ class Turn:
     serving_s: float
 
 
-class _OtlpSink(http.server.BaseHTTPRequestHandler):
-    """Accepts OTLP/HTTP exports (any POST), answers 200, counts them: the spans leave the server for real."""
+EXPORT_DELAY_MS: int | None = None  # --export-delay-ms
 
+
+class _OtlpSink(http.server.BaseHTTPRequestHandler):
+    """Accepts OTLP/HTTP exports (any POST), answers 200, counts them: the spans leave the server for real.
+
+    HTTP/1.1 with keep-alive, as an OpenTelemetry Collector's OTLP/HTTP receiver answers: the exporter's session
+    then reuses its connection, as it does in a deployment. (HTTP/1.0, the handler's default, closed the
+    connection after every export, and each export paid a new TCP connection in the tracked server.)"""
+
+    protocol_version = "HTTP/1.1"
     posts = 0
 
     def do_POST(self) -> None:
@@ -101,7 +109,12 @@ def _start(model: Path, tracked: bool, workdir: Path, otlp: str) -> tuple[subpro
             "--span-sample-ratio", "0.1", "--model", "bench", "--", *server] if tracked else server  # fmt: skip
     log = (workdir / f"server-{'tracked' if tracked else 'untracked'}.log").open("wb")
     export = tracked and otlp
-    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp, "OTEL_BSP_SCHEDULE_DELAY": "1000"} if export else dict(os.environ)
+    # The batch span processor's own schedule (the SDK's default, 5 s) unless --export-delay-ms says otherwise.
+    env = dict(os.environ)
+    if export:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp
+        if EXPORT_DELAY_MS is not None:
+            env["OTEL_BSP_SCHEDULE_DELAY"] = str(EXPORT_DELAY_MS)
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -151,7 +164,17 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--size-mib", type=int, default=32, help="size of the GGUF written for the run")
     parser.add_argument("--no-otlp", action="store_true", help="spans sampled but not exported (the exporter's share)")
+    parser.add_argument(
+        "--export-delay-ms",
+        type=int,
+        default=None,
+        help="OTEL_BSP_SCHEDULE_DELAY for the tracked server (default: the SDK's own, 5000); 1000 exports 5x as often",
+    )
     args = parser.parse_args()
+    global EXPORT_DELAY_MS
+    if args.export_delay_ms is not None and args.export_delay_ms <= 0:
+        parser.error("--export-delay-ms: a positive number of milliseconds")
+    EXPORT_DELAY_MS = args.export_delay_ms
     if min(args.rounds, args.requests, args.max_tokens, args.size_mib) < 1:
         parser.error("--rounds, --requests, --max-tokens and --size-mib are at least 1")
     from diag.demo.engine.model import write_model
