@@ -15,6 +15,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -37,6 +38,19 @@ def poll_until(check: Callable[[], object], timeout_s: float, every_s: float = 0
             return False
         time.sleep(every_s)
     return True
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 60.0, every_s: float = 0.2) -> Any:
+    """Poll ``check`` until it returns something truthy, and return that; fail the test naming ``what`` at the
+    deadline. ``poll_until`` for a test that needs the value, or only a message when it never comes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(every_s)
 
 
 def stop(proc: subprocess.Popen, term_timeout_s: float = 15.0) -> None:  # type: ignore[type-arg]

@@ -29,6 +29,7 @@ touched -- it is most likely another program's file given as ``--db`` by mistake
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
@@ -430,9 +431,9 @@ def set_setting(db: sqlite3.Connection, name: str, value: str) -> None:
 
 
 @contextmanager
-def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+def transaction(db: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE") -> Iterator[sqlite3.Connection]:
     """BEGIN IMMEDIATE .. COMMIT (the write lock up front: no deadlock between two writers upgrading)."""
-    db.execute("BEGIN IMMEDIATE")
+    db.execute(begin)
     try:
         yield db
     except BaseException:
@@ -441,20 +442,13 @@ def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     db.execute("COMMIT")
 
 
-@contextmanager
-def row_transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+def row_transaction(db: sqlite3.Connection) -> contextlib.AbstractContextManager[sqlite3.Connection]:
     """A transaction that only writes rows its caller owns -- a claimed outbox action, the ticket stored for it, an
     event -- and reads nothing to decide: on PostgreSQL it does not take the store's writer lock (``BEGIN
     DEFERRED``), on SQLite it is ``transaction``. Why: that lock serialises the lifecycle's read-then-write; the
     outbox queued behind the receivers' group commits for it twice per ticket, which capped two loaded receivers
     at under one ticket a second."""
-    db.execute("BEGIN DEFERRED" if is_shared(db) else "BEGIN IMMEDIATE")
-    try:
-        yield db
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
-    db.execute("COMMIT")
+    return transaction(db, "BEGIN DEFERRED" if is_shared(db) else "BEGIN IMMEDIATE")
 
 
 CLAIM_LEASE_S = 60.0

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import procs
 from tests.triage.amcluster import AlertmanagerPair, binaries
 from tests.triage.helpers import ReceiverProcess
 
@@ -42,13 +43,7 @@ def incidents(rx: ReceiverProcess, tag: str) -> list[dict[str, Any]]:
 
 
 def wait_for(check: Callable[[], Any], timeout_s: float = 45.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
+    return procs.wait_for(check, what or "the condition", timeout_s, every_s=0.3)
 
 
 @pytest.fixture

@@ -36,6 +36,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests import procs
 from tests.pgserver import PgServer, reset
 from tests.triage.amcluster import AlertmanagerPair, binaries, ha_example, iso
 from tests.triage.helpers import ReceiverProcess
@@ -95,12 +96,8 @@ class Progress:
 
 
 def wait_for(check, what: str, deadline: float) -> Any:
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    """``tests.procs.wait_for`` against the run's one deadline."""
+    return procs.wait_for(check, what, max(0.0, deadline - time.monotonic()))
 
 
 def failed(pair: AlertmanagerPair) -> tuple[float, float]:

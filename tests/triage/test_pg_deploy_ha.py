@@ -5,7 +5,6 @@ killed, the other still files the next problem."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
@@ -14,6 +13,7 @@ import psycopg
 import pytest
 
 from tests.pgserver import reset
+from tests.procs import wait_for
 from tests.triage.amcluster import AlertmanagerPair, binaries, ha_example
 from tests.triage.helpers import FakeTracker, ReceiverProcess
 
@@ -25,16 +25,6 @@ TOKEN = "ha-test-token"
 def incidents(rx: ReceiverProcess, tag: str) -> list[dict[str, Any]]:
     rows = httpx.get(f"{rx.url}/api/incidents", timeout=10).json()
     return [r for r in rows if tag in r["title"]]
-
-
-def wait_for(check, what: str, timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_the_shipped_ha_example_files_each_problem_once_and_survives_a_receiver(pg_server, tmp_path):
