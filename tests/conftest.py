@@ -118,15 +118,48 @@ def pytest_configure(config: pytest.Config) -> None:
         livecg.host_lock_dir = Path(config.option.basetemp).parent
 
 
+def _stack_fixtures(item: pytest.Item) -> set[str]:
+    """The fixtures wider than a test (module, class, package scope) that ``item`` uses: its stack."""
+    info = getattr(item, "_fixtureinfo", None)
+    return {
+        name
+        for name, defs in (info.name2fixturedefs.items() if info is not None else ())
+        if name not in _CHEAP_WIDE_FIXTURES and defs and defs[-1].scope not in ("function", "session")
+    }
+
+
+def _same_live_stack(item: pytest.Item, nextitem: pytest.Item | None) -> bool:
+    """True when ``nextitem`` is a live-group test of ``item``'s module on the same module-scoped stack."""
+    return (
+        nextitem is not None
+        and _in_live_group(nextitem)
+        and nextitem.path == item.path
+        and bool(_stack_fixtures(item) & _stack_fixtures(nextitem))
+    )
+
+
+_live_hold = contextlib.ExitStack()  # the host lock while a live module's stack lives on over several tests
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """A test of the ``live`` group holds the host (``livecg.host_exclusive``) from its setup to its teardown.
+    """A test of the ``live`` group holds the host (``livecg.host_exclusive``) from its setup to its teardown --
+    and past it, up to the last test of its module, while the next test runs on the same module-scoped stack.
 
     The group already runs one test at a time on its worker; the lock is for the few tests elsewhere that make a
-    fault the host shows only for part of their time and hold it meanwhile (the dashboards' live stack).
+    fault the host shows only for part of their time and hold it meanwhile (the dashboards' live stack). Why
+    the whole module: a stack's agent and Prometheus keep what the host showed between two tests -- an OOM kill
+    made beside them in that gap is in /dev/kmsg for the agent and in a 5-minute ``increase()`` for the alert,
+    so the next test's own kill would find that alert already firing (measured: the kernel-OOM page of the
+    live alert test never came, because another stack's kill between two tests had fired it).
     """
-    with livecg.host_exclusive() if _in_live_group(item) else contextlib.nullcontext():
+    if _in_live_group(item) and not livecg.holds_host():
+        _live_hold.enter_context(livecg.host_exclusive())
+    try:
         yield
+    finally:
+        if not _same_live_stack(item, nextitem):
+            _live_hold.close()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -22,7 +22,7 @@ import pytest
 from diag.demo.scenarios.cgroups import MAX_LIMIT_BYTES, ScenarioCgroups, own_v1_memory_cgroup, unavailable_reason
 from diag.demo.scenarios.cgroups import MemoryGroup as LiveGroup
 
-__all__ = ["LiveGroup", "host_exclusive", "memory_cgroup", "own_v1_memory_cgroup", "require_live", "skip_reason"]
+__all__ = ["LiveGroup", "holds_host", "host_exclusive", "memory_cgroup", "own_v1_memory_cgroup", "require_live", "skip_reason"]
 
 
 def skip_reason() -> str | None:
@@ -66,6 +66,11 @@ def memory_cgroup(limit_bytes: int, name: str = "llmdiag-test") -> Iterator[Live
 # workers, where one process runs one test at a time and there is nobody to exclude.
 host_lock_dir: Path | None = None
 _held: list[int] = []  # the open lock files while held (a stack, so a nested host_exclusive is a no-op)
+
+
+def holds_host() -> bool:
+    """True inside a ``host_exclusive`` of this process (then another one is a no-op)."""
+    return bool(_held)
 
 
 @contextlib.contextmanager

@@ -140,3 +140,60 @@ def test_a_waiting_worker_gets_the_host_before_the_holder_takes_it_again(tmp_pat
         entered = time.monotonic()
     assert waiter.wait(timeout=30) == 0
     assert float(got.read_text()) < entered
+
+
+STACK_MODULE = """
+import fcntl, os, subprocess, sys, time
+from pathlib import Path
+import pytest
+from tests import livecg
+
+livecg.host_lock_dir = Path(os.environ["LOCK_DIR"])
+GOT = livecg.host_lock_dir / "waiter-had-it"
+
+def _turnstile_taken():
+    fd = os.open(livecg.host_lock_dir / "live-turnstile.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+@pytest.fixture(scope="module")
+def stack():
+    yield "agent"
+
+@pytest.mark.live
+def test_first(stack):
+    assert livecg.holds_host()
+    # another worker asks for the host now (the dashboards' stack, about to OOM-kill)
+    waiter = subprocess.Popen([sys.executable, "-c", os.environ["WAITER"], str(livecg.host_lock_dir), str(GOT)],
+                              stdout=subprocess.PIPE, text=True)
+    assert waiter.stdout.readline() == "waiting\\n"
+    deadline = time.monotonic() + 30
+    while not _turnstile_taken() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pytest.waiter = waiter
+
+@pytest.mark.live
+def test_second_on_the_same_stack(stack):
+    assert not GOT.exists(), "the host was free between two tests of one stack"
+
+def test_not_live():
+    assert pytest.waiter.wait(timeout=30) == 0
+    assert GOT.exists()
+"""
+
+
+@pytest.mark.process
+def test_the_live_group_holds_the_host_across_the_tests_of_one_stack(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """Between two live tests on one module-scoped stack the host stays held: a fault made in that gap would stay in the
+    stack's agent and alert windows and be judged by the next test. After the module's last one it is released."""
+    pytester.makepyfile(test_stack=STACK_MODULE)
+    pytester.makeini("[pytest]\nmarkers =\n    live: x\n    host_quiet: x\n    process: x\n")
+    for key, value in {"LOCK_DIR": str(tmp_path), "PYTHONPATH": str(REPO), "WAITER": WAITER}.items():
+        pytester._monkeypatch.setenv(key, value)
+    result = pytester.runpytest_subprocess("-p", "tests.conftest", "-p", "no:cacheprovider", "-q")
+    result.assert_outcomes(passed=3)

@@ -166,3 +166,27 @@ def test_dead_workers_live_gauges_are_swept(tmp_path: Path) -> None:
     # the dead worker's queue depth is gone; its counter (history) is kept; the live one's depth is there
     assert sum(v for _, v in _samples(text, catalog.QUEUE_DEPTH.name)) == 1
     assert sum(v for labels, v in _samples(text, catalog.REQUESTS.name) if labels["outcome"] == "ok") == 4
+
+
+@pytest.mark.process
+def test_a_worker_that_exits_between_two_forwards_loses_no_row(tmp_path: Path) -> None:
+    """The buffer forwards rows once a second; a worker that exits normally in between (uvicorn and gunicorn
+    workers end this way on SIGTERM, without closing the tracker) writes them at exit."""
+    script = textwrap.dedent(
+        """
+        import asyncio, sys
+        from collectors.tracking import RequestTracker
+        t = RequestTracker("w", recorder=sys.argv[1])
+        async def one():
+            async with t.request(route="/x") as req:
+                await req.acquire()
+        for _ in range(7):
+            asyncio.run(one())
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    subprocess.run([sys.executable, "-c", script, str(tmp_path / "rec.db")], env=env, cwd=ROOT, check=True, timeout=60)
+    with FlightRecorder(tmp_path / "rec.db") as rec:
+        rows = [r for r in rec.read(["request"]) if isinstance(r, RequestTiming)]
+    assert len(rows) == 7
