@@ -45,6 +45,7 @@ from opentelemetry import trace
 
 from collectors.tracking import spans as sp
 from collectors.tracking.admission import AdmissionRejected, InferenceTimeout
+from collectors.tracking.lifespan import flushing_at_shutdown
 from collectors.tracking.metrics import metrics_response
 from collectors.tracking.tracker import RequestTracker
 
@@ -74,6 +75,7 @@ class TrackingMiddleware:
         server_spans: bool = True,
         tracer_provider: trace.TracerProvider | None = None,
         meter_provider: Any = None,
+        flush: Any = None,
     ) -> None:
         if not 0.0 <= ratio <= 1.0:
             raise ValueError("ratio is between 0 and 1")
@@ -92,12 +94,15 @@ class TrackingMiddleware:
                 exclude_spans=["send", "receive"],
             )
         self.ratio = ratio
+        self.flush = flush  # the tracker's, run at the server's shutdown (collectors.tracking.lifespan)
         # What the next layer is, for code that walks a stack's ``.app`` chain: FastAPI's native
         # telemetry looks for OpenTelemetry's middleware there and then leaves server spans to it.
         self.app = self.traced_app
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
+            if scope["type"] == "lifespan" and self.flush is not None:
+                send = flushing_at_shutdown(send, self.flush)
             await self.traced_app(scope, receive, send)
             return
         ratio = self.ratio
@@ -202,6 +207,7 @@ def instrument_fastapi(
         server_spans=server_spans,
         tracer_provider=tracer_provider or tracker.tracer_provider,
         meter_provider=meter_provider,
+        flush=tracker.flush,
     )
 
 

@@ -27,6 +27,7 @@ losing telemetry beats stalling inference.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import json
@@ -102,6 +103,9 @@ def request_row(
     )
 
 
+EXIT_FLUSH_TIMEOUT_S = 5.0  # how long an exiting process waits for its last rows to reach the disk
+
+
 class RecordBuffer:
     """Lock-free append on the hot path; a daemon thread forwards batches to a ``RecorderWriter``.
 
@@ -130,8 +134,14 @@ class RecordBuffer:
         self._seen_write_errors = writer.write_errors
         self._stop = threading.Event()
         self._drain_lock = threading.Lock()
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name="llmdiag-tracker-buffer", daemon=True)
         self._thread.start()
+        # Rows wait up to ``interval_s`` here, so a worker that exits between two forwards (SIGTERM to a uvicorn
+        # or gunicorn worker: the server returns, the interpreter exits) would lose them; at exit they are
+        # written first. Registered on the buffer, not on the tracker: the server may drop its app, and with it
+        # the tracker, before the interpreter exits -- the buffer lives on (its thread holds it) with its rows.
+        atexit.register(self.close, EXIT_FLUSH_TIMEOUT_S)
 
     def submit(self, item: Record | RequestRow) -> bool:
         """Keep a record, or a request row (:func:`request_row`), for the next batch. Never blocks, never raises."""
@@ -153,6 +163,10 @@ class RecordBuffer:
         return ok
 
     def close(self, timeout: float = 10.0) -> None:
+        """Forward what is left, stop the thread, close (or flush, when shared) the writer. Once; later calls do nothing."""
+        if self._closed:
+            return
+        self._closed = True
         self._stop.set()
         self._thread.join(timeout)
         self._drain()
@@ -161,6 +175,12 @@ class RecordBuffer:
         else:
             self.writer.flush(timeout)
         self._count_write_errors()
+
+    def abandon(self) -> None:
+        """In a forked child: this is the parent's buffer, whose threads do not run here -- never forward or close it
+        (its rows are the parent's to write; waiting on its writer at exit would only time out)."""
+        self._closed = True
+        self._pending.clear()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

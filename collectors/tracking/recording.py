@@ -10,12 +10,10 @@ torch memory, CUDA OOMs) that never pass through admission.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
 import threading
-import weakref
 from collections.abc import Sequence
 from os import PathLike
 
@@ -42,8 +40,6 @@ from collectors.tracking.metrics import RequestSeries, TrackerMetrics, flush_met
 from collectors.tracking.torch_memory import capture_cuda_oom, parse_cuda_oom_message, torch_memory_snapshot
 
 log = logging.getLogger(__name__)
-
-EXIT_FLUSH_TIMEOUT_S = 5.0
 
 MAX_ROUTES = 200
 OTHER_ROUTE = "other"
@@ -80,10 +76,6 @@ class RequestRecorder:
                 writer = RecorderWriter(default_recorder_path() if recorder is None or recorder is True else recorder)
                 owns = True
             self._buffer = RecordBuffer(writer, owns_writer=owns, on_drop=self.error)  # counts drops and write errors
-            # The buffer forwards rows once a second, so a worker that exits between two forwards (SIGTERM to a
-            # uvicorn or gunicorn worker) would lose the last second of requests; at exit they are written first.
-            # A weak reference: registering must not keep a discarded recorder (and its threads) alive.
-            atexit.register(_close_at_exit, weakref.ref(self))
         # True when finished requests go to a flight recorder (else submit_request is a no-op); a
         # plain attribute, read once per request.
         self.records_requests = self._buffer is not None
@@ -333,12 +325,6 @@ class RequestRecorder:
         self._series_lock = threading.Lock()
         if self._buffer is not None:
             old = self._buffer
+            old.abandon()
             writer = RecorderWriter(old.writer.path) if old.owns_writer else old.writer
             self._buffer = RecordBuffer(writer, owns_writer=old.owns_writer, on_drop=self.error)
-
-
-def _close_at_exit(ref: weakref.ref[RequestRecorder]) -> None:
-    """``atexit``: write what is still buffered (a forked child inherits this with the recorder's new buffer)."""
-    recorder = ref()
-    if recorder is not None:
-        recorder.close(EXIT_FLUSH_TIMEOUT_S)

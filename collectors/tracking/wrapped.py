@@ -41,6 +41,7 @@ from typing import Any
 from collectors.tracking import engine_locks
 from collectors.tracking import spans as sp
 from collectors.tracking.current import CURRENT_REQUEST
+from collectors.tracking.lifespan import flushing_at_shutdown
 from collectors.tracking.request import TrackedRequest
 
 ENV_CONFIG = "LLMDIAG_WRAP"
@@ -133,7 +134,7 @@ class WrappedApp:
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            await self.app(scope, receive, self._flushing_at_shutdown(send))
+            await self.app(scope, receive, flushing_at_shutdown(send, self.tracker.flush))
             return
         if scope["type"] != "http" or CURRENT_REQUEST.get() is not None:  # a mounted sub-app: tracked already
             await self.app(scope, receive, send)
@@ -179,21 +180,6 @@ class WrappedApp:
             req.finish()
         finally:
             CURRENT_REQUEST.reset(token)
-
-    def _flushing_at_shutdown(self, send: Any) -> Any:
-        """``send`` for the lifespan: the last rows reach the recorder before the server says it has shut down.
-
-        Why here and not (only) at exit: uvicorn re-raises the SIGTERM it caught once it has shut down, and a
-        process ended by a signal runs no ``atexit`` handler -- the rows of the last second would be lost."""
-
-        async def send_after_flush(message: dict[str, Any]) -> None:
-            if message.get("type") in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
-                import anyio
-
-                await anyio.to_thread.run_sync(self.tracker.flush)
-            await send(message)
-
-        return send_after_flush
 
     async def _metrics(self, send: Any) -> None:
         import anyio

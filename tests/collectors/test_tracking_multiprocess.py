@@ -190,3 +190,16 @@ def test_a_worker_that_exits_between_two_forwards_loses_no_row(tmp_path: Path) -
     with FlightRecorder(tmp_path / "rec.db") as rec:
         rows = [r for r in rec.read(["request"]) if isinstance(r, RequestTiming)]
     assert len(rows) == 7
+
+
+@pytest.mark.process
+def test_workers_stopped_right_after_their_requests_lose_no_row(tmp_path: Path) -> None:
+    """SIGTERM to uvicorn at once after the last response: each worker's last rows are still in its buffer (it
+    forwards once a second) and uvicorn ends the worker by re-raising the signal, so no ``atexit`` runs -- the
+    rows are flushed at the lifespan's shutdown (measured before: 7 to 22 of 40 rows kept)."""
+    with workers(tmp_path, 2) as (base, _proc):
+        for _ in range(40):
+            assert httpx.get(base + "/work?ms=1", headers={"connection": "close"}).status_code == 200
+    with FlightRecorder(tmp_path / "rec.db") as rec:
+        rows = [r for r in rec.read(["request"]) if isinstance(r, RequestTiming)]
+    assert len(rows) == 40
