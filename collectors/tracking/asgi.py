@@ -39,6 +39,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import trace
@@ -75,7 +76,7 @@ class TrackingMiddleware:
         server_spans: bool = True,
         tracer_provider: trace.TracerProvider | None = None,
         meter_provider: Any = None,
-        flush: Any = None,
+        flush: Callable[[], object] | None = None,
     ) -> None:
         if not 0.0 <= ratio <= 1.0:
             raise ValueError("ratio is between 0 and 1")

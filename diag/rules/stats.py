@@ -423,7 +423,15 @@ def sustained_above(series: Series, threshold: float, min_samples: int = 3) -> t
 
 
 class LoadIndex:
-    """Requests in service (start <= t < finish) and their tokens (prompt + output) at any time.
+    """Requests the service holds (arrival <= t < finish: queued or in service) and their tokens (prompt + output).
+
+    Why from arrival, not from the start of inference: a queued request is held in memory too -- its
+    connection, its parsed body, its task and its place in the queue -- so memory rises while a queue
+    builds even when the requests in service cannot (one slot stays one request). Counting only those in
+    service, a backlog in front of one slot left the leak rule no load to weigh the rise against, and the
+    warm-up of a server taking 48 waiting requests (+5 MiB in 100 s) was called a leak. The engines' own
+    gauges give the same measure (``EngineLoad``: running + waiting). Rows without an arrival time count
+    from their start.
 
     Built once per rule (two sorts of the request table), then ``at(ts)`` costs a few binary
     searches per point: O((n + m) log n), so a million requests cost a sort, not a loop.
@@ -436,6 +444,9 @@ class LoadIndex:
         if not self.available:
             return
         start, finish = requests["start"], requests["finish"]
+        if "arrival" in requests:
+            arrival = requests["arrival"]
+            start = np.where(np.isfinite(arrival) & ~(arrival > start), arrival, start)  # NaN start: arrival
         ok = np.isfinite(start) & np.isfinite(finish)
         start, finish = start[ok], finish[ok]
         self.available = bool(start.size)
@@ -451,11 +462,11 @@ class LoadIndex:
         self._cf = np.concatenate([[0.0], np.cumsum(tok[f_order])])
 
     def covers(self, t0: float, t1: float) -> bool:
-        """Whether any request was in service between ``t0`` and ``t1``."""
+        """Whether any request was held between ``t0`` and ``t1``."""
         return self.available and bool(self._starts[0] <= t1 and self._finishes[-1] >= t0)
 
     def at(self, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """(requests in service, tokens in service or None without token counts) at each time of ``ts``."""
+        """(requests held, their tokens or None without token counts) at each time of ``ts``."""
         ts = np.asarray(ts, dtype=np.float64)
         if not self.available:
             return np.zeros(ts.size), None
@@ -466,7 +477,7 @@ class LoadIndex:
         return count, tokens
 
     def load(self, ts: np.ndarray, points: int = 8) -> tuple[str, np.ndarray]:
-        """The load memory should follow -- tokens in service when known, else requests in service --
+        """The load memory should follow -- tokens held when known, else requests held --
         averaged over the interval before each sample (``points`` instants spread over it).
 
         Why averaged: a 1 Hz memory sample reflects the requests of the last second, and a request
@@ -481,9 +492,9 @@ class LoadIndex:
         grid = (ts[:, None] - dt * np.arange(points)[None, :] / points).ravel()
         count, tokens = self.at(grid)
         if tokens is not None:
-            out = "tokens in service", tokens.reshape(ts.size, points).mean(axis=1)
+            out = "tokens held (queued or in service)", tokens.reshape(ts.size, points).mean(axis=1)
         else:
-            out = "requests in service", count.reshape(ts.size, points).mean(axis=1)
+            out = "requests held (queued or in service)", count.reshape(ts.size, points).mean(axis=1)
         if key:
             self._memo[key] = (ts, *out)
         return out

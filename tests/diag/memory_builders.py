@@ -178,6 +178,15 @@ def in_service(reqs: list[dict[str, Any]], ts: np.ndarray) -> np.ndarray:
     return ((start[None, :] <= ts[:, None]) & (finish[None, :] > ts[:, None])).sum(axis=1).astype(float)
 
 
+def held(reqs: list[dict[str, Any]], ts: np.ndarray) -> np.ndarray:
+    """Requests held at each sample time (arrived, not finished: queued or in service), by brute force."""
+    if not reqs:
+        return np.zeros(ts.size)
+    arrival = np.array([r["arrival"] for r in reqs])
+    finish = np.array([r["finish"] for r in reqs])
+    return ((arrival[None, :] <= ts[:, None]) & (finish[None, :] > ts[:, None])).sum(axis=1).astype(float)
+
+
 def build(*parts: list[dict[str, Any]]) -> Timeline:
     return timeline_from_records([r for part in parts for r in part])
 

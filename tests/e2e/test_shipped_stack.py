@@ -97,9 +97,18 @@ def _wait(what: str, rx: str, done: Callable[[Snapshot], bool], timeout_s: float
         if done(snap):
             return snap
         time.sleep(2.0)
-    summary = [(i["incident"]["id"], sorted(snap.alertnames(i)), i["incident"]["diag_state"], i["incident"]["diag_class"])
-               for i in snap.incidents]  # fmt: skip
-    raise AssertionError(f"{what}: not reached in {timeout_s:.0f} s; incidents: {summary}")
+    raise AssertionError(f"{what}: not reached in {timeout_s:.0f} s; incidents: {_summary(snap)}")
+
+
+def _summary(snap: Snapshot) -> list[tuple[Any, ...]]:
+    """Each incident in a line a failure can print: id, alerts, state, class, what the diagnosis ranked."""
+    out = []
+    for i in snap.incidents:
+        inc = i["incident"]
+        verdict = (inc.get("diagnosis") or {}).get("verdict") or {}
+        out.append((inc["id"], sorted(snap.alertnames(i)), inc["resolution"], inc["diag_state"], inc["diag_class"],
+                    verdict.get("primary"), verdict.get("contributing")))  # fmt: skip
+    return out
 
 
 def _settled(names: set[str]) -> Callable[[Snapshot], bool]:
@@ -221,7 +230,9 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
 def test_a_queue_overload_is_one_paging_incident_diagnosed_as_a_queue_backlog(outcome: Outcome) -> None:
     snap = outcome.queue
     assert snap is not None
-    (incident,) = snap.holding(QUEUE_ALERTS | {"LLMDiagSLOBurn"})
+    held = snap.holding(QUEUE_ALERTS | {"LLMDiagSLOBurn"})
+    assert len(held) == 1, _summary(snap)
+    (incident,) = held
     inc = incident["incident"]
     assert inc["diag_class"] == "queue_backlog", json.dumps(inc["diagnosis"], indent=1)[:3000]
     assert inc["severity"] == "page"  # the SLO burn page and the cause ticket: the highest severity wins
@@ -234,7 +245,9 @@ def test_a_queue_overload_is_one_paging_incident_diagnosed_as_a_queue_backlog(ou
 def test_a_memcg_oom_kill_is_one_incident_diagnosed_as_host_oom(outcome: Outcome) -> None:
     snap = outcome.oom
     assert snap is not None
-    (incident,) = snap.holding(OOM_ALERTS)
+    held = snap.holding(OOM_ALERTS)
+    assert len(held) == 1, _summary(snap)
+    (incident,) = held
     inc = incident["incident"]
     assert inc["diag_class"] == "host_oom", json.dumps(inc["diagnosis"], indent=1)[:3000]
     assert inc["severity"] == "page"
