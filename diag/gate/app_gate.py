@@ -28,12 +28,14 @@ from dataclasses import replace
 from collectors.procfs import read_text, under
 from diag.gate.gates import Check, GateResult
 from diag.gate.http_client import HttpClient, HttpError
+from diag.gate.inflight import read_by_server
 from diag.gate.inprocess import HttpxClient
 from diag.gate.load import Deadlines, Result, request_body, send
 from diag.gate.spec import AppSpec, Criteria, GateSpec, Lengths, Probe, Readiness, Step
 
 POLL_S = 0.25  # the readiness path is asked this often: a server's start-up is seconds, not milliseconds
-SETTLE_S = 0.3  # after sending the termination's requests, before SIGTERM: they reach the server (a loopback hop)
+IN_FLIGHT_POLL_S = 0.02  # while the termination's requests travel to the server, its socket table is read this often
+IN_PROCESS_TURNS = 10  # loop turns an in-process app's requests get to reach it (no socket to look at, no I/O to wait)
 
 Progress = Callable[[str], None]
 Client = HttpClient | HttpxClient  # the run's own client: the load's, or an in-process app's
@@ -154,6 +156,27 @@ async def graceful_termination(client: Client, spec: GateSpec, probe: Probe, pid
         deadlines.close()
 
 
+async def _until_read(client: Client, tasks: list[asyncio.Task[Result]], pid: int, proc_root: str, deadline: float) -> int:
+    """Wait until the server has read every request (see ``diag.gate.inflight``), one finished, or the deadline passed;
+    returns how many are still not read (0: all in flight).
+
+    Why not a fixed pause: on a loaded host the client, the kernel's accept queue or the server's own loop may hold a
+    request back longer than any pause chosen on a quiet one, and a signal before the server has read it makes a
+    refused request look like a failed drain. An in-process app (no socket) gets its requests in their own tasks,
+    with no I/O between: a few loop turns hand them over."""
+    loop = asyncio.get_running_loop()
+    if not isinstance(client, HttpClient):
+        for _ in range(IN_PROCESS_TURNS):
+            await asyncio.sleep(0)
+        return 0
+    while True:
+        sent = client.in_progress()
+        unread = len(tasks) - sum(s.unsent == 0 and read_by_server(pid, s.local, s.server, proc_root) for s in sent)
+        if unread <= 0 or any(t.done() for t in tasks) or loop.time() >= deadline:
+            return max(0, unread)
+        await asyncio.sleep(IN_FLIGHT_POLL_S)
+
+
 async def _terminate(client: Client, bounded: GateSpec, probe: Probe, step: Step, rng: random.Random, deadlines: Deadlines,
                      pid: int, started: int | None, progress: Progress, proc_root: str) -> Check:  # fmt: skip
     name = "graceful_termination"
@@ -161,13 +184,21 @@ async def _terminate(client: Client, bounded: GateSpec, probe: Probe, step: Step
     now = loop.time()
     tasks = [loop.create_task(send(client, bounded, request_body(bounded, step, rng), now, deadlines))  # type: ignore[arg-type]
              for _ in range(probe.requests)]  # fmt: skip
-    await asyncio.sleep(SETTLE_S)
+    # half the requests' own bound to reach the server: the other half is theirs to finish in once it is signalled
+    unread = await _until_read(client, tasks, pid, proc_root, now + probe.within_s / 2)
     if any(t.done() for t in tasks):
         done = sum(t.done() for t in tasks)
         await asyncio.gather(*tasks)
         return Check(name, "FAIL", f"{done} of {probe.requests} requests finished before the signal",
                      f"nothing was in flight to drain: give graceful_termination longer requests (output_tokens: "
                      f"{probe.output_tokens * 4}); nothing was signalled")  # fmt: skip
+    if unread:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return Check(name, "FAIL", f"{unread} of {probe.requests} requests not read by pid {pid} in {probe.within_s / 2:g} s",
+                     "the server never had them all in flight (its socket table shows no such connection, or its bytes "
+                     "unread); nothing was signalled")  # fmt: skip
     progress(f"application: SIGTERM to pid {pid} with {probe.requests} requests in flight")
     os.kill(pid, signal.SIGTERM)
     signalled = loop.time()

@@ -52,6 +52,15 @@ class Response:
     body: bytes  # empty when the body went to ``on_chunk``
 
 
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """A request on its connection: the connection's ends, and the bytes of it the client has not handed over yet."""
+
+    local: tuple[str, int]
+    server: tuple[str, int]
+    unsent: int
+
+
 class _Exchange:
     """One request on one connection: the parser's callbacks fill it, ``done`` resolves it."""
 
@@ -273,6 +282,19 @@ class HttpClient:
         except asyncio.CancelledError:
             conn.close()
             raise
+
+    def in_progress(self) -> list[Sent]:
+        """Every connection with a request on it now: its two ends and what of the request is still unsent (a
+        request waiting for a connection is not on one yet, and not listed)."""
+        out = []
+        for conn in self._all:
+            transport = conn.transport
+            if conn.exchange is None or transport is None or conn.closed:
+                continue
+            local, peer = transport.get_extra_info("sockname"), transport.get_extra_info("peername")
+            if local and peer:
+                out.append(Sent((local[0], local[1]), (peer[0], peer[1]), transport.get_write_buffer_size()))
+        return out
 
     def _idle_connection(self) -> _Connection | None:
         while self._idle:
