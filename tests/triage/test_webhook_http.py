@@ -342,12 +342,21 @@ def test_shutdown_from_another_thread_answers_the_request_in_flight_then_returns
         idle = httpx.Client(timeout=10)
         assert idle.get(f"{url}/healthz").status_code == 200
         locker.execute("BEGIN EXCLUSIVE")  # the delivery below waits for the store
+        # Shut down only once the delivery waits for its commit. Not "uvicorn has a task": the /healthz just
+        # answered can still be one (its coroutine not yet returned), and a shutdown then refused the POST's connect.
+        submitted = threading.Event()
+        submit = rx.ingestor.submit_async
+
+        def submit_and_tell(note):
+            pending = submit(note)  # queued for the writer, which is held by the lock above
+            submitted.set()
+            return pending
+
+        rx.ingestor.submit_async = submit_and_tell
         doc = body(alert({"alertname": "InFlightAtShutdown", "job": "j"}))
         poster = threading.Thread(target=lambda: answers.append(httpx.post(f"{url}/webhook", json=doc, timeout=30).status_code))
         poster.start()
-        deadline = time.monotonic() + 10
-        while not rx._server.server_state.tasks and time.monotonic() < deadline:  # the request is being handled
-            time.sleep(0.01)
+        assert submitted.wait(timeout=20), "the delivery never reached the store"
         rx.shutdown()
         serving.join(timeout=0.5)
         assert serving.is_alive() and not answers  # still waiting for that commit
