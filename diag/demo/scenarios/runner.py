@@ -69,18 +69,19 @@ def run_scenario(
     ``dialect``: serve the engine's /metrics (vllm, tgi, llamacpp) uninstrumented and record them with the
     agent's scrape; None: the scenario's own choice (ours, unless it names one).
     """
+    from diag.demo.dialects import DIALECTS
     from diag.demo.scenarios.signals import check_signals
     from diag.demo.weights import default_weights_dir
     from diag.rules.engine import analyze
     from diag.timeline import timeline_from_records
 
     scenario = SCENARIOS[name]
-    merged = scenario.params(params)
-    from diag.demo.dialects import DIALECTS
-
+    # The dialect is refused first: a scenario's own parameter check may look for what its engine needs
+    # installed, and a dialect that cannot apply is the user's error to fix whatever is installed.
     if dialect is not None and dialect not in DIALECTS:
         raise ValueError(f"dialect {dialect!r}: use one of {', '.join(DIALECTS)}")
     scenario.check_dialect(dialect)
+    merged = scenario.params(params)
     if scenario.needs_cgroups:
         reason = unavailable_reason()
         if reason:
