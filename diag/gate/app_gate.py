@@ -28,7 +28,7 @@ from dataclasses import replace
 from collectors.procfs import read_text, under
 from diag.gate.gates import Check, GateResult
 from diag.gate.http_client import HttpClient, HttpError
-from diag.gate.inflight import read_by_server
+from diag.gate.inflight import TcpTables, read_by_server
 from diag.gate.inprocess import HttpxClient
 from diag.gate.load import Deadlines, Result, request_body, send
 from diag.gate.spec import AppSpec, Criteria, GateSpec, Lengths, Probe, Readiness, Step
@@ -171,7 +171,8 @@ async def _until_read(client: Client, tasks: list[asyncio.Task[Result]], pid: in
         return 0
     while True:
         sent = client.in_progress()
-        unread = len(tasks) - sum(s.unsent == 0 and read_by_server(pid, s.local, s.server, proc_root) for s in sent)
+        server_tables, own_tables = TcpTables(pid, proc_root), TcpTables(os.getpid(), proc_root)
+        unread = len(tasks) - sum(s.unsent == 0 and read_by_server(server_tables, own_tables, s.local, s.server) for s in sent)
         if unread <= 0 or any(t.done() for t in tasks) or loop.time() >= deadline:
             return max(0, unread)
         await asyncio.sleep(IN_FLIGHT_POLL_S)

@@ -18,7 +18,6 @@ vouched for: the caller waits, up to its deadline, and says so rather than signa
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 from dataclasses import dataclass
@@ -64,25 +63,35 @@ def parse_tcp_table(text: str | None) -> dict[tuple[str, str], TcpRow]:
     return rows
 
 
-def socket_row(pid: int, local: tuple[str, int], remote: tuple[str, int], proc_root: str = "/proc") -> TcpRow | None:
-    """The row of the connection from ``local`` to ``remote`` (``(host, port)`` pairs) in the tables of process ``pid``
-    (its network namespace); None when they have no such row."""
-    for table in ("tcp", "tcp6"):
-        rows = parse_tcp_table(read_text(under(proc_root, str(pid), "net", table)).text)
+class TcpTables:
+    """One reading of a process's ``tcp`` and ``tcp6`` tables (its network namespace), keyed as the kernel prints them.
+
+    Why a snapshot: a wait polls every connection of the gate's requests each turn, and a busy server's tables run to
+    thousands of rows; each turn reads and parses them once, on the event loop, not once per connection."""
+
+    def __init__(self, pid: int, proc_root: str = "/proc") -> None:
+        self.rows: dict[tuple[str, str], TcpRow] = {}
+        for table in ("tcp", "tcp6"):  # IPv4 and IPv6 keys differ in length: one dict holds both
+            self.rows.update(parse_tcp_table(read_text(under(proc_root, str(pid), "net", table)).text))
+
+    def row(self, local: tuple[str, int], remote: tuple[str, int]) -> TcpRow | None:
+        """The row of the connection from ``local`` to ``remote`` (``(host, port)`` pairs), as itself or, for IPv4
+        ends, in its IPv4-mapped IPv6 form; None when the tables have no such row."""
         for local_host, remote_host in ((local[0], remote[0]), (_mapped(local[0]), _mapped(remote[0]))):
-            if local_host is None or remote_host is None or (table == "tcp") == (":" in local_host):
+            if local_host is None or remote_host is None:
                 continue
-            row = rows.get((kernel_address(local_host, local[1]), kernel_address(remote_host, remote[1])))
+            row = self.rows.get((kernel_address(local_host, local[1]), kernel_address(remote_host, remote[1])))
             if row is not None:
                 return row
-    return None
+        return None
 
 
-def read_by_server(pid: int, client: tuple[str, int], server: tuple[str, int], proc_root: str = "/proc") -> bool:
-    """The server process has read everything the client sent on this connection: its end is established with nothing
-    unread, and the client's own end (this process's row, when its table shows it) has nothing still unacknowledged."""
-    row = socket_row(pid, server, client, proc_root)
+def read_by_server(server_tables: TcpTables, own_tables: TcpTables, client: tuple[str, int], server: tuple[str, int]) -> bool:
+    """The server process has read everything the client sent on this connection: its end (in ``server_tables``) is
+    established with nothing unread, and the client's own end (in ``own_tables``, this process's, when they show it)
+    has nothing still unacknowledged."""
+    row = server_tables.row(server, client)
     if row is None or row.state != ESTABLISHED or row.rx_queue:
         return False
-    own = socket_row(os.getpid(), client, server, proc_root)  # the same connection seen from this end
+    own = own_tables.row(client, server)  # the same connection seen from this end
     return own is None or own.tx_queue == 0

@@ -171,20 +171,21 @@ def request_records(
 
 def in_service(reqs: list[dict[str, Any]], ts: np.ndarray) -> np.ndarray:
     """Requests in service at each sample time, by brute force (independent of the code under test)."""
-    if not reqs:
-        return np.zeros(ts.size)
-    start = np.array([r["start"] for r in reqs])
-    finish = np.array([r["finish"] for r in reqs])
-    return ((start[None, :] <= ts[:, None]) & (finish[None, :] > ts[:, None])).sum(axis=1).astype(float)
+    return _open_at(reqs, ts, "start")
 
 
 def held(reqs: list[dict[str, Any]], ts: np.ndarray) -> np.ndarray:
     """Requests held at each sample time (arrived, not finished: queued or in service), by brute force."""
+    return _open_at(reqs, ts, "arrival")
+
+
+def _open_at(reqs: list[dict[str, Any]], ts: np.ndarray, begins: str) -> np.ndarray:
+    """How many requests had begun (their ``begins`` time) and not finished at each time of ``ts``."""
     if not reqs:
         return np.zeros(ts.size)
-    arrival = np.array([r["arrival"] for r in reqs])
+    begin = np.array([r[begins] for r in reqs])
     finish = np.array([r["finish"] for r in reqs])
-    return ((arrival[None, :] <= ts[:, None]) & (finish[None, :] > ts[:, None])).sum(axis=1).astype(float)
+    return ((begin[None, :] <= ts[:, None]) & (finish[None, :] > ts[:, None])).sum(axis=1).astype(float)
 
 
 def build(*parts: list[dict[str, Any]]) -> Timeline:

@@ -23,7 +23,7 @@ import pytest
 
 from diag.gate.app_gate import graceful_termination, start_time
 from diag.gate.http_client import HttpClient
-from diag.gate.inflight import kernel_address, parse_tcp_table, read_by_server
+from diag.gate.inflight import TcpTables, kernel_address, parse_tcp_table, read_by_server
 from diag.gate.spec import Probe, parse_spec
 
 READ_AFTER_S = 1.5  # longer than any pause a prober could take for "the loopback hop" on a quiet host
@@ -126,6 +126,11 @@ def _tables(tmp: Path, pid: int, tcp: str = "", tcp6: str = "") -> str:
     return str(tmp / "proc")
 
 
+def _read(pid: int, client: tuple[str, int], server: tuple[str, int], proc_root: str) -> bool:
+    """As the gate asks it: the server's tables and this process's, both under ``proc_root``."""
+    return read_by_server(TcpTables(pid, proc_root), TcpTables(os.getpid(), proc_root), client, server)
+
+
 def test_the_kernel_address_format() -> None:
     if sys.byteorder != "little":
         pytest.skip("the fixture's addresses are written for a little-endian host")
@@ -141,14 +146,14 @@ def test_read_means_the_servers_end_is_established_with_nothing_unread(tmp_path:
     server, client = ("127.0.0.1", 8080), ("127.0.0.1", 40000)
     srv, cli = kernel_address(*server), kernel_address(*client)
     unread = _tables(tmp_path / "a", pid, tcp=_row(srv, cli, "01", 0, 200))
-    assert not read_by_server(pid, client, server, unread)  # in the accept queue or the socket, not in the server
+    assert not _read(pid, client, server, unread)  # in the accept queue or the socket, not in the server
     done = _tables(tmp_path / "b", pid, tcp=_row(srv, cli, "01", 0, 0))
-    assert read_by_server(pid, client, server, done)
+    assert _read(pid, client, server, done)
     reversed_ends = _tables(tmp_path / "c", pid, tcp=_row(cli, srv, "01", 0, 0))  # the client's end is not the server's
-    assert not read_by_server(pid, client, server, reversed_ends)
+    assert not _read(pid, client, server, reversed_ends)
     closing = _tables(tmp_path / "d", pid, tcp=_row(srv, cli, "08", 0, 0))  # CLOSE_WAIT: the client went away
-    assert not read_by_server(pid, client, server, closing)
+    assert not _read(pid, client, server, closing)
     mapped = _tables(tmp_path / "e", pid, tcp6=_row(kernel_address("::ffff:127.0.0.1", 8080),
                                                      kernel_address("::ffff:127.0.0.1", 40000), "01", 0, 0))  # fmt: skip
-    assert read_by_server(pid, client, server, mapped)  # a dual-stack server's row for an IPv4 peer
-    assert not read_by_server(pid, client, server, str(tmp_path / "nothing"))  # no table at all: never vouched for
+    assert _read(pid, client, server, mapped)  # a dual-stack server's row for an IPv4 peer
+    assert not _read(pid, client, server, str(tmp_path / "nothing"))  # no table at all: never vouched for
