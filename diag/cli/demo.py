@@ -50,8 +50,9 @@ def _checked_serve_options(o: dict[str, Any]) -> dict[str, Any]:
         "batching": opts.choice("--batching", o["batching"], BATCHING_MODES),
         "log_level": opts.choice("--log-level", o["log_level"], LOG_LEVELS),
         "host": opts.host("--host", o["host"]),
-        "metrics_dialect": opts.choice("--metrics-dialect", o["metrics_dialect"], DIALECTS),
     }
+    out["metrics_dialect"], *also = _dialects(o["metrics_dialect"], DIALECTS)
+    out["also_metrics_dialects"] = tuple(also)
     if out["metrics_dialect"] != "llmdiag" and o["workers"] != 1:
         raise opts.OptionError(f"--metrics-dialect {out['metrics_dialect']}: needs --workers 1 (an engine's /metrics is "
                                "one process's state); use --workers 1")  # fmt: skip
@@ -86,6 +87,25 @@ def _checked_serve_options(o: dict[str, Any]) -> dict[str, Any]:
     if o["weights_dir"] is not None:
         opts.folder_path("--weights-dir", o["weights_dir"])
     return out
+
+
+def _dialects(value: str, known: tuple[str, ...]) -> list[str]:
+    """``--metrics-dialect``: one dialect, or several engines' dialects separated by commas (each once)."""
+    from diag.cli import options as opts
+
+    names = []
+    for part in value.split(","):
+        try:
+            names.append(opts.choice("--metrics-dialect", part.strip(), known))
+        except opts.OptionError:
+            raise opts.OptionError(f"--metrics-dialect {value!r}: use one of {opts.listing(known)} (or engines' "
+                                   "dialects comma-separated: vllm,tgi,llamacpp)") from None  # fmt: skip
+    if len(names) > 1 and "llmdiag" in names:
+        raise opts.OptionError(f"--metrics-dialect {value!r}: llmdiag (the tracker) cannot be served beside an engine's "
+                               "dialect; use e.g. vllm,tgi,llamacpp or llmdiag")  # fmt: skip
+    if len(set(names)) != len(names):
+        raise opts.OptionError(f"--metrics-dialect {value!r}: a dialect named twice; use e.g. vllm,tgi or vllm")
+    return names
 
 
 def serve(
@@ -168,7 +188,8 @@ def serve(
         typer.Option(
             help="The /metrics the server speaks: llmdiag (the tracker's families and flight recorder), or vllm, tgi, "
             "llamacpp: that engine's families from the server's live state, uninstrumented (no tracker families, no "
-            "recorder). Engines' dialects need --workers 1."
+            "recorder). Engines' dialects need --workers 1. Several engines' dialects, comma-separated (vllm,tgi,llamacpp): "
+            "the first at /metrics, each at /metrics/<dialect>, all from the same state."
         ),
     ] = "llmdiag",
     kv_cache_tokens: Annotated[
@@ -228,6 +249,7 @@ def serve(
             recorder=None if no_recorder else (recorder or ""),
             leak_kib_per_request=leak_kib_per_request,
             metrics_dialect=checked["metrics_dialect"],
+            also_metrics_dialects=checked["also_metrics_dialects"],
             kv_cache_tokens=kv_cache_tokens,
             min_step_s=min_step_ms / 1000.0,
         )

@@ -9,7 +9,8 @@ What to copy into your own server (each marked ``# llm-diag:`` below):
 4. ``tracker.record_batch`` / ``record_routing`` from the batcher, ``tracker.track_loader`` around loads.
 
 Endpoints: ``POST /v1/completions`` (OpenAI-style ``{"prompt", "max_tokens"}``), ``GET /healthz``
-(503 while the tracker would refuse new work), ``GET /metrics``.
+(503 while the tracker would refuse new work), ``GET /metrics`` -- and, when several engines' dialects are
+served (``--metrics-dialect vllm,tgi``), ``GET /metrics/<dialect>`` for each of them.
 
 Status codes: 413 for a prompt over ``max_prompt_tokens`` and 400 for ``max_tokens`` over
 ``max_output_tokens`` (both raised inside the tracked block, so they are counted, as ``error``);
@@ -34,7 +35,7 @@ import contextlib
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Response
@@ -134,7 +135,8 @@ def create_app(settings: DemoSettings, tracker: RequestTracker | None = None) ->
         dialect = DialectMetrics(settings.metrics_dialect, settings.model_name, kv,
                                  max_prompt_tokens=settings.max_prompt_tokens or settings.max_batch_tokens,
                                  max_output_tokens=settings.max_output_tokens,
-                                 running=lambda: parts["batcher"].running if "batcher" in parts else 0)  # fmt: skip
+                                 running=lambda: parts["batcher"].running if "batcher" in parts else 0,
+                                 also=settings.also_metrics_dialects)  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -250,9 +252,25 @@ def create_app(settings: DemoSettings, tracker: RequestTracker | None = None) ->
 
         @app.get("/metrics")
         async def engine_metrics() -> Response:
-            return Response(dialect.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+            return Response(dialect.render(), media_type=EXPOSITION_TYPE)
+
+        if settings.also_metrics_dialects:  # every served dialect also at its own path, the first one included
+            for name in dialect.exported:
+                app.add_api_route(f"/metrics/{name}", _exposition_of(dialect, name), methods=["GET"])
 
     return app
+
+
+EXPOSITION_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _exposition_of(metrics: DialectMetrics, dialect: str) -> Callable[[], Awaitable[Response]]:
+    """The route serving ``dialect``'s exposition of ``metrics`` (a closure per dialect, not one over a loop variable)."""
+
+    async def exposition() -> Response:
+        return Response(metrics.render(dialect), media_type=EXPOSITION_TYPE)
+
+    return exposition
 
 
 def create_app_from_env() -> FastAPI:

@@ -75,13 +75,24 @@ def _num(v: float) -> str:
 
 
 class DialectMetrics:
-    """The live state one worker exports in ``dialect``; the app calls ``arrived`` and ``finished`` (or ``left``)."""
+    """The live state one worker exports in ``dialect`` (and in each of ``also``); the app calls ``arrived`` and
+    ``finished`` (or ``left``).
+
+    The state is the engine's, whatever the dialect: one set of counters and histograms, which ``render`` writes as
+    any exported engine names them. So one run can be read by several engines' mappings at once -- the same requests,
+    the same queue, the same KV cache -- where separate runs would each see their own load.
+    """
 
     def __init__(self, dialect: str, model_name: str, kv: KvBudget | None, *, max_prompt_tokens: int,
-                 max_output_tokens: int, running: Callable[[], int] = lambda: 0) -> None:  # fmt: skip
-        if dialect not in PINNED:
-            raise ValueError(f"metrics dialect must be one of {', '.join(PINNED)} (or {OURS}: the tracker's own)")
+                 max_output_tokens: int, running: Callable[[], int] = lambda: 0, also: Iterable[str] = ()) -> None:  # fmt: skip
+        exported = (dialect, *also)
+        for d in exported:
+            if d not in PINNED:
+                raise ValueError(f"metrics dialect must be one of {', '.join(PINNED)} (or {OURS}: the tracker's own)")
+        if len(set(exported)) != len(exported):
+            raise ValueError(f"metrics dialects named twice: {', '.join(exported)}")
         self.dialect = dialect
+        self.exported = exported
         self.kv = kv
         self.running_now = running  # the engine's running batch (the batcher's live sequences)
         self.const = {"model_name": model_name, "engine": "0"}
@@ -90,10 +101,14 @@ class DialectMetrics:
         self.counters: dict[tuple[str, str], float] = {}
         self.hists: dict[str, _Hist] = {}
         self.max_prompt_tokens, self.max_output_tokens = max_prompt_tokens, max_output_tokens
-        self.families = [f for f in bk.families_of(dialect) if f.versions == PINNED[dialect] and f.name in FILLED[dialect]]
-        for f in self.families:
-            if f.type == "histogram":
-                self.hists[f.name] = _Hist(self._buckets(f))
+        self.families_of = {
+            d: [f for f in bk.families_of(d) if f.versions == PINNED[d] and f.name in FILLED[d]] for d in exported
+        }
+        self.families = self.families_of[dialect]
+        for fams in self.families_of.values():
+            for f in fams:
+                if f.type == "histogram":
+                    self.hists[f.name] = _Hist(self._buckets(f))
 
     def _buckets(self, f: bk.Family) -> tuple[float, ...]:
         if f.buckets is not None:
@@ -183,14 +198,16 @@ class DialectMetrics:
             bk.LLAMACPP_PREDICTED_TPS.name: g_tok / g_s if g_s > 0 else 0.0,
         }
 
-    def render(self) -> str:
-        """The classic text exposition (version 0.0.4) of every exported family, as the engine writes it."""
+    def render(self, dialect: str | None = None) -> str:
+        """The classic text exposition (version 0.0.4) of every family ``dialect`` (default: the first) exports, as
+        that engine writes it."""
+        families = self.families_of[dialect or self.dialect]
         with self._lock:
             gauges = self._gauges()
             if self.kv is not None:
                 self.counters[(bk.VLLM_PREEMPTIONS.name, "")] = float(self.kv.preemptions)
             lines: list[str] = []
-            for f in self.families:
+            for f in families:
                 lines.append(f"# HELP {f.base} {f.help}")
                 lines.append(f"# TYPE {f.base} {f.type}")
                 lines.extend(self._samples(f, gauges))

@@ -216,11 +216,11 @@ def post_all(url: str, bodies: Sequence[dict[str, Any]], concurrency: int = 1) -
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 
-def scrape(url: str) -> Samples:
-    """``GET /metrics`` as sample name -> [(labels, value)]."""
+def scrape(url: str, path: str = "/metrics") -> Samples:
+    """``GET /metrics`` (or another exposition ``path``) as sample name -> [(labels, value)]."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(url + "/metrics", timeout=10.0).text
+    text = httpx.get(url + path, timeout=10.0).text
     out: Samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:

@@ -51,6 +51,9 @@ class DemoSettings:
     # The /metrics the server speaks: ours (the tracker's families) or an engine's (vLLM, TGI, llama.cpp) --
     # then the server is *uninstrumented*: no tracker families, no flight recorder, only the engine's /metrics.
     metrics_dialect: str = OURS
+    # More engines' dialects served beside it, each at /metrics/<dialect>, from the same live state: one run read by
+    # several engines' mappings (the scenario suite judges one run as vLLM, TGI and llama.cpp at once).
+    also_metrics_dialects: tuple[str, ...] = ()
     # The KV cache's budget in tokens (vLLM's blocks x block size): admission by free blocks, preemption by
     # recompute when a running sequence cannot grow. 0 = no budget enforced: usage is reported against room for
     # a full batch of the longest requests, and batches form exactly as without a budget.
@@ -85,6 +88,13 @@ class DemoSettings:
     def _check_kv_and_dialect(self) -> None:
         if self.metrics_dialect not in DIALECTS:
             raise ValueError(f"metrics dialect must be one of {', '.join(DIALECTS)}, not {self.metrics_dialect!r}")
+        also = self.also_metrics_dialects
+        if also and self.metrics_dialect == OURS:
+            raise ValueError(f"more metrics dialects ({', '.join(also)}) need an engine's dialect first: the tracker's "
+                             f"families ({OURS}) are not served beside an engine's")  # fmt: skip
+        bad = [d for d in also if d not in DIALECTS or d == OURS]
+        if bad or len(set((self.metrics_dialect, *also))) != 1 + len(also):
+            raise ValueError(f"more metrics dialects must be other engines' dialects, each once, not {', '.join(also)}")
         if self.metrics_dialect != OURS and self.workers != 1:
             raise ValueError(f"--metrics-dialect {self.metrics_dialect} needs --workers 1: an engine's /metrics is one "
                              "process's state, and a scrape reaches one worker")  # fmt: skip
@@ -112,7 +122,10 @@ class DemoSettings:
     @classmethod
     def from_json(cls, text: str) -> DemoSettings:
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in json.loads(text).items() if k in known})
+        values = {k: v for k, v in json.loads(text).items() if k in known}
+        if "also_metrics_dialects" in values:  # JSON has lists, the setting is a tuple
+            values["also_metrics_dialects"] = tuple(values["also_metrics_dialects"])
+        return cls(**values)
 
     @classmethod
     def from_env(cls) -> DemoSettings:

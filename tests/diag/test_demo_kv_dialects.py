@@ -82,6 +82,43 @@ def test_each_dialect_exports_declared_families_only_and_parses() -> None:
                 assert len(les) == len(f.buckets) + 1  # exactly the declared boundaries, and +Inf
 
 
+def _fed(m: DialectMetrics) -> DialectMetrics:
+    """The same requests told to ``m``: two served, one refused, one failed, one still in the system."""
+    for r in (Served(10, 5, 0.1, 0.2, 0.5, 0.4, 0.1, 0.3), Served(200, 64, 1.5, 1.7, 4.0, 2.5, 0.2, 2.3)):
+        m.arrived()
+        m.finished(r)
+    for refused in (True, False):
+        m.arrived()
+        m.left(refused=refused, failed=True)
+    m.arrived()
+    return m
+
+
+def test_several_dialects_from_one_state_render_as_each_engine_alone() -> None:
+    """A server exporting three engines' dialects at once writes each exactly as a server speaking that one would:
+    the scenario suite judges one run as each engine, which holds only if nothing of one dialect leaks into another."""
+    kv = KvBudget(4096)
+    both = _fed(DialectMetrics("tgi", "demo", kv, max_prompt_tokens=256, max_output_tokens=64, also=("vllm", "llamacpp")))
+    for dialect in ("vllm", "tgi", "llamacpp"):
+        alone = _fed(DialectMetrics(dialect, "demo", kv, max_prompt_tokens=256, max_output_tokens=64))
+        assert both.render(dialect) == alone.render(), dialect
+    assert both.render() == both.render("tgi")  # the first is the one at /metrics
+    with pytest.raises(ValueError, match="named twice"):
+        DialectMetrics("vllm", "demo", kv, max_prompt_tokens=256, max_output_tokens=64, also=("vllm",))
+    with pytest.raises(ValueError, match="must be one of"):
+        DialectMetrics("vllm", "demo", kv, max_prompt_tokens=256, max_output_tokens=64, also=("llmdiag",))
+
+
+def test_settings_refuse_more_dialects_beside_ours_unknown_or_twice_and_survive_the_workers_json() -> None:
+    with pytest.raises(ValueError, match="need an engine's dialect first"):
+        DemoSettings(also_metrics_dialects=("vllm",))
+    for also in (("vllm",), ("sglang",), ("llmdiag",), ("tgi", "tgi")):
+        with pytest.raises(ValueError, match="other engines' dialects, each once"):
+            DemoSettings(metrics_dialect="vllm", also_metrics_dialects=also)
+    settings = DemoSettings(metrics_dialect="vllm", also_metrics_dialects=("tgi", "llamacpp"))
+    assert DemoSettings.from_json(settings.to_json()) == settings  # how the spawned workers get them
+
+
 def test_settings_refuse_a_budget_smaller_than_one_request_and_dialects_on_several_workers() -> None:
     with pytest.raises(ValueError, match="cannot hold one request"):
         DemoSettings(kv_cache_tokens=100)
@@ -113,6 +150,28 @@ def test_the_server_speaks_the_dialect_from_its_live_state(tmp_path: Path, diale
         assert sum(v for _, v in samples["vllm:num_preemptions_total"]) > 0  # 8 x (150 + 120) tokens > 800
         assert all(lab == {"model_name": "demo", "engine": "0"} for lab, _ in samples["vllm:kv_cache_usage_perc"])
     assert not (tmp_path / "rec.db").exists()  # no flight recorder of ours either
+
+
+@pytest.mark.process
+def test_one_server_speaks_several_dialects_each_at_its_own_path(tmp_path: Path) -> None:
+    args = ["--metrics-dialect", "vllm,tgi,llamacpp", "--max-prompt-tokens", "256", "--max-output-tokens", "64"]
+    srv = start_demo(args, weights_mb=16, weights_dir=tmp_path / "w", log_dir=tmp_path, recorder=tmp_path / "rec.db")
+    try:
+        responses = post_all(srv.url, [{"prompt": "x" * 50, "max_tokens": 8}] * 6, concurrency=3)
+        assert [r.status_code for r in responses] == [200] * 6
+        at = {path: scrape(srv.url, path) for path in ("/metrics", "/metrics/vllm", "/metrics/tgi", "/metrics/llamacpp")}
+    finally:
+        srv.stop()
+    assert at["/metrics"] == at["/metrics/vllm"]  # the first dialect at /metrics, as a real vLLM
+    served = {"vllm": "vllm:e2e_request_latency_seconds_count", "tgi": "tgi_request_count",
+              "llamacpp": "llamacpp:tokens_predicted_total"}  # fmt: skip
+    prefixes = {"vllm": "vllm:", "tgi": "tgi_", "llamacpp": "llamacpp:"}
+    for dialect, family in served.items():
+        samples = at[f"/metrics/{dialect}"]
+        total = sum(v for name in (family, family + "_total") for _, v in samples.get(name, []))
+        assert total == (6 if dialect != "llamacpp" else 6 * 8), dialect
+        assert samples and all(n.startswith(prefixes[dialect]) for n in samples), (dialect, sorted(samples)[:5])
+    assert not (tmp_path / "rec.db").exists()
 
 
 def test_an_unenforced_budget_counts_blocks_but_never_preempts(weights: object) -> None:

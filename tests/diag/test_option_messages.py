@@ -123,6 +123,9 @@ def _cases(tmp: Path) -> list[Case]:
         Case(serve, "--queue-size", "-5", True, serve_sentinel, "--weights-dir"),
         Case((*serve, "--experts", "1"), "--top-k", "8", True, serve_sentinel, "--weights-dir"),
         Case(serve, "--workers", "0", False, serve_sentinel, "--weights-dir"),
+        Case(serve, "--metrics-dialect", "vllm,sglang", True, serve_sentinel, "--weights-dir"),
+        Case(serve, "--metrics-dialect", "vllm,llmdiag", True, serve_sentinel, "--weights-dir"),
+        Case(serve, "--metrics-dialect", "tgi,tgi", True, serve_sentinel, "--weights-dir"),
         Case(serve, "--recorder", str(a_dir), True, serve_sentinel, "--weights-dir"),
         Case(serve, "--weights-dir", str(a_file), False),
     ]

@@ -40,6 +40,16 @@ def evict_from_page_cache(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def scrape_urls(server_url: str, dialects: Sequence[str]) -> list[str]:
+    """What the agent scrapes on one server: nothing for ours (the tracker records), the engine's /metrics for one
+    engine's dialect, each /metrics/<dialect> for several."""
+    if list(dialects) == ["llmdiag"]:
+        return []
+    if len(dialects) == 1:
+        return [f"{server_url}/metrics"]
+    return [f"{server_url}/metrics/{d}" for d in dialects]
+
+
 @dataclass
 class ScenarioContext:
     """What a scenario function gets: helpers that create groups, start servers and drive load, all cleaned up."""
@@ -56,9 +66,15 @@ class ScenarioContext:
     loads: list[LoadReport] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)
     extra_pids: set[int] = field(default_factory=set)
-    # The /metrics the servers speak: ours (the tracker, recording request rows) or an engine's (vllm, tgi,
-    # llamacpp): then the servers run uninstrumented, one worker each, and the agent scrapes their /metrics.
-    dialect: str = "llmdiag"
+    # The /metrics the servers speak: ours (the tracker, recording request rows) or engines' (vllm, tgi,
+    # llamacpp): then the servers run uninstrumented, one worker each, and the agent scrapes their /metrics --
+    # with several engines' dialects, each one's /metrics/<dialect> (one run, read as each engine).
+    dialects: tuple[str, ...] = ("llmdiag",)
+
+    @property
+    def dialect(self) -> str:
+        """The first dialect served (the one at /metrics)."""
+        return self.dialects[0]
 
     @property
     def groups(self) -> list[MemoryGroup]:
@@ -104,7 +120,7 @@ class ScenarioContext:
         self.notes["workers"] = workers
         flags = list(args)
         if self.dialect != "llmdiag":
-            flags += ["--metrics-dialect", self.dialect]
+            flags += ["--metrics-dialect", ",".join(self.dialects)]
             workers = 1  # an engine's /metrics is one process's state
         if experts:
             flags += ["--experts", str(experts), "--top-k", str(top_k)]
@@ -135,7 +151,7 @@ class ScenarioContext:
         """Start the host agent watching every group created so far (and the servers' PIDs)."""
         if self.agent is None:
             pids = sorted(self.extra_pids)
-            scrape = [f"{s.url}/metrics" for s in self.servers] if self.dialect != "llmdiag" else []
+            scrape = [url for s in self.servers for url in scrape_urls(s.url, self.dialects)]
             self.agent = AgentThread(
                 self.recorder, cgroups=[g.path for g in self.groups], pids=pids, interval_s=interval_s, scrape=scrape
             )

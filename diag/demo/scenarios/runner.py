@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,10 @@ from diag.demo.scenarios.context import MiB, Progress, ScenarioContext, evict_fr
 from diag.demo.scenarios.library import SCENARIOS
 from diag.demo.scenarios.recording import copy_recorder, scenario_records, write_jsonl_gz
 
-__all__ = ["MiB", "ScenarioContext", "ScenarioResult", "evict_from_page_cache", "run_scenario"]
+__all__ = [
+    "MiB", "ScenarioContext", "ScenarioResult", "dialect_view", "evict_from_page_cache", "run_scenario",
+    "run_scenario_in_dialects",
+]  # fmt: skip
 
 
 @dataclass
@@ -69,36 +73,116 @@ def run_scenario(
     ``dialect``: serve the engine's /metrics (vllm, tgi, llamacpp) uninstrumented and record them with the
     agent's scrape; None: the scenario's own choice (ours, unless it names one).
     """
+    scenario, merged = _checked(name, params, [dialect] if dialect is not None else None)
+    run = _record(name, seed, merged, (dialect or str(merged.get("dialect", "llmdiag")),), weights_dir, progress)
+    try:
+        result = _judge(run, scenario.expected, run.records, run.dialects[0], progress)
+        if keep_recorder is not None:
+            copy_recorder(run.recorder, keep_recorder)
+            progress(f"recorder kept at {keep_recorder}")
+        if fixture is not None:
+            n = write_jsonl_gz(run.records, fixture)
+            progress(f"{n} records written to {fixture}")
+        return result
+    finally:
+        shutil.rmtree(run.workdir, ignore_errors=True)
+
+
+def run_scenario_in_dialects(
+    name: str,
+    dialects: Sequence[str],
+    *,
+    seed: int = 0,
+    params: dict[str, Any] | None = None,
+    weights_dir: str | os.PathLike[str] | None = None,
+    progress: Progress = stderr_progress,
+) -> dict[str, ScenarioResult]:
+    """Run scenario ``name`` once with the reference backend speaking several engines' dialects at once, and judge
+    the run as each engine: one result per dialect, from the records that engine's /metrics would leave.
+
+    The server is uninstrumented (no tracker), one worker, and serves each dialect at /metrics/<dialect> from the
+    same live state; the agent scrapes them all. Each dialect's view keeps the agent's host, cgroup and process
+    samples and only the scrapes of its own /metrics -- what a host running that engine records. One run instead
+    of one per dialect: the same load, fault and host for every engine, at a third of the real time.
+    """
+    names = list(dict.fromkeys(dialects))
+    if len(names) != len(dialects) or not names or "llmdiag" in names:
+        raise ValueError(f"dialects {', '.join(dialects)}: engines' dialects (vllm, tgi, llamacpp), each once")
+    scenario, merged = _checked(name, params, names)
+    run = _record(name, seed, merged, tuple(names), weights_dir, progress)
+    try:
+        return {d: _judge(run, scenario.expected, dialect_view(run.records, d), d, progress) for d in names}
+    finally:
+        shutil.rmtree(run.workdir, ignore_errors=True)
+
+
+def dialect_view(records: list[dict[str, Any]], dialect: str) -> list[dict[str, Any]]:
+    """The records of a run serving several dialects that a host running only ``dialect`` would hold: every record
+    but the scrapes of the other dialects' /metrics/<dialect> paths."""
+    suffix = f"/metrics/{dialect}"
+    return [r for r in records if r.get("kind") != "backend" or str(r.get("target", "")).endswith(suffix)]
+
+
+@dataclass
+class _Recorded:
+    """One scenario run's recording, before any judgement: its records and what the run noted."""
+
+    name: str
+    seed: int
+    params: dict[str, Any]
+    dialects: tuple[str, ...]
+    workdir: Path
+    recorder: Path
+    records: list[dict[str, Any]]
+    cleanup: dict[str, Any]
+    notes: dict[str, Any]
+    started: float  # time.monotonic() at the start
+
+
+def _checked(name: str, params: dict[str, Any] | None, dialects: Sequence[str] | None) -> tuple[Any, dict[str, Any]]:
+    """The scenario and its merged parameters, every refusal made before anything starts."""
     from diag.demo.dialects import DIALECTS
-    from diag.demo.scenarios.signals import check_signals
-    from diag.demo.weights import default_weights_dir
-    from diag.rules.engine import analyze
-    from diag.timeline import timeline_from_records
 
     scenario = SCENARIOS[name]
     # The dialect is refused first: a scenario's own parameter check may look for what its engine needs
     # installed, and a dialect that cannot apply is the user's error to fix whatever is installed.
-    if dialect is not None and dialect not in DIALECTS:
-        raise ValueError(f"dialect {dialect!r}: use one of {', '.join(DIALECTS)}")
-    scenario.check_dialect(dialect)
+    for dialect in dialects or ():
+        if dialect not in DIALECTS:
+            raise ValueError(f"dialect {dialect!r}: use one of {', '.join(DIALECTS)}")
+        scenario.check_dialect(dialect)
     merged = scenario.params(params)
     if scenario.needs_cgroups:
         reason = unavailable_reason()
         if reason:
             raise CgroupUnavailable(f"scenario {name} injects a memory fault and needs real memory cgroups: {reason}")
+    return scenario, merged
+
+
+def _record(
+    name: str,
+    seed: int,
+    merged: dict[str, Any],
+    dialects: tuple[str, ...],
+    weights_dir: str | os.PathLike[str] | None,
+    progress: Progress,
+) -> _Recorded:
+    """Run the scenario for real and clean up after it; the caller removes ``workdir`` once done with the recorder."""
+    from diag.demo.weights import default_weights_dir
+
+    scenario = SCENARIOS[name]
     t0 = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix=f"llmdiag-scenario-{name}-"))
-    wdir = Path(weights_dir) if weights_dir is not None else default_weights_dir()
-    wdir.mkdir(parents=True, exist_ok=True)
-    recorder = workdir / "recorder.db"
-    progress(f"scenario {name} (seed {seed}): {scenario.summary}")
-    group_paths: list[str] = []
-    cleanup: dict[str, Any] = {}
-    ctx: ScenarioContext | None = None
     try:
+        wdir = Path(weights_dir) if weights_dir is not None else default_weights_dir()
+        wdir.mkdir(parents=True, exist_ok=True)
+        recorder = workdir / "recorder.db"
+        progress(f"scenario {name} (seed {seed}): {scenario.summary}")
+        group_paths: list[str] = []
+        cleanup: dict[str, Any] = {}
+        ctx: ScenarioContext | None = None
         with ScenarioCgroups() as cgroups, terminate_as_interrupt() as guard:
             ctx = ScenarioContext(name, seed, workdir, wdir, recorder, cgroups, progress)
-            ctx.dialect = dialect or str(merged.get("dialect", "llmdiag"))
+            ctx.dialects = dialects
             try:
                 scenario.run(ctx, merged)
             finally:
@@ -113,30 +197,36 @@ def run_scenario(
                             f"cleanup done: {len(group_paths)} group(s) removed, "
                             f"{len(cleanup['killed_pids'])} leftover process(es) killed"
                         )
-        progress("analysing the recorded window")
-        records = scenario_records(recorder, group_paths, ctx.extra_pids if ctx else ())
-        timeline = timeline_from_records(records, source=f"scenario:{name}")
-        notes = dict(ctx.notes) if ctx else {}
-        notes["records"] = len(records)
-        if ctx is not None and ctx.dialect != "llmdiag" and not len(timeline.requests):
-            # Uninstrumented: the checks that read the tracker's request rows cannot look; those that read the
-            # engine's own series (kv-saturation's) still do.
-            problems, summary = check_signals(name, timeline, notes) if name == "kv-saturation" else ([], "")
-            summary = summary or f"uninstrumented ({ctx.dialect} /metrics scraped): no request rows to check"
-        else:
-            problems, summary = check_signals(name, timeline, notes)
-        progress(f"signals: {summary}" + (f"; MISSING: {'; '.join(problems)}" if problems else " (as expected)"))
-        analysis = analyze(timeline)
-        if keep_recorder is not None:
-            copy_recorder(recorder, keep_recorder)
-            progress(f"recorder kept at {keep_recorder}")
-        if fixture is not None:
-            n = write_jsonl_gz(records, fixture)
-            progress(f"{n} records written to {fixture}")
-        wall = time.monotonic() - t0
-        return ScenarioResult(name, scenario.expected, seed, merged, records, analysis, wall, cleanup, notes, problems, summary)
-    finally:
+        records = scenario_records(recorder, group_paths, ctx.extra_pids)
+    except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    notes = dict(ctx.notes)
+    notes["records"] = len(records)
+    return _Recorded(name, seed, merged, dialects, workdir, recorder, records, cleanup, notes, t0)
+
+
+def _judge(run: _Recorded, expected: str, records: list[dict[str, Any]], dialect: str, progress: Progress) -> ScenarioResult:
+    """The analysis of one view of a run (all its records, or one dialect's), with the fault's signature checked."""
+    from diag.demo.scenarios.signals import check_signals
+    from diag.rules.engine import analyze
+    from diag.timeline import timeline_from_records
+
+    progress(f"analysing the recorded window{f' as {dialect}' if len(run.dialects) > 1 else ''}")
+    timeline = timeline_from_records(records, source=f"scenario:{run.name}")
+    notes = {**run.notes, "records": len(records)}
+    if dialect != "llmdiag" and not len(timeline.requests):
+        # Uninstrumented: the checks that read the tracker's request rows cannot look; those that read the
+        # engine's own series (kv-saturation's) still do.
+        problems, summary = check_signals(run.name, timeline, notes) if run.name == "kv-saturation" else ([], "")
+        summary = summary or f"uninstrumented ({dialect} /metrics scraped): no request rows to check"
+    else:
+        problems, summary = check_signals(run.name, timeline, notes)
+    progress(f"signals: {summary}" + (f"; MISSING: {'; '.join(problems)}" if problems else " (as expected)"))
+    analysis = analyze(timeline)
+    wall = time.monotonic() - run.started
+    return ScenarioResult(run.name, expected, run.seed, run.params, records, analysis, wall, run.cleanup, notes,
+                          problems, summary)  # fmt: skip
 
 
 def _cleanup(ctx: ScenarioContext, cgroups: ScenarioCgroups) -> dict[str, Any]:
