@@ -21,7 +21,12 @@ without a watched cgroup the processes themselves decide.
   makes up more than 60 % of the rise (a cache filled once is not a climb);
 - **not load**: when requests exist, the load in service (tokens, else requests) is averaged over
   the same windows; if load itself rose significantly, the troughs are regressed on it and the
-  leak must persist in the residuals (at least half the slope, still significant).
+  leak must persist in the residuals (at least half the slope, still significant);
+- **not page cache**: a group's working set (usage minus *inactive* file pages) also counts the file
+  pages the kernel moved to the active list -- a checkpoint read again and again under pressure climbs
+  there and stays while nothing evicts it, yet the kernel reclaims it at will. When the group's anon
+  and shmem (what it cannot reclaim without swap) are sampled, their troughs must carry at least half
+  the working set's climb.
 
 Scenario recordings are short (≤ 90 s), so nothing here asks for hours: 20 samples over 30 s is
 the minimum, and every finding says how much data it rests on.
@@ -52,6 +57,7 @@ MAX_STEP_SHARE = 0.6
 LOAD_EDGE_SHARE = 0.15  # load at the start / end of the recording: the mean of the first / last 15 % of the windows
 MIN_REGRESSION_POINTS = 4  # troughs paired with a window load: fewer cannot regress memory on load
 RESIDUAL_SLOPE_SHARE = 0.5  # after regressing on load, the climb must keep at least half its slope
+UNRECLAIMABLE_SLOPE_SHARE = 0.5  # anon + shmem troughs must climb at least half as fast as the working set's
 P_LEAK_STRONG = 1e-3  # a trend this significant adds confidence
 BIG_RISE_OF_LIMIT = 0.1  # a rise of 10 % of the limit over the recording ...
 SOON_S = 86_400.0  # ... or the limit reached within a day at this rate: a leak that matters now
@@ -81,6 +87,9 @@ class Candidate:
     limit_source: str
     cgroup: str | None
     scoped: bool  # belongs to the identified service (else: an unattributed big process)
+    # A group's working set or usage: its anon + shmem, the part the kernel cannot reclaim without swap (None when
+    # not sampled, or when the candidate is anon itself).
+    unreclaimable: Series | None = None
 
 
 @dataclass
@@ -132,7 +141,8 @@ def candidates(timeline: Timeline, scope: Scope) -> tuple[list[Candidate], list[
         if found:
             name, series = found
             limit, source = stats.limit_for(timeline, group)
-            groups.append(Candidate(f"cgroup {group} {name}", series, limit, source, group, True))
+            kept = _unreclaimable(timeline.cgroups[group]) if name != "stat.anon" else None
+            groups.append(Candidate(f"cgroup {group} {name}", series, limit, source, group, True, kept))
     tracks = scope.tracks if scope.known else list(timeline.processes.values())
     found_tracks = [(t, f) for t in tracks if (f := stats.first_present(t.series, PROCESS_SERIES))]
     # Small processes (a supervisor, a sidecar) cannot carry a material leak of the service; testing them
@@ -149,6 +159,38 @@ def candidates(timeline: Timeline, scope: Scope) -> tuple[list[Candidate], list[
             label = f"process {track.pid} ({track.comm or '?'}) {name}"
             procs.append(Candidate(label, series, limit, source, group, scope.known))
     return groups, procs
+
+
+def _unreclaimable(series: dict[str, Series]) -> Series | None:
+    """A group's anon + shmem per sample (shmem counted as 0 where the kernel does not report it), or None."""
+    anon = series.get("stat.anon")
+    if anon is None or not stats.enough_data(anon):
+        return None
+    anon = anon.valid()
+    shmem = series.get("stat.shmem")
+    if shmem is None or not len(shmem.valid()):
+        return anon
+    sh = shmem.valid()
+    extra = np.zeros(anon.ts.size)
+    idx = np.searchsorted(sh.ts, anon.ts)
+    hit = (idx < sh.ts.size) & (sh.ts[np.minimum(idx, sh.ts.size - 1)] == anon.ts)
+    extra[hit] = sh.values[idx[hit]]
+    return Series(anon.ts, anon.values + extra)
+
+
+def _page_cache_climb(cand: Candidate, slope: float) -> str | None:
+    """Why a climbing working set is page cache, not a leak -- or None when anon + shmem carry the climb (or are
+    not sampled)."""
+    if cand.unreclaimable is None:
+        return None
+    _, kept = stats.trough_trend(cand.unreclaimable)
+    kept_slope = kept.slope if kept is not None else 0.0
+    if kept_slope >= UNRECLAIMABLE_SLOPE_SHARE * slope:
+        return None
+    return (
+        f"page cache, not a leak: anon + shmem troughs climb {_rate(max(kept_slope, 0.0))} of the working set's "
+        f"{_rate(slope)} -- the rest is file pages the kernel can reclaim"
+    )
 
 
 def _load_check(
@@ -220,6 +262,9 @@ def assess(cand: Candidate, n_candidates: int, load: LoadIndex | EngineLoad | No
         a.why_not.append(
             f"warm-up: growth stopped at {a.plateau.change_ts:.0f} and stayed flat for {a.plateau.tail_points} windows"
         )
+    cache = _page_cache_climb(cand, a.trend.slope)
+    if cache:
+        a.why_not.append(cache)
     a.step_share = stats.largest_step_share(tr.values)
     if a.step_share > MAX_STEP_SHARE:
         a.why_not.append(f"one step, not a climb: {a.step_share:.0%} of the rise in a single window")

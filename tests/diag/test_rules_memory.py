@@ -19,7 +19,7 @@ from collectors.records import ServiceConfig
 from diag.rules import stats
 from diag.rules.base import TooLittleData
 from diag.rules.engine import analyze
-from diag.rules.memory import memory_leak, memory_pressure
+from diag.rules.memory import assess_service, memory_leak, memory_pressure
 from diag.timeline import Series, Table
 from tests.diag.memory_builders import (
     GIB,
@@ -327,3 +327,37 @@ def test_a_leak_behind_a_steady_queue_is_still_a_leak() -> None:
         for f in (memory_leak(_one_slot_backlog(seed, 1.0, 1.6)) for seed in range(20, 30))  # 80 % busy
     )
     assert found >= 9
+
+
+def _climbing_working_set(seed: int, kept_mib_s: float, shmem_mib_s: float = 0.0) -> Any:
+    """A group whose working set climbs 1.5 MiB/s (troughs and all) over 90 s, of which ``kept_mib_s`` is anon and
+    ``shmem_mib_s`` shmem; the rest is file pages moved to the active list (a checkpoint read again and again)."""
+    rng = np.random.default_rng(seed)
+    n = 90
+    ts = seconds(n)
+    reqs = request_records(rng, T0, T0 + n, 3.0)
+    climb = (ts - T0) * MIB
+    anon = 300 * MIB + kept_mib_s * climb + 10 * MIB * in_service(reqs, ts) + ar1(rng, n, 2 * MIB)
+    shmem = shmem_mib_s * climb
+    active_file = 200 * MIB + (1.5 - kept_mib_s - shmem_mib_s) * climb
+    ws = anon + shmem + active_file
+    return service(rng, ws, ts, reqs, stat={"anon": anon, "shmem": shmem, "active_file": active_file})
+
+
+def test_a_working_set_that_climbs_in_page_cache_with_anon_flat_is_not_a_leak() -> None:
+    """A checkpoint's pages promoted to the active list climb in the working set and stay there while nothing evicts
+    them -- yet the kernel reclaims them at will: without anon or shmem carrying the climb it is no leak."""
+    for seed in range(20, 30):
+        tl = _climbing_working_set(seed, kept_mib_s=0.0)
+        assert memory_leak(tl) is None, seed
+        assessments = {a.cand.label: a for a in assess_service(tl).decisive}
+        (ws,) = [a for label, a in assessments.items() if label.endswith("working_set")]
+        assert any(w.startswith("page cache, not a leak") for w in ws.why_not), ws.why_not
+
+
+@pytest.mark.parametrize(("anon", "shmem"), [(1.5, 0.0), (1.0, 0.0), (0.0, 1.5)], ids=["anon", "mostly-anon", "shmem"])
+def test_a_working_set_climb_carried_by_anon_or_shmem_is_still_a_leak(anon: float, shmem: float) -> None:
+    """Heap that grows, or a tmpfs/shared-memory segment that grows (file pages the kernel cannot reclaim without
+    swap): the climb is kept memory, a leak."""
+    found = [memory_leak(_climbing_working_set(seed, kept_mib_s=anon, shmem_mib_s=shmem)) for seed in range(20, 30)]
+    assert sum(f is not None and f.cls == "memory_leak" for f in found) >= 9, [f and f.summary for f in found]
