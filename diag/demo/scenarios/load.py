@@ -8,7 +8,9 @@ plan is a list of ``Phase``s: each runs for ``duration_s`` with ``concurrency`` 
 with ``rate``, as an open loop (Poisson arrivals at ``rate`` per second, at most ``concurrency`` in
 flight); with ``once``, each of the ``concurrency`` clients sends exactly one request (a burst).
 Requests never outlive their phase by more than ``request_timeout_s``, and the whole run
-stops at ``max_requests``.
+stops at ``max_requests``, or early when the caller sets ``stop`` (a ``threading.Event``): a caller
+that drives the load from a thread while it waits for what the load should cause -- an alert delivered
+and diagnosed -- ends the load as soon as that has happened instead of running the plan to its end.
 
 Safety: the driver refuses any URL that is not loopback. Prompts are generated text (seeded), so
 nothing private is ever sent; only status codes and timings come back into the report.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -28,6 +31,7 @@ from urllib.parse import urlparse
 import httpx
 
 RETRY_PAUSE_S = 0.25
+STOP_POLL_S = 0.05  # how soon a pause or an idle phase notices ``stop`` (a threading.Event, not awaitable)
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 WORDS = tuple(
     "the model reads a prompt and writes tokens one at a time while the batcher groups requests "  # noqa: SIM905
@@ -91,6 +95,7 @@ class PhaseReport:
     sent: int = 0
     statuses: Counter[str] = field(default_factory=Counter)
     latencies_s: list[float] = field(default_factory=list)
+    stopped: bool = False  # ended before its duration because the caller set ``stop``
 
     @property
     def ok(self) -> int:
@@ -101,12 +106,14 @@ class PhaseReport:
         p50 = lat[len(lat) // 2] if lat else float("nan")
         p95 = lat[int(len(lat) * 0.95)] if lat else float("nan")
         codes = " ".join(f"{k}:{v}" for k, v in sorted(self.statuses.items()))
-        return f"{self.name}: {self.sent} sent in {self.ended - self.started:.1f} s, p50 {p50:.2f} s, p95 {p95:.2f} s [{codes}]"
+        took = f"{self.ended - self.started:.1f} s" + (" (stopped early)" if self.stopped else "")
+        return f"{self.name}: {self.sent} sent in {took}, p50 {p50:.2f} s, p95 {p95:.2f} s [{codes}]"
 
 
 @dataclass
 class LoadReport:
-    phases: list[PhaseReport] = field(default_factory=list)
+    phases: list[PhaseReport] = field(default_factory=list)  # the phases that ran (a stop skips the later ones)
+    stopped: bool = False  # the caller's ``stop`` cut a phase short or kept one from starting
 
     @property
     def sent(self) -> int:
@@ -125,6 +132,18 @@ def check_loopback(url: str) -> None:
         raise ValueError(f"the scenario load driver only talks to loopback, not {host!r}")
 
 
+def _is_set(stop: threading.Event | None) -> bool:
+    return stop is not None and stop.is_set()
+
+
+async def _sleep(seconds: float, stop: threading.Event | None) -> None:
+    """``asyncio.sleep(seconds)``, cut short within ``STOP_POLL_S`` once ``stop`` is set (it is set from another
+    thread and cannot be awaited, so a stoppable pause is a series of short ones)."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0 and not _is_set(stop):
+        await asyncio.sleep(left if stop is None else min(left, STOP_POLL_S))
+
+
 async def _one(client: httpx.AsyncClient, body: dict[str, Any], report: PhaseReport) -> str:
     t0 = time.monotonic()
     try:
@@ -141,13 +160,17 @@ async def _one(client: httpx.AsyncClient, body: dict[str, Any], report: PhaseRep
 
 
 async def _run_phase(
-    client: httpx.AsyncClient, phase: Phase, rng: random.Random, budget: list[int], pending: set[asyncio.Task[None]]
-) -> PhaseReport:
+    client: httpx.AsyncClient, phase: Phase, rng: random.Random, budget: list[int], pending: set[asyncio.Task[None]],
+    stop: threading.Event | None = None,
+) -> PhaseReport:  # fmt: skip
     """Run one phase. Closed-loop clients stop at the deadline (after their current request); open-loop
     requests still in flight at the deadline are left running in ``pending`` -- the next phase starts on
-    time, as real arrivals would, and the backlog carries over."""
+    time, as real arrivals would, and the backlog carries over. ``stop`` set is the deadline reached now."""
     report = PhaseReport(phase.name, time.time(), 0.0)
     deadline = time.monotonic() + phase.duration_s
+
+    def running() -> bool:
+        return time.monotonic() < deadline and not _is_set(stop)
 
     def take() -> bool:
         if budget[0] <= 0:
@@ -159,7 +182,7 @@ async def _run_phase(
     if phase.rate is None:
 
         async def worker() -> None:
-            while time.monotonic() < deadline and take():
+            while running() and take():
                 status = await _one(client, phase.body(rng), report)
                 if phase.once:
                     break
@@ -167,7 +190,7 @@ async def _run_phase(
                 # (the server sends Retry-After); a tight retry loop would only measure the refusals.
                 pause = phase.think_s if status == "200" else max(phase.think_s, RETRY_PAUSE_S)
                 if pause > 0:
-                    await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+                    await _sleep(min(pause, max(0.0, deadline - time.monotonic())), stop)
 
         await asyncio.gather(*(worker() for _ in range(phase.concurrency)))
     else:
@@ -178,15 +201,16 @@ async def _run_phase(
                 await _one(client, body, report)
 
         assert phase.rate > 0
-        while time.monotonic() < deadline:
-            await asyncio.sleep(min(rng.expovariate(phase.rate), max(0.0, deadline - time.monotonic())))
-            if time.monotonic() >= deadline or not take():
+        while running():
+            await _sleep(min(rng.expovariate(phase.rate), max(0.0, deadline - time.monotonic())), stop)
+            if not running() or not take():
                 break
             task = asyncio.create_task(limited(phase.body(rng)))
             pending.add(task)
             task.add_done_callback(pending.discard)
     if time.monotonic() < deadline:  # a burst, or the budget ran out: the phase still lasts its duration
-        await asyncio.sleep(deadline - time.monotonic())
+        await _sleep(deadline - time.monotonic(), stop)
+    report.stopped = time.monotonic() < deadline  # only a stop ends a phase before its deadline
     report.ended = time.time()
     return report
 
@@ -199,11 +223,17 @@ def drive(
     max_requests: int = 5000,
     request_timeout_s: float = 30.0,
     progress: Callable[[str], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> LoadReport:
     """Run the phases in order against ``url`` (loopback only); returns what was sent and answered.
 
     Open-loop requests still in flight when the last phase ends get ``request_timeout_s`` to finish;
     a phase's report counts the answers that arrived for its requests, whenever they arrived.
+
+    ``stop``: set it (from another thread) to end the run early. The current phase ends as if its time
+    were up -- closed-loop clients after their current request, no new open-loop arrivals, a pause or
+    an idle phase within ``STOP_POLL_S`` -- the later phases do not start, and the report says
+    ``stopped``. In-flight requests are answered, not cancelled, as at a phase's natural end.
     """
     check_loopback(url)
     rng = random.Random(seed)
@@ -218,16 +248,22 @@ def drive(
         timeout = httpx.Timeout(request_timeout_s, connect=5.0)
         async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
             for phase in phases:
+                if _is_set(stop):
+                    report.stopped = True
+                    if progress:
+                        progress(f"load stopped before phase {phase.name}")
+                    break
                 if progress:
                     kind = f"{phase.rate:g} req/s open loop" if phase.rate else ("burst" if phase.once else "closed loop")
                     what = "idle" if phase.concurrency <= 0 else f"{phase.concurrency} concurrent, {kind}"
                     progress(f"load phase {phase.name}: {phase.duration_s:g} s, {what}")
                 if phase.concurrency <= 0:
-                    started = time.time()
-                    await asyncio.sleep(phase.duration_s)
-                    report.phases.append(PhaseReport(phase.name, started, time.time()))
+                    started, deadline = time.time(), time.monotonic() + phase.duration_s
+                    await _sleep(phase.duration_s, stop)
+                    report.phases.append(PhaseReport(phase.name, started, time.time(), stopped=time.monotonic() < deadline))
                 else:
-                    report.phases.append(await _run_phase(client, phase, rng, budget, pending))
+                    report.phases.append(await _run_phase(client, phase, rng, budget, pending, stop))
+                report.stopped |= report.phases[-1].stopped
                 if progress:
                     progress("  " + report.phases[-1].summary())
             if pending:
