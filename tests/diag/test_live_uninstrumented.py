@@ -55,13 +55,18 @@ while time.time() < end:
 time.sleep(600)
 """
 
+# Each worker reads the checkpoint whole into private memory and closes it (what torch.load does), then says so by
+# creating <ready-dir>/<pid>: the test waits for those, not for a fixed time -- three cold 80 MiB reads in one group
+# on a busy host can take longer than any sleep chosen on a quiet one (a worker sampled mid-read is not a copy yet).
 COPIES = """
 import os, sys, time
-path, n = sys.argv[1], int(sys.argv[2])
+path, n, ready = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 for _ in range(n):
     if os.fork() == 0:
-        with open(path, "rb") as fh:   # what torch.load does: read it all into private memory, close the file
-            weights = bytearray(fh.read())
+        weights = bytearray(os.path.getsize(path))
+        with open(path, "rb") as fh:
+            fh.readinto(weights)
+        open(os.path.join(ready, str(os.getpid())), "w").close()
         time.sleep(600)
         os._exit(0)
 time.sleep(600)
@@ -150,11 +155,13 @@ def test_duplicate_copies_that_hold_no_file(tmp_path: Path) -> None:
     recorder = tmp_path / "agent.db"
     with groups() as made:
         group = made.create("workers", 512 * MIB)
-        parent = group.spawn([sys.executable, "-c", COPIES, str(ckpt), "3"])
-        deadline = time.time() + 20
-        while len(group.pids()) < 4 and time.time() < deadline:
+        ready = tmp_path / "ready"
+        ready.mkdir()
+        parent = group.spawn([sys.executable, "-c", COPIES, str(ckpt), "3", str(ready)])
+        deadline = time.time() + 60
+        while len(list(ready.iterdir())) < 3 and parent.poll() is None and time.time() < deadline:
             time.sleep(0.2)
-        time.sleep(2.0)  # the workers have read the checkpoint and closed it
+        assert len(list(ready.iterdir())) == 3, f"workers that read the checkpoint in 60 s: {sorted(ready.iterdir())}"
         pids = sorted(group.pids())
         assert len(pids) == 4, pids
         t0 = time.time()

@@ -266,11 +266,7 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
             for proc in reversed(started):
                 procs.stop(proc)
             if pair is not None:
-                # one peer after the other: stopped together, the one that exits second waits out its 10 s timeout for a
-                # leave broadcast that no peer is left to receive
-                for proc in pair.procs:
-                    procs.stop(proc)
-                pair.stop()  # what the pair itself closes (its peers are stopped by now)
+                pair.stop()  # one peer after the other (AlertmanagerPair.stop says why)
             if server is not None:
                 server.stop()
     yield result  # ScenarioCgroups killed what was left in the group by PID and removed it

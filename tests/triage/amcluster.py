@@ -169,12 +169,13 @@ class AlertmanagerPair:
         return self.counter("alertmanager_notifications_total")
 
     def stop(self) -> None:
+        """Each peer in turn (SIGTERM by PID, SIGKILL if it lingers): stopped together, the peer that exits second
+        waits out its 10 s timeout for a leave broadcast no peer is left to receive ("unable to leave gossip mesh")."""
         for proc in self.procs:
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=5)
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    os.kill(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=5)
