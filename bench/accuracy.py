@@ -24,6 +24,11 @@ one confusion matrix per dialect (``llmdiag``: the tracker; a scenario's own def
 vLLM, when no dialect is asked). Beside top-1 over every run it prints top-1 over the runs whose class the engine's
 pinned /metrics can show at all (KV-cache saturation where the engine exports no KV usage is left out, and named).
 
+``--one-run-for-dialects`` (with several engines' dialects) runs each scenario once, the reference backend serving
+every asked dialect at ``/metrics/<dialect>`` from one live state, and judges the run as each engine on the records
+a host of that engine would hold (``runner.dialect_view``): a third of the real time, and the engines compared on the
+very same load and fault; without it each dialect gets its own run.
+
 ``--engine`` runs the llama.cpp scenarios instead (``engine-*``: llama-cpp-python's own server on a GGUF written
 here, the ``engines`` extra), each on every attachment it takes -- ``outside`` (nothing in the server, the load
 generator's request rows) and ``wrapped`` (the server under ``diag wrap``) -- and prints one confusion matrix per
@@ -40,6 +45,7 @@ time). ``--replay DIR`` judges only what is saved; ``--fixtures`` judges the rep
     .venv/bin/python bench/accuracy.py --fixtures                          # the committed fixtures only
     .venv/bin/python bench/accuracy.py --fixtures --replay /tmp/acc        # both, in one matrix
     .venv/bin/python bench/accuracy.py --dialects vllm,tgi,llamacpp --variants defaults --save /tmp/acc-d
+    .venv/bin/python bench/accuracy.py --dialects vllm,tgi,llamacpp --one-run-for-dialects --variants defaults --save /tmp/acc-s
     .venv/bin/python bench/accuracy.py --engine --seeds 0,1 --save /tmp/acc-engine   # llama.cpp, both attachments
 """
 
@@ -182,7 +188,7 @@ def _dialect_of(name: str, dialect: str | None) -> str:
 
 
 def run_live(names: list[str], seeds: list[int], variants: str, save: Path, weights_dir: Path | None,
-             dialects: list[str | None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+             dialects: list[str | None] | None = None, one_run: bool = False) -> list[dict[str, Any]]:  # fmt: skip
     from diag.demo.scenarios.engine_scenarios import ENGINE_ATTACHMENTS
 
     plan = []
@@ -191,7 +197,40 @@ def run_live(names: list[str], seeds: list[int], variants: str, save: Path, weig
         if name in ENGINE_ATTACHMENTS:  # an engine scenario: once per attachment it takes (its only variants)
             sets = [{"attachment": a} for a in ENGINE_ATTACHMENTS[name]]
         plan += [(name, vi, params, seed, d) for d in (dialects or [None]) for vi, params in enumerate(sets) for seed in seeds]
+    if one_run:
+        _run_shared(plan, save, weights_dir)  # writes every dialect's view where _run_plan finds it cached
     return _run_plan(plan, save, weights_dir)
+
+
+def _run_shared(plan: list[tuple[str, int, dict[str, Any], int, str | None]], save: Path, weights_dir: Path | None) -> None:
+    """One run per (scenario, variant, seed) for all its dialects, each dialect's view saved as its own run would be."""
+    from diag.demo.scenarios.recording import write_jsonl_gz
+    from diag.demo.scenarios.runner import run_scenario_in_dialects
+
+    save.mkdir(parents=True, exist_ok=True)
+    runs: dict[tuple[str, int, int], list[str]] = defaultdict(list)
+    params_of: dict[tuple[str, int, int], dict[str, Any]] = {}
+    for name, vi, params, seed, dialect in plan:
+        if dialect and not (save / _cache_name(name, vi, seed, dialect)).exists():
+            runs[(name, vi, seed)].append(dialect)
+            params_of[(name, vi, seed)] = params
+    for i, ((name, vi, seed), dialects) in enumerate(runs.items(), 1):
+        params = params_of[(name, vi, seed)]
+        print(f"[shared {i}/{len(runs)}] {name} seed {seed} ({_label(params)}) as {', '.join(dialects)}: running",
+              file=sys.stderr, flush=True)  # fmt: skip
+        t0 = time.monotonic()
+        try:
+            results = run_scenario_in_dialects(name, dialects, seed=seed, params=params, weights_dir=weights_dir,
+                                               progress=lambda m: None)  # fmt: skip
+        except Exception:  # _run_plan then runs what is missing on its own and reports what breaks
+            traceback.print_exc()
+            continue
+        for dialect, result in results.items():
+            path = save / _cache_name(name, vi, seed, dialect)
+            write_jsonl_gz(result.records, path)
+            meta = {"name": name, "params": _label(params), "seed": seed, "dialect": dialect,
+                    "wall_s": round(time.monotonic() - t0), "shared_run": dialects}  # fmt: skip
+            path.with_suffix("").with_suffix(".json").write_text(json.dumps(meta))
 
 
 def _run_plan(plan: list[tuple[str, int, dict[str, Any], int, str | None]], save: Path,
@@ -352,8 +391,14 @@ def main() -> None:
                     "takes (outside, wrapped); a confusion matrix per attachment")  # fmt: skip
     ap.add_argument("--dialects", default="", help="comma-separated: llmdiag, vllm, tgi, llamacpp (default: each "
                     "scenario's own)")  # fmt: skip
+    ap.add_argument("--one-run-for-dialects", action="store_true", help="with several engines' --dialects: one run per "
+                    "scenario serving them all, judged as each engine")  # fmt: skip
     args = ap.parse_args()
     from diag.demo.scenarios import ENGINE_SCENARIO_NAMES, SCENARIO_NAMES
+
+    asked = [d for d in args.dialects.split(",") if d]
+    if args.one_run_for_dialects and (len(asked) < 2 or "llmdiag" in asked or args.engine or args.replay or args.fixtures):
+        ap.error("--one-run-for-dialects needs live runs and two or more engines' --dialects (vllm, tgi, llamacpp)")
 
     if args.fixtures or args.replay:  # both: the committed fixtures (seed 0) and the saved runs, in one matrix
         runs = (run_fixtures() if args.fixtures else []) + (run_replay(args.replay) if args.replay else [])
@@ -374,7 +419,7 @@ def main() -> None:
         seeds = [int(s) for s in args.seeds.split(",") if s]
         save = args.save or Path(".accuracy-runs")
         dialects: list[str | None] = [d for d in args.dialects.split(",") if d] or [None]
-        runs = run_live(names, seeds, args.variants, save, args.weights_dir, dialects)
+        runs = run_live(names, seeds, args.variants, save, args.weights_dir, dialects, args.one_run_for_dialects)
     if args.json:
         args.json.write_text(json.dumps(runs, indent=2, default=str))
     report(runs)
