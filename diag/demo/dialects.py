@@ -104,7 +104,6 @@ class DialectMetrics:
         self.families_of = {
             d: [f for f in bk.families_of(d) if f.versions == PINNED[d] and f.name in FILLED[d]] for d in exported
         }
-        self.families = self.families_of[dialect]
         for fams in self.families_of.values():
             for f in fams:
                 if f.type == "histogram":

@@ -29,6 +29,7 @@ from diag.demo.scenarios.cgroups import CgroupUnavailable, ScenarioCgroups, term
 from diag.demo.scenarios.context import MiB, Progress, ScenarioContext, evict_from_page_cache, stderr_progress
 from diag.demo.scenarios.library import SCENARIOS
 from diag.demo.scenarios.recording import copy_recorder, scenario_records, write_jsonl_gz
+from diag.demo.scenarios.registry import Scenario
 
 __all__ = [
     "MiB", "ScenarioContext", "ScenarioResult", "dialect_view", "evict_from_page_cache", "run_scenario",
@@ -139,7 +140,7 @@ class _Recorded:
     started: float  # time.monotonic() at the start
 
 
-def _checked(name: str, params: dict[str, Any] | None, dialects: Sequence[str] | None) -> tuple[Any, dict[str, Any]]:
+def _checked(name: str, params: dict[str, Any] | None, dialects: Sequence[str] | None) -> tuple[Scenario, dict[str, Any]]:
     """The scenario and its merged parameters, every refusal made before anything starts."""
     from diag.demo.dialects import DIALECTS
 
