@@ -75,7 +75,7 @@ def run_scenario(
     agent's scrape; None: the scenario's own choice (ours, unless it names one).
     """
     scenario, merged = _checked(name, params, [dialect] if dialect is not None else None)
-    run = _record(name, seed, merged, (dialect or str(merged.get("dialect", "llmdiag")),), weights_dir, progress)
+    run = _record(scenario, seed, merged, (dialect or str(merged.get("dialect", "llmdiag")),), weights_dir, progress)
     try:
         result = _judge(run, scenario.expected, run.records, run.dialects[0], progress)
         if keep_recorder is not None:
@@ -110,7 +110,7 @@ def run_scenario_in_dialects(
     if len(names) != len(dialects) or not names or "llmdiag" in names:
         raise ValueError(f"dialects {', '.join(dialects)}: engines' dialects (vllm, tgi, llamacpp), each once")
     scenario, merged = _checked(name, params, names)
-    run = _record(name, seed, merged, tuple(names), weights_dir, progress)
+    run = _record(scenario, seed, merged, tuple(names), weights_dir, progress)
     try:
         return {d: _judge(run, scenario.expected, dialect_view(run.records, d), d, progress) for d in names}
     finally:
@@ -160,7 +160,7 @@ def _checked(name: str, params: dict[str, Any] | None, dialects: Sequence[str] |
 
 
 def _record(
-    name: str,
+    scenario: Scenario,
     seed: int,
     merged: dict[str, Any],
     dialects: tuple[str, ...],
@@ -170,7 +170,7 @@ def _record(
     """Run the scenario for real and clean up after it; the caller removes ``workdir`` once done with the recorder."""
     from diag.demo.weights import default_weights_dir
 
-    scenario = SCENARIOS[name]
+    name = scenario.name
     t0 = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix=f"llmdiag-scenario-{name}-"))
     try:
