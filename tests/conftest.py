@@ -12,7 +12,7 @@
   ``tests/paths.py``, ``tests/sharedruns.py``, ``tests/diag/*_builders.py``, ``tests/bundle/helpers.py``);
   test modules never import each other (``tests/test_import_cycles.py`` checks it).
 - Expensive live runs that several modules check are session fixtures here, made lazily by the first
-  test that asks (``leak_scenario``: tests/sharedruns.py says why).
+  test that asks (``leak_scenario``, ``joint_runs``: tests/sharedruns.py says why).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import pytest
 from hypothesis import settings
 
 from tests import livecg
-from tests.sharedruns import SharedScenario
+from tests.sharedruns import SharedScenario, joint_views
 
 # Property tests explore new random examples on every local run (make check), so a counterexample turns up at a
 # developer's desk; .ci/run sets HYPOTHESIS_PROFILE=ci, where they replay the same derandomised examples, so a
@@ -193,3 +193,18 @@ def leak_scenario(tmp_path_factory: pytest.TempPathFactory, scenario_weights: Pa
     """The ``leak`` scenario's real runs, made once per session (live tests only: they need root and cgroups)."""
     livecg.require_live()
     return SharedScenario("leak", scenario_weights, tmp_path_factory.mktemp("leak-scenario"))
+
+
+@pytest.fixture(scope="session")
+def joint_runs(tmp_path_factory: pytest.TempPathFactory, scenario_weights: Path) -> dict[str, SharedScenario]:
+    """The joint runs (the tracker and the engines' dialects at once), one ``SharedScenario`` per scenario that has
+    them (``sharedruns.joint_views``), each made when a test first asks for an attempt."""
+    from diag.demo.scenarios import SCENARIO_NAMES
+
+    livecg.require_live()
+    folder = tmp_path_factory.mktemp("joint-runs")
+    return {
+        name: SharedScenario(name, scenario_weights, folder / name, views=views)
+        for name in SCENARIO_NAMES
+        if (views := joint_views(name))
+    }

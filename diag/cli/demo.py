@@ -53,8 +53,8 @@ def _checked_serve_options(o: dict[str, Any]) -> dict[str, Any]:
     }
     out["metrics_dialect"], *also = _dialects(o["metrics_dialect"], DIALECTS)
     out["also_metrics_dialects"] = tuple(also)
-    if out["metrics_dialect"] != "llmdiag" and o["workers"] != 1:
-        raise opts.OptionError(f"--metrics-dialect {out['metrics_dialect']}: needs --workers 1 (an engine's /metrics is "
+    if (out["metrics_dialect"] != "llmdiag" or also) and o["workers"] != 1:
+        raise opts.OptionError(f"--metrics-dialect {o['metrics_dialect']}: needs --workers 1 (an engine's /metrics is "
                                "one process's state); use --workers 1")  # fmt: skip
     opts.number("--kv-cache-tokens", o["kv_cache_tokens"], low=0, meaning="tokens; 0 = none enforced",
                 examples=("4096", "16384"))  # fmt: skip
@@ -90,7 +90,8 @@ def _checked_serve_options(o: dict[str, Any]) -> dict[str, Any]:
 
 
 def _dialects(value: str, known: tuple[str, ...]) -> list[str]:
-    """``--metrics-dialect``: one dialect, or several engines' dialects separated by commas (each once)."""
+    """``--metrics-dialect``: one dialect, or several separated by commas (each once): engines' dialects, after the
+    tracker's (``llmdiag``) or not."""
     from diag.cli import options as opts
 
     names = []
@@ -100,9 +101,9 @@ def _dialects(value: str, known: tuple[str, ...]) -> list[str]:
         except opts.OptionError:
             raise opts.OptionError(f"--metrics-dialect {value!r}: use one of {opts.listing(known)} (or engines' "
                                    "dialects comma-separated: vllm,tgi,llamacpp)") from None  # fmt: skip
-    if len(names) > 1 and "llmdiag" in names:
-        raise opts.OptionError(f"--metrics-dialect {value!r}: llmdiag (the tracker) cannot be served beside an engine's "
-                               "dialect; use e.g. vllm,tgi,llamacpp or llmdiag")  # fmt: skip
+    if "llmdiag" in names[1:]:
+        raise opts.OptionError(f"--metrics-dialect {value!r}: llmdiag (the tracker) can only come first -- it keeps "
+                               "/metrics, the engines' dialects go to /metrics/<dialect>; use e.g. llmdiag,vllm")  # fmt: skip
     if len(set(names)) != len(names):
         raise opts.OptionError(f"--metrics-dialect {value!r}: a dialect named twice; use e.g. vllm,tgi or vllm")
     return names
@@ -188,8 +189,9 @@ def serve(
         typer.Option(
             help="The /metrics the server speaks: llmdiag (the tracker's families and flight recorder), or vllm, tgi, "
             "llamacpp: that engine's families from the server's live state, uninstrumented (no tracker families, no "
-            "recorder). Engines' dialects need --workers 1. Several engines' dialects, comma-separated (vllm,tgi,llamacpp): "
-            "the first at /metrics, each at /metrics/<dialect>, all from the same state."
+            "recorder). Engines' dialects need --workers 1. Several, comma-separated (vllm,tgi,llamacpp): the first at "
+            "/metrics, each engine's at /metrics/<dialect>, all from the same state; llmdiag first (llmdiag,vllm): the "
+            "tracker's /metrics and recorder, and each engine's families beside them."
         ),
     ] = "llmdiag",
     kv_cache_tokens: Annotated[

@@ -9,8 +9,9 @@ What to copy into your own server (each marked ``# llm-diag:`` below):
 4. ``tracker.record_batch`` / ``record_routing`` from the batcher, ``tracker.track_loader`` around loads.
 
 Endpoints: ``POST /v1/completions`` (OpenAI-style ``{"prompt", "max_tokens"}``), ``GET /healthz``
-(503 while the tracker would refuse new work), ``GET /metrics`` -- and, when several engines' dialects are
-served (``--metrics-dialect vllm,tgi``), ``GET /metrics/<dialect>`` for each of them.
+(503 while the tracker would refuse new work), ``GET /metrics`` -- and, when several dialects are served
+(``--metrics-dialect vllm,tgi``, or ``llmdiag,vllm``: the tracker's at /metrics), ``GET /metrics/<dialect>`` for each
+engine's.
 
 Status codes: 413 for a prompt over ``max_prompt_tokens`` and 400 for ``max_tokens`` over
 ``max_output_tokens`` (both raised inside the tracked block, so they are counted, as ``error``);
@@ -131,12 +132,13 @@ def create_app(settings: DemoSettings, tracker: RequestTracker | None = None) ->
     leak = _Leak(settings.leak_kib_per_request)
     kv = KvBudget(settings.kv_tokens)
     dialect = None
-    if settings.metrics_dialect != OURS:
-        dialect = DialectMetrics(settings.metrics_dialect, settings.model_name, kv,
+    engines = [d for d in (settings.metrics_dialect, *settings.also_metrics_dialects) if d != OURS]
+    if engines:  # with the tracker's first, the engines' families are served beside it (at /metrics/<dialect> only)
+        dialect = DialectMetrics(engines[0], settings.model_name, kv,
                                  max_prompt_tokens=settings.max_prompt_tokens or settings.max_batch_tokens,
                                  max_output_tokens=settings.max_output_tokens,
                                  running=lambda: parts["batcher"].running if "batcher" in parts else 0,
-                                 also=settings.also_metrics_dialects)  # fmt: skip
+                                 also=engines[1:])  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -247,16 +249,17 @@ def create_app(settings: DemoSettings, tracker: RequestTracker | None = None) ->
     # llm-diag: edge arrival time, 429/503/504 handlers, /metrics (summed over workers), /healthz. After the
     # completions route: Starlette tries routes in order, so routes added first would be matched (and missed)
     # on every completion request before its own.
-    instrument_fastapi(app, tracker, metrics_path=None if dialect else "/metrics", health_path="/healthz")
-    if dialect is not None:  # the engine's own /metrics, from this worker's live state
+    ours = settings.metrics_dialect == OURS
+    instrument_fastapi(app, tracker, metrics_path="/metrics" if ours else None, health_path="/healthz")
+    if dialect is not None and not ours:  # the engine's own /metrics, from this worker's live state
 
         @app.get("/metrics")
         async def engine_metrics() -> Response:
             return Response(dialect.render(), media_type=EXPOSITION_TYPE)
 
-        if settings.also_metrics_dialects:  # every served dialect also at its own path, the first one included
-            for name in dialect.exported:
-                app.add_api_route(f"/metrics/{name}", _exposition_of(dialect, name), methods=["GET"])
+    if dialect is not None and settings.also_metrics_dialects:  # every engine's dialect at its own path, the first too
+        for name in dialect.exported:
+            app.add_api_route(f"/metrics/{name}", _exposition_of(dialect, name), methods=["GET"])
 
     return app
 

@@ -52,7 +52,9 @@ class DemoSettings:
     # then the server is *uninstrumented*: no tracker families, no flight recorder, only the engine's /metrics.
     metrics_dialect: str = OURS
     # More engines' dialects served beside it, each at /metrics/<dialect>, from the same live state: one run read by
-    # several engines' mappings (the scenario suite judges one run as vLLM, TGI and llama.cpp at once).
+    # several engines' mappings (the scenario suite judges one run as vLLM, TGI and llama.cpp at once). Beside ours
+    # too: the tracker keeps /metrics and its recorder, and the engines' families are served at their own paths --
+    # one run read both as an instrumented service and as each engine would show it.
     also_metrics_dialects: tuple[str, ...] = ()
     # The KV cache's budget in tokens (vLLM's blocks x block size): admission by free blocks, preemption by
     # recompute when a running sequence cannot grow. 0 = no budget enforced: usage is reported against room for
@@ -89,15 +91,13 @@ class DemoSettings:
         if self.metrics_dialect not in DIALECTS:
             raise ValueError(f"metrics dialect must be one of {', '.join(DIALECTS)}, not {self.metrics_dialect!r}")
         also = self.also_metrics_dialects
-        if also and self.metrics_dialect == OURS:
-            raise ValueError(f"more metrics dialects ({', '.join(also)}) need an engine's dialect first: the tracker's "
-                             f"families ({OURS}) are not served beside an engine's")  # fmt: skip
         bad = [d for d in also if d not in DIALECTS or d == OURS]
         if bad or len(set((self.metrics_dialect, *also))) != 1 + len(also):
             raise ValueError(f"more metrics dialects must be other engines' dialects, each once, not {', '.join(also)}")
-        if self.metrics_dialect != OURS and self.workers != 1:
-            raise ValueError(f"--metrics-dialect {self.metrics_dialect} needs --workers 1: an engine's /metrics is one "
-                             "process's state, and a scrape reaches one worker")  # fmt: skip
+        if self.serves_engine_metrics and self.workers != 1:
+            served = ",".join((self.metrics_dialect, *also))
+            raise ValueError(f"--metrics-dialect {served} needs --workers 1: an engine's /metrics is one process's "
+                             "state, and a scrape reaches one worker")  # fmt: skip
         if self.kv_cache_tokens < 0:
             raise ValueError("kv_cache_tokens must not be negative (0 = room for a full batch)")
         if self.kv_cache_tokens:
@@ -107,6 +107,11 @@ class DemoSettings:
             if self.kv_cache_tokens < longest:
                 raise ValueError(f"--kv-cache-tokens {self.kv_cache_tokens} cannot hold one request of --max-prompt-tokens "
                                  f"+ --max-output-tokens (+ a block): at least {longest}")  # fmt: skip
+
+    @property
+    def serves_engine_metrics(self) -> bool:
+        """Whether any engine's dialect is served (at /metrics, or beside the tracker's at /metrics/<dialect>)."""
+        return self.metrics_dialect != OURS or bool(self.also_metrics_dialects)
 
     @property
     def kv_tokens(self) -> int:

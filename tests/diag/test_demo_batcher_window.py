@@ -91,22 +91,28 @@ def test_the_cap_bounds_the_extra_wait(loop: asyncio.AbstractEventLoop) -> None:
     assert batch is not None and len(batch) == 3
 
 
-def test_light_load_waits_only_the_fixed_window(loop: asyncio.AbstractEventLoop) -> None:
-    batcher = _batcher([1] * 8, step_s=0.2)  # recent batches held one job each
+# The two below ask whether the batcher waits past the fixed window at all. A window that would wait is 5 s long here
+# (half a 10 s step, under the 5 s cap), so waiting and not waiting differ by seconds: the answer never depends on
+# how quickly a loaded host schedules a thread (a job appended 30 ms later used to join the batch when the fixed
+# 2 ms window overran on a host at load 11).
+
+
+def test_light_load_waits_only_the_fixed_window(loop: asyncio.AbstractEventLoop, long_cap: None) -> None:
+    batcher = _batcher([1] * 8, step_s=10.0)  # recent batches held one job each: nothing to wait for
     batcher._queue.append(_job(loop))
-    thread = _append_later(batcher, _job(loop), 0.03)
+    started = time.monotonic()
     batch = batcher._take_batch()
-    thread.join()
     assert batch is not None and len(batch) == 1
+    assert time.monotonic() - started < 2.5  # not the 5 s window
 
 
-def test_no_history_means_the_fixed_window_alone(loop: asyncio.AbstractEventLoop) -> None:
-    batcher = _batcher([], step_s=0.0)
+def test_no_history_means_the_fixed_window_alone(loop: asyncio.AbstractEventLoop, long_cap: None) -> None:
+    batcher = _batcher([], step_s=10.0)
     batcher._queue.extend(_job(loop) for _ in range(2))
-    thread = _append_later(batcher, _job(loop), 0.03)
+    started = time.monotonic()
     batch = batcher._take_batch()
-    thread.join()
     assert batch is not None and len(batch) == 2
+    assert time.monotonic() - started < 2.5  # not the 5 s window
     assert list(batcher._recent_sizes) == [2]  # and the batch is remembered
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import httpx
 import pytest
 
 from collectors import backends as bk
@@ -109,14 +110,19 @@ def test_several_dialects_from_one_state_render_as_each_engine_alone() -> None:
         DialectMetrics("vllm", "demo", kv, max_prompt_tokens=256, max_output_tokens=64, also=("llmdiag",))
 
 
-def test_settings_refuse_more_dialects_beside_ours_unknown_or_twice_and_survive_the_workers_json() -> None:
-    with pytest.raises(ValueError, match="need an engine's dialect first"):
-        DemoSettings(also_metrics_dialects=("vllm",))
+def test_settings_refuse_more_dialects_unknown_ours_or_twice_and_survive_the_workers_json() -> None:
     for also in (("vllm",), ("sglang",), ("llmdiag",), ("tgi", "tgi")):
         with pytest.raises(ValueError, match="other engines' dialects, each once"):
             DemoSettings(metrics_dialect="vllm", also_metrics_dialects=also)
-    settings = DemoSettings(metrics_dialect="vllm", also_metrics_dialects=("tgi", "llamacpp"))
-    assert DemoSettings.from_json(settings.to_json()) == settings  # how the spawned workers get them
+    with pytest.raises(ValueError, match="other engines' dialects, each once"):
+        DemoSettings(also_metrics_dialects=("llmdiag",))
+    for first, also in (("vllm", ("tgi", "llamacpp")), ("llmdiag", ("vllm", "tgi"))):
+        settings = DemoSettings(metrics_dialect=first, also_metrics_dialects=also)
+        assert settings.serves_engine_metrics
+        assert DemoSettings.from_json(settings.to_json()) == settings  # how the spawned workers get them
+    assert not DemoSettings().serves_engine_metrics
+    with pytest.raises(ValueError, match="needs --workers 1"):  # the engines' beside ours: still one process's state
+        DemoSettings(also_metrics_dialects=("vllm",), workers=2)
 
 
 def test_settings_refuse_a_budget_smaller_than_one_request_and_dialects_on_several_workers() -> None:
@@ -180,3 +186,27 @@ def test_an_unenforced_budget_counts_blocks_but_never_preempts(weights: object) 
     jobs = [([1 + i, 2, 3] * 13 + [7], 60) for i in range(8)]
     done = _run(Batcher(lambda: weights, mode="requests", max_batch_requests=8, kv=kv, kv_enforced=False), jobs)  # type: ignore[arg-type, return-value]
     assert kv.preemptions == 0 and len(done) == 8
+
+
+@pytest.mark.process
+def test_the_tracker_keeps_metrics_and_its_recorder_with_engines_dialects_beside_it(tmp_path: Path) -> None:
+    """``--metrics-dialect llmdiag,vllm,tgi``: one run read both as the instrumented service (the tracker's /metrics
+    and request rows) and as each engine (its families at /metrics/<dialect>) -- the scenario suite's joint runs."""
+    from diag.sources.recorder import load_recorder
+
+    args = ["--metrics-dialect", "llmdiag,vllm,tgi", "--max-prompt-tokens", "256", "--max-output-tokens", "64"]
+    srv = start_demo(args, weights_mb=16, weights_dir=tmp_path / "w", log_dir=tmp_path, recorder=tmp_path / "rec.db")
+    try:
+        responses = post_all(srv.url, [{"prompt": "x" * 50, "max_tokens": 8}] * 5, concurrency=2)
+        assert [r.status_code for r in responses] == [200] * 5
+        at = {path: scrape(srv.url, path) for path in ("/metrics", "/metrics/vllm", "/metrics/tgi")}
+        missing = httpx.get(srv.url + "/metrics/llamacpp", timeout=10).status_code
+    finally:
+        srv.stop()
+    assert missing == 404  # only the dialects asked for
+    assert at["/metrics"] and all(n.startswith("llmdiag_") or not n.startswith(("vllm:", "tgi_")) for n in at["/metrics"])
+    assert any(n.startswith("llmdiag_") for n in at["/metrics"])
+    assert sum(v for _, v in at["/metrics/vllm"]["vllm:e2e_request_latency_seconds_count"]) == 5
+    assert sum(v for n in ("tgi_request_count", "tgi_request_count_total") for _, v in at["/metrics/tgi"].get(n, [])) == 5
+    assert all(n.startswith("tgi_") for n in at["/metrics/tgi"])
+    assert len(load_recorder(tmp_path / "rec.db").requests) == 5  # the tracker's rows, as on an instrumented server

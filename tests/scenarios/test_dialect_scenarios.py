@@ -1,11 +1,13 @@
 """Every scenario on the reference backend speaking an engine's /metrics, uninstrumented, recorded by the agent's scrape.
 
-Each test runs scenario NAME once for real with the server uninstrumented (no tracker families, no request rows,
-no recorder of its own), exporting vLLM's, TGI's and llama.cpp server's own families from its live state, each at
-/metrics/<dialect>; the agent records its host, cgroup and process samples plus its scrapes of each (``diag
-collect --scrape``). The run is judged once per engine, on the records a host running only that engine would hold
-(``runner.dialect_view``: the other dialects' scrapes left out), as ``diag demo --scenario NAME --dialect D`` would
-record it. The recorder path must give the scenario's class -- where that engine's metrics and the agent's samples
+Each test takes one real run of scenario NAME whose server exports vLLM's, TGI's and llama.cpp server's own
+families from its live state, each at /metrics/<dialect>; the agent records its host, cgroup and process samples
+plus its scrapes of each (``diag collect --scrape``). The run is judged once per engine, on the records a host
+running only that engine would hold (``runner.dialect_view``: the other dialects' scrapes and anything the tracker
+wrote left out), as ``diag demo --scenario NAME --dialect D`` would record it. Where it can, the run is the scenario
+suite's own (``joint_runs``): the tracker instruments the same one-worker server, whose admission it runs in an
+uninstrumented server as well -- its flight recorder's writes are all it adds to what an engine's host shows.
+The recorder path must give the scenario's class -- where that engine's metrics and the agent's samples
 can show it at all. What they cannot show is said, not tested for a class:
 
 - the classes read from the tracker's own records (loader events, MoE routing, batches, prompt sizes per
@@ -31,20 +33,11 @@ from diag.demo.scenarios import SCENARIO_NAMES
 from diag.demo.scenarios.library import SCENARIOS
 from diag.demo.scenarios.runner import ScenarioResult, run_scenario_in_dialects
 from tests.livecg import require_live
-from tests.sharedruns import ATTEMPTS
+from tests.sharedruns import ATTEMPTS, ENGINES, TRACKER_ONLY, joint_views
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 
-DIALECTS = ("vllm", "tgi", "llamacpp")
-# Left out: their classes need what no engine's /metrics carries.
-TRACKER_ONLY = {
-    "loader-refresh": "loader events",
-    "moe-skew": "MoE routing records",
-    "request-count-batching": "batch records",
-    "oversized-context": "per-request prompt sizes",
-    "unsafe-config": "the configuration record",
-    "duplicate-models": "several workers (an engine's dialect runs one)",
-}
+DIALECTS = ENGINES
 # A dialect's gap the rules cannot yet bridge, shown in every run: that dialect's judgement must fail (strict: the
 # day it passes, the test fails and the entry goes). None now: llama.cpp's server exports no latency histograms,
 # but its deferred and processing gauges give the queue wait over the service time by Little's law
@@ -88,23 +81,32 @@ def _problems(name: str, dialect: str, result: ScenarioResult) -> list[str]:
 # three engines' dialects at once from the same live state (/metrics/<dialect>, the agent scraping each), and the
 # run is judged as each engine: the records a host running only that engine would hold (``dialect_view``). The
 # same load, fault and host for the three judgements, at a third of the real time of a run per dialect; the
-# bench's matrix (`bench/accuracy.py --dialects`) runs each dialect on its own.
+# bench's matrix (`bench/accuracy.py --dialects`) runs each dialect on its own. Most of these runs are the scenario
+# suite's own too (``joint_runs``: the tracker instruments the server as well, and ``test_scenarios.py`` judges
+# the same run as the instrumented service); the rest (several workers, or a run another module needs whole) run
+# here for the engines alone.
 CASES = [name for name in SCENARIO_NAMES if name in SCENARIOS and SCENARIOS[name].speaks_dialects and name not in TRACKER_ONLY]
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_scenario_in_each_engines_dialect(name: str, weights_dir: Path) -> None:
+def test_scenario_in_each_engines_dialect(name: str, weights_dir: Path, request: pytest.FixtureRequest) -> None:
     require_live()
     gaps = {d: why for (n, d), why in KNOWN_GAPS.items() if n == name}
     problems: dict[str, list[str]] = {d: ["not run"] for d in DIALECTS}
+    joint = request.getfixturevalue("joint_runs")[name] if joint_views(name) else None
     for attempt in range(1, ATTEMPTS + 1):
-        # A second attempt runs again only the dialects whose judgement failed (a known gap's is expected to).
+        # A second attempt runs again only the dialects whose judgement failed (a known gap's is expected to); a
+        # joint run's second attempt is the scenario suite's too (made by whichever module asks first).
         wanted = [d for d in DIALECTS if problems[d] and (attempt == 1 or d not in gaps)]
         if not wanted:
             break
         t0 = time.monotonic()
-        results = run_scenario_in_dialects(name, wanted, weights_dir=weights_dir,
-                                           progress=lambda m, t0=t0: print(f"[{time.monotonic() - t0:5.1f}] {m}"))  # fmt: skip
+        if joint is not None:
+            views = joint.attempt(attempt).views
+            results = {d: views[d] for d in wanted}
+        else:
+            progress = lambda m, t0=t0: print(f"[{time.monotonic() - t0:5.1f}] {m}")  # noqa: E731
+            results = run_scenario_in_dialects(name, wanted, weights_dir=weights_dir, progress=progress)
         for dialect, result in results.items():
             print(f"--- as {dialect}\n{_explain(result)}")
             assert result.cleanup["leftover_groups"] == [] and result.cleanup["server_pids_alive"] == []

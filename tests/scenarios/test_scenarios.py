@@ -36,7 +36,7 @@ from diag.demo.scenarios.library import SCENARIOS
 from diag.demo.scenarios.load import check_loopback
 from diag.demo.scenarios.runner import ScenarioResult, run_scenario
 from tests.livecg import require_live
-from tests.sharedruns import ATTEMPTS, verdict_problems
+from tests.sharedruns import ATTEMPTS, joint_views, verdict_problems
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "scenarios"
@@ -101,15 +101,20 @@ def test_scenario_reproduces_its_incident(name: str, weights_dir: Path, tmp_path
     these runs share a 2-core host with whatever else runs there, and a neighbour's burst can
     legitimately change what a 45-60 s recording shows. A first failure is printed in full, so a
     pass on the second attempt is visible in the output, never silent. A scenario in ``SHARED_RUNS``
-    takes its attempts from the session's runs (another module checks them too; tests/sharedruns.py).
+    takes its attempts from the session's runs (another module checks them too; tests/sharedruns.py), and so does
+    one an engine's /metrics can show: its run serves the engines' dialects too, judged as each engine by
+    ``test_dialect_scenarios.py`` (``joint_runs``); here it is judged as the scenario itself runs, on every record
+    but the engines' scrapes.
     """
     require_live()
     problems: list[str] = []
     for attempt in range(1, ATTEMPTS + 1):
         t0 = time.monotonic()
         export = tmp_path / f"{name}-{attempt}.jsonl.gz"
-        if name in SHARED_RUNS:
-            shared = request.getfixturevalue(SHARED_RUNS[name]).attempt(attempt)
+        if name in SHARED_RUNS or joint_views(name):
+            fixture = SHARED_RUNS.get(name, "joint_runs")
+            runs = request.getfixturevalue(fixture)
+            shared = (runs if name in SHARED_RUNS else runs[name]).attempt(attempt)
             result, export = shared.result, shared.export
         else:
             result = run_scenario(

@@ -41,13 +41,14 @@ def evict_from_page_cache(path: str | os.PathLike[str]) -> None:
 
 
 def scrape_urls(server_url: str, dialects: Sequence[str]) -> list[str]:
-    """What the agent scrapes on one server: nothing for ours (the tracker records), the engine's /metrics for one
-    engine's dialect, each /metrics/<dialect> for several."""
-    if list(dialects) == ["llmdiag"]:
+    """What the agent scrapes on one server: nothing for ours alone (the tracker records), the engine's /metrics for
+    one engine's dialect, each engine's /metrics/<dialect> for several (ours first or not: the tracker records)."""
+    engines = [d for d in dialects if d != "llmdiag"]
+    if not engines:
         return []
-    if len(dialects) == 1:
+    if list(dialects) == engines[:1]:
         return [f"{server_url}/metrics"]
-    return [f"{server_url}/metrics/{d}" for d in dialects]
+    return [f"{server_url}/metrics/{d}" for d in engines]
 
 
 @dataclass
@@ -68,7 +69,8 @@ class ScenarioContext:
     extra_pids: set[int] = field(default_factory=set)
     # The /metrics the servers speak: ours (the tracker, recording request rows) or engines' (vllm, tgi,
     # llamacpp): then the servers run uninstrumented, one worker each, and the agent scrapes their /metrics --
-    # with several engines' dialects, each one's /metrics/<dialect> (one run, read as each engine).
+    # with several engines' dialects, each one's /metrics/<dialect> (one run, read as each engine). Ours first and
+    # engines' after: the tracker records as usual and the engines' families are scraped beside it, one worker.
     dialects: tuple[str, ...] = ("llmdiag",)
 
     @property
@@ -119,7 +121,7 @@ class ScenarioContext:
         self.notes["weights_bytes"] = path.stat().st_size
         self.notes["workers"] = workers
         flags = list(args)
-        if self.dialect != "llmdiag":
+        if self.dialects != ("llmdiag",):
             flags += ["--metrics-dialect", ",".join(self.dialects)]
             workers = 1  # an engine's /metrics is one process's state
         if experts:

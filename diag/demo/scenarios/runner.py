@@ -97,31 +97,68 @@ def run_scenario_in_dialects(
     params: dict[str, Any] | None = None,
     weights_dir: str | os.PathLike[str] | None = None,
     progress: Progress = stderr_progress,
+    fixture: str | os.PathLike[str] | None = None,
 ) -> dict[str, ScenarioResult]:
     """Run scenario ``name`` once with the reference backend speaking several engines' dialects at once, and judge
     the run as each engine: one result per dialect, from the records that engine's /metrics would leave.
 
-    The server is uninstrumented (no tracker), one worker, and serves each dialect at /metrics/<dialect> from the
-    same live state; the agent scrapes them all. Each dialect's view keeps the agent's host, cgroup and process
-    samples and only the scrapes of its own /metrics -- what a host running that engine records. One run instead
-    of one per dialect: the same load, fault and host for every engine, at a third of the real time.
+    The server runs one worker and serves each engine's dialect at /metrics/<dialect> from the same live state; the
+    agent scrapes them all. Each engine's view keeps the agent's host, cgroup and process samples and only the
+    scrapes of its own /metrics -- what a host running that engine records. One run instead of one per dialect: the
+    same load, fault and host for every engine, at a third of the real time.
+
+    ``llmdiag`` first: the tracker instruments the server as well (its recorder, its /metrics), and the run is also
+    judged as the instrumented service, on every record but the engines' scrapes -- the scenario suite's run and its
+    engines' judgements in one. What the engines' views lose by it is nothing they would have held: the tracker runs
+    its admission in an uninstrumented server too; its recorder's writes are the only addition. A scenario with
+    several workers cannot run so (an engine's /metrics is one process's state), and is refused. ``fixture``: the
+    first view's records written as a replay fixture.
     """
     names = list(dict.fromkeys(dialects))
-    if len(names) != len(dialects) or not names or "llmdiag" in names:
-        raise ValueError(f"dialects {', '.join(dialects)}: engines' dialects (vllm, tgi, llamacpp), each once")
-    scenario, merged = _checked(name, params, names)
+    engines = [d for d in names if d != "llmdiag"]
+    if len(names) != len(dialects) or not engines or "llmdiag" in names[1:]:
+        raise ValueError(f"dialects {', '.join(dialects)}: engines' dialects (vllm, tgi, llamacpp), each once, after "
+                         "llmdiag (the tracker) or not")  # fmt: skip
+    scenario, merged = _checked(name, params, engines)
+    if names[0] == "llmdiag" and int(merged.get("workers", 1)) != 1:
+        raise ValueError(f"scenario {name} runs {merged['workers']} workers: judged beside engines' dialects it would "
+                         "run one (an engine's /metrics is one process's state); run it on its own")  # fmt: skip
     run = _record(scenario, seed, merged, tuple(names), weights_dir, progress)
     try:
-        return {d: _judge(run, scenario.expected, dialect_view(run.records, d), d, progress) for d in names}
+        views = {d: dialect_view(run.records, d) for d in names}
+        if fixture is not None:
+            n = write_jsonl_gz(views[names[0]], fixture)
+            progress(f"{n} records written to {fixture}")
+        return {d: _judge(run, scenario.expected, views[d], d, progress) for d in names}
     finally:
         shutil.rmtree(run.workdir, ignore_errors=True)
 
 
+# What the tracker writes from inside the service (requests, batches, routing, loads, the allocator, the settings):
+# none of it is on a host that runs an engine uninstrumented, where the agent's samples and scrapes are all there is.
+TRACKER_KINDS = frozenset({"request", "batch", "routing", "loader", "torch_memory", "cuda_oom", "config"})
+
+
 def dialect_view(records: list[dict[str, Any]], dialect: str) -> list[dict[str, Any]]:
-    """The records of a run serving several dialects that a host running only ``dialect`` would hold: every record
-    but the scrapes of the other dialects' /metrics/<dialect> paths."""
+    """The records of a run serving several dialects that a host running only ``dialect`` would hold.
+
+    An engine's: every record but the tracker's and the scrapes of other dialects' /metrics/<dialect> paths.
+    ``llmdiag`` (the instrumented service): every record but the engines' scrapes at /metrics/<dialect>.
+    """
+    if dialect == "llmdiag":
+        return [r for r in records if r.get("kind") != "backend" or not _scraped_dialect(r)]
     suffix = f"/metrics/{dialect}"
-    return [r for r in records if r.get("kind") != "backend" or str(r.get("target", "")).endswith(suffix)]
+    return [
+        r for r in records
+        if r.get("kind") not in TRACKER_KINDS and (r.get("kind") != "backend" or str(r.get("target", "")).endswith(suffix))
+    ]  # fmt: skip
+
+
+def _scraped_dialect(record: dict[str, Any]) -> bool:
+    from diag.demo.dialects import DIALECTS
+
+    target = str(record.get("target", ""))
+    return any(target.endswith(f"/metrics/{d}") for d in DIALECTS if d != "llmdiag")
 
 
 @dataclass
