@@ -111,6 +111,18 @@ def _host_span(path: Path) -> tuple[int, float, float]:
     return n, first or 0.0, last or 0.0
 
 
+def _wait_span(path: Path, reached: Callable[[int, float, float], bool], timeout: float, what: str) -> tuple[int, float, float]:
+    """Poll the recorder's host rows (count, oldest, newest) until ``reached`` holds; fail after ``timeout`` seconds.
+    A deadline, not a sleep: a loaded host takes longer to write the same samples, never a different number."""
+    deadline = time.monotonic() + timeout
+    while True:
+        span = _host_span(path)
+        if reached(*span):
+            return span
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s (host rows, oldest, newest: {span})"
+        time.sleep(0.2)
+
+
 FULL = "llmdiag_recorder_disk_full_total"
 ERRORS = "llmdiag_recorder_write_errors_total"
 
@@ -129,20 +141,22 @@ def test_a_full_disk_costs_the_oldest_rows_never_the_agent(tmp_path: Path) -> No
             metrics = agent.wait_for(lambda m: m.get(FULL, 0) >= 1, 90)
             assert metrics["llmdiag_host_memory_total_bytes"] > 0  # /metrics still served, with samples
             _, first1, last1 = _host_span(recorder)
-            time.sleep(3)
-            n2, first2, last2 = _host_span(recorder)
-            assert last2 > last1 + 1, "new samples are still written on the full disk"
-            assert first2 > first1, "the oldest rows went to make room"
+            # new samples are still written on the full disk, and the oldest rows went to make room
+            n2, _first2, last2 = _wait_span(recorder, lambda n, first, last: last > last1 + 1 and first > first1, 60,
+                                           "samples written on the full disk in place of the oldest")  # fmt: skip
             full_before = agent.metrics()[FULL]
             assert full_before > metrics[FULL] or last2 > last1  # still meeting the full disk, still writing
-            # space comes back: writing goes on without meeting the full disk again for a while
+            # space comes back: once a sample taken after the remount is written, writing goes on without meeting
+            # the full disk again over the next seconds of samples
             _remount(disk, "size=64m")
-            time.sleep(1.0)
+            remounted = time.time()
+            _wait_span(recorder, lambda n, first, last: last > remounted, 60, "a sample taken after the remount")
             settled = agent.metrics()
-            time.sleep(3)
+            n_settled, _, last_settled = _host_span(recorder)
+            n3, _first3, last3 = _wait_span(recorder, lambda n, first, last: last > last_settled + 3 and n > n_settled, 60,
+                                            "three seconds more of samples")  # fmt: skip
             after = agent.metrics()
             assert after[FULL] == settled[FULL] and after[ERRORS] == settled[ERRORS]
-            n3, _first3, last3 = _host_span(recorder)
             assert last3 > last2 + 2 and n3 > n2
         finally:
             agent.stop()
@@ -168,15 +182,14 @@ def test_read_only_folder_then_deleted_then_replaced_recorder(tmp_path: Path) ->
     agent = _Agent(recorder, prefix=NO_DAC)
     try:
         agent.wait_for(lambda m: "llmdiag_host_memory_total_bytes" in m, 30)
-        time.sleep(0.5)
+        _wait_span(recorder, lambda n, first, last: n >= 1, 30, "the first sample written")
         # the folder turns read-only: the open file keeps taking samples (nothing lost, no error)
         folder.chmod(0o555)
         try:
             n0, _, _ = _host_span(recorder)
             errors0 = agent.metrics()[ERRORS]
-            time.sleep(2)
-            n1, _, _ = _host_span(recorder)
-            assert n1 >= n0 + 5 and agent.metrics()[ERRORS] == errors0
+            _wait_span(recorder, lambda n, first, last: n >= n0 + 5, 30, "five more samples in the read-only folder")
+            assert agent.metrics()[ERRORS] == errors0
             # ... and then its file is deleted: no fresh file can be made there; every sample's write fails and
             # is counted, sampling and /metrics go on, and the agent tries again every sample
             recorder.unlink()
@@ -187,26 +200,23 @@ def test_read_only_folder_then_deleted_then_replaced_recorder(tmp_path: Path) ->
             folder.chmod(0o755)
         # writable again: a fresh recorder at the same path, counted once, taking samples
         agent.wait_for(lambda m: m.get('llmdiag_recorder_resets_total{reason="deleted"}', 0) == 1, 30)
-        time.sleep(1.5)
-        assert _host_span(recorder)[0] >= 3
+        _wait_span(recorder, lambda n, first, last: n >= 3, 30, "three samples in the fresh recorder")
         # the file is replaced by something that is not a database: moved aside (kept), a fresh one started
         junk = folder / "junk"
         junk.write_bytes(b"not a database" * 100)
         os.replace(junk, recorder)
         agent.wait_for(lambda m: m.get('llmdiag_recorder_resets_total{reason="corrupt"}', 0) == 1, 30)
-        time.sleep(1.5)
         (aside,) = [p for p in folder.iterdir() if re.fullmatch(r"recorder\.db\.corrupt-\d{8}T\d{4}Z", p.name)]
         assert aside.read_bytes() == b"not a database" * 100
-        assert _host_span(recorder)[0] >= 3
+        _wait_span(recorder, lambda n, first, last: n >= 3, 30, "three samples in the recorder started after the junk")
         # a valid recorder put in its place (a restored copy) is taken over as it is, and counted as replaced
         copy = folder / "copy.db"
         with FlightRecorder(copy) as rec:
             rec.write_rows([(time.time() - 60, "host", 1, '{"kind":"host","schema":1,"ts":0}')])
         os.replace(copy, recorder)
         agent.wait_for(lambda m: m.get('llmdiag_recorder_resets_total{reason="replaced"}', 0) == 1, 30)
-        time.sleep(1.5)
-        with FlightRecorder(recorder, readonly=True) as rec:
-            assert rec.integrity_ok() and rec.count("host") >= 3  # the copy's row plus the agent's new samples
+        # the copy's row kept, and the agent's new samples added to it
+        _wait_span(recorder, lambda n, first, last: n >= 3 and first < time.time() - 30, 30, "samples added to the copy")
     finally:
         log = agent.stop()
     assert "was deleted" in log and "was replaced" in log
