@@ -49,7 +49,7 @@ NO_TREE_CACHES = $$([ -w . ] || echo "-p no:cacheprovider")
 RUFF_NO_CACHE = $$([ -w . ] || echo "--no-cache")
 
 help:
-	@echo "make check        lint + every test that starts no process and needs no root (the loop before each commit)"
+	@echo "make check        lint (ruff check + format) + every test that starts no process and needs no root (the loop before each commit)"
 	@echo "make test         install everything (Debian packages too), lint, the lowest-versions tests, the whole suite"
 	@echo "make run          install, then diag bundle on this host"
 	@echo "make lint         ruff check + ruff format --check"
@@ -127,6 +127,7 @@ run: install
 TEST_LOWEST := LLMDIAG_CONSTRAINTS=$(LOWEST) $(LOWEST_BIN)/python -m pytest -q -m "not live" $(LOWEST_TESTS)
 test: install install-engines install-lowest install-guidellm system-deps
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	@echo "the tracking tests on the lowest versions the ranges allow ($(LOWEST)), then the whole suite ($(WORKERS) workers)"
 	status=0; $(TEST_LOWEST) || status=$$?; GUIDELLM=$(abspath $(GUIDELLM_BIN))/guidellm \
 	  $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadgroup --durations=25 || status=$$?; exit $$status
@@ -135,6 +136,7 @@ test: install install-engines install-lowest install-guidellm system-deps
 # the tests start nothing) (the tree may be read-only, e.g. another user's clone).
 check: install
 	$(BIN)/ruff check $(RUFF_NO_CACHE) .
+	$(BIN)/ruff format --check $(RUFF_NO_CACHE) .
 	$(BIN)/python -m pytest -q -m "$(CHECK_MARKS)" -n auto --dist loadgroup $(NO_TREE_CACHES)
 
 test-lowest: install-lowest

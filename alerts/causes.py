@@ -90,7 +90,7 @@ USS, RSS, HOLDS = cat.PROCESS_USS.name, cat.PROCESS_RSS.name, cat.MODEL_PROCESS_
 PRESSURE_EXPR = (
     f"(\n  (({_rate(WAITING)} * 100 >= bool {_num(levels.PSI_SOME_UP)}) or (0 * {LIMIT}))\n"
     f"  + (({WSET} / {LIMIT} >= bool {_num(levels.NEAR_LIMIT)}) or (0 * {LIMIT}))\n"
-    f"  + ((\n      (max without (event, scope) (increase({EVENTS}{{event=~\"max|high\"}}[2m])) > bool 0)\n"
+    f'  + ((\n      (max without (event, scope) (increase({EVENTS}{{event=~"max|high"}}[2m])) > bool 0)\n'
     f"      * ({WSET} / {LIMIT} >= bool {_num(levels.LIMIT_EVENTS_NEAR)})\n    ) or (0 * {LIMIT}))\n"
     f") >= {levels.PRESSURE_INDICATORS}"
 )
@@ -268,7 +268,7 @@ CAUSES: tuple[Cause, ...] = (
         f"(USS >= {levels.PRIVATE_DOMINANT:.0%} of RSS): private copies, not one shared mapping",
         CauseExample(
             tuple(
-                (f'{name}{{{labels}, {AGENT}}}', values)
+                (f"{name}{{{labels}, {AGENT}}}", values)
                 for pid in ("101", "102")
                 for name, labels, values in (
                     (USS, f'pid="{pid}", comm="python"', "10x10 900x30"),

@@ -245,8 +245,11 @@ def slo_rule_groups(spec: Spec, slo: SLO) -> tuple[list[dict[str, Any]], list[st
             alerts.append(burn_alert(spec, slo, tier))
         else:
             never = tier.burn_factor(spec.period) * slo.budget >= 1
-            what, why = ("can never fire", ">= 100 % errors") if never else (
-                "would fire only in a total outage", f">= {MAX_FIRING_RATIO * 100:g} % errors")
+            what, why = (
+                ("can never fire", ">= 100 % errors")
+                if never
+                else ("would fire only in a total outage", f">= {MAX_FIRING_RATIO * 100:g} % errors")
+            )
             warnings.append(f"slo {slo.name}: tier {tier.name} {what} ({format_number(tier.burn_factor(spec.period))}"
                             f" x a {format_number(slo.budget)} budget {why}); left out")  # fmt: skip
     if total_metric(slo) is not None:  # a raw total query that reads no metric by name has nothing to watch

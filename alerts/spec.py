@@ -587,8 +587,10 @@ def parse_spec(doc: Any, live_buckets: dict[str, tuple[float, ...]] | None = Non
     for i, tier in enumerate(tiers):
         # The rules carry the burn factor to six decimals; one that rounds to 0 is an alert on any error at all.
         if tier.burn_factor(period) <= 0:
-            raise SpecError(f"spec.tiers[{i}].budget_percent: {tier.budget_percent:g} is too small for a {period} period "
-                            f"and a {tier.long} window: the burn-rate threshold rounds to 0 (the tier would fire on any error)")
+            raise SpecError(
+                f"spec.tiers[{i}].budget_percent: {tier.budget_percent:g} is too small for a {period} period "
+                f"and a {tier.long} window: the burn-rate threshold rounds to 0 (the tier would fire on any error)"
+            )
     slos_doc = doc.get("slos")
     if not isinstance(slos_doc, list) or not slos_doc:
         raise SpecError("spec.slos: a non-empty list of SLOs")

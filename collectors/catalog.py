@@ -283,7 +283,7 @@ PROCESS_RSS = _declare(
         "llmdiag_process_resident_memory_bytes",
         "gauge",
         "Resident set size of a watched process (top-N by RSS, plus every process holding a model file; beyond "
-        "--max-processes the smallest are summed into pid=\"other\").",
+        '--max-processes the smallest are summed into pid="other").',
         _PROC,
         "bytes",
         "collectors.processes",
@@ -344,7 +344,7 @@ MODEL_PROCESS_INFO = _declare(
         "llmdiag_model_process_info",
         "gauge",
         "1 for each process that maps or holds open a model file (pid, comm as on the process series; one folded into "
-        "pid=\"other\" is left out, llmdiag_model_processes still counts it): joined with "
+        'pid="other" is left out, llmdiag_model_processes still counts it): joined with '
         "llmdiag_process_uss_bytes / _rss_bytes it tells private copies from processes sharing one mapping.",
         ("model", "pid", "comm"),
         "",

@@ -152,7 +152,11 @@ def _config(jobs: Sequence[ScrapeJob], interval: str) -> str:
 
 @contextlib.contextmanager
 def prometheus(
-    jobs: Sequence[ScrapeJob], interval: str = "1s", ready_timeout_s: float = 15.0, *, config: str | None = None,
+    jobs: Sequence[ScrapeJob],
+    interval: str = "1s",
+    ready_timeout_s: float = 15.0,
+    *,
+    config: str | None = None,
     backfill: Sequence[Path] = (),
 ) -> Iterator[PromServer]:
     """Run Prometheus scraping ``jobs`` every ``interval``; killed by PID and its data removed on exit.

@@ -43,6 +43,7 @@ class Deadline(Protocol):
 
     def check(self) -> None: ...
 
+
 @dataclass
 class TailRead:
     data: bytes

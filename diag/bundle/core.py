@@ -263,8 +263,9 @@ def _write_collected(writer: BundleWriter, runs: list[Run], redactor: Redactor, 
             if "\x00" in f.text:  # binary: the rules read text; what they cannot read is not shipped
                 redactor.drop_file(f.path, f"binary content from {f.source or run.name}: not copied")
                 continue
-            writer.write_text(f.path, f.text, truncated=f.truncated, source=f.source, collector=run.name,
-                              masks=run.redaction.masks)
+            writer.write_text(
+                f.path, f.text, truncated=f.truncated, source=f.source, collector=run.name, masks=run.redaction.masks
+            )
         lines: dict[str, list[str]] = {}
         for obj in out.records:
             kind = str(obj.get("kind") or "unknown")

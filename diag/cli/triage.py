@@ -139,8 +139,9 @@ def serve(
     recorder: Annotated[Path | None, typer.Option(help="Diagnose from this flight recorder (default: the agent's).")] = None,
     header: Annotated[
         list[str] | None,
-        typer.Option(help="With --prometheus: an HTTP header for its queries (repeatable). Never printed.",
-                     metavar="'NAME: VALUE'"),
+        typer.Option(
+            help="With --prometheus: an HTTP header for its queries (repeatable). Never printed.", metavar="'NAME: VALUE'"
+        ),
     ] = None,
     tenant: Annotated[
         str | None,
@@ -341,8 +342,9 @@ def _serve_config(**opts: Any) -> Any:
             "flap_threshold": opts["flap_threshold"],
             "correlate_labels": () if opts["correlate_labels"].strip() == "none" else _correlate_labels(opts["correlate_labels"]),
             "correlate_window_s": _duration("--correlate-window", opts["correlate_window"], "30m, 10m or 1h"),
-            "ticket_hold_s": 0.0 if opts["ticket_hold"] in ("0", "0s") else _duration("--ticket-hold", opts["ticket_hold"],
-                                                                                       "2m, 30s or 0s"),
+            "ticket_hold_s": 0.0
+            if opts["ticket_hold"] in ("0", "0s")
+            else _duration("--ticket-hold", opts["ticket_hold"], "2m, 30s or 0s"),
         }
         if opts["no_diagnosis"] and opts["ticket_hold"] != "2m":
             raise ValueError("--ticket-hold waits for the diagnosis; it cannot apply with --no-diagnosis")

@@ -181,6 +181,7 @@ def create_app(settings: DemoSettings, tracker: RequestTracker | None = None) ->
     app = FastAPI(title="llm-diag demo backend", lifespan=lifespan)
     app.state.tracker = tracker
     app.state.parts = parts
+
     @app.post(ROUTE)
     async def completions(body: CompletionRequest) -> dict[str, Any]:
         if dialect is not None:

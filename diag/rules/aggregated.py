@@ -136,12 +136,14 @@ def queue_vs_thrash(tl: Timeline, ac: AnalysisContext | None = None) -> Finding 
     flat = inflation < S_INFLATED and not stall
     dominant = not stall and inflation < S_SEVERE and s_busy > 0 and w_busy >= WAIT_DOMINATES * s_busy
     conf = 0.65 + (0.05 if never_empty else 0.0) if flat else (DOMINANT_CONFIDENCE if dominant else 0.4)
-    stays = (f"stays at {format_seconds(s_busy)} ({inflation:.2f}x its calm level): too little capacity, not a slower service"
-             if flat else f"also slowed {inflation:.2f}x to {format_seconds(s_busy)}, but the wait is "
-             f"{w_busy / s_busy:.0f}x the inference time: too little capacity, with a contributing slowdown"
-             if dominant else f"slowed {inflation:.2f}x to {format_seconds(s_busy)}"
-             f"{_stalling(stall)}: the queue is at least "
-             "partly a symptom")
+    stays = (
+        f"stays at {format_seconds(s_busy)} ({inflation:.2f}x its calm level): too little capacity, not a slower service"
+        if flat
+        else f"also slowed {inflation:.2f}x to {format_seconds(s_busy)}, but the wait is "
+        f"{w_busy / s_busy:.0f}x the inference time: too little capacity, with a contributing slowdown"
+        if dominant
+        else f"slowed {inflation:.2f}x to {format_seconds(s_busy)}{_stalling(stall)}: the queue is at least partly a symptom"
+    )
     return Finding(
         cls="queue_backlog",
         rule="aggregated.queue_vs_thrash",

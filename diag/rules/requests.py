@@ -247,8 +247,19 @@ def queue_backlog(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | 
         Evidence("median inference time, low-load quartile (baseline)", round(load.s_base, 4), "s"),
         Evidence("median inference time, high-load quartile", round(load.s_high, 4), "s", load.high_start, load.high_end),
         Evidence("inference time inflation (worst of by-load and by-time)", round(infl, 2), "x"),
-        *([Evidence("median queue wait / median inference time, high-load quartile", round(load.w_high / load.s_high, 1), "x",
-                    load.high_start, load.high_end)] if load.s_high > 0 else []),
+        *(
+            [
+                Evidence(
+                    "median queue wait / median inference time, high-load quartile",
+                    round(load.w_high / load.s_high, 1),
+                    "x",
+                    load.high_start,
+                    load.high_end,
+                )
+            ]
+            if load.s_high > 0
+            else []
+        ),
         Evidence(
             "requests in system met at arrival, low / high quartile", f"{load.load_low:.0f} / {load.load_high:.0f}", "requests"
         ),
@@ -322,8 +333,19 @@ def _thrash_evidence(load: RequestLoad, stall: list[StallSignal], tail: float) -
         Evidence("median inference time, high-load quartile", round(load.s_high, 4), "s", load.high_start, load.high_end),
         Evidence("median inference time, first fifth vs worst fifth by time", f"{load.s_early:.4g} vs {load.s_worst:.4g}", "s"),
         Evidence("inference time inflation (worst of by-load and by-time)", round(infl, 2), "x"),
-        *([Evidence("median queue wait / median inference time, high-load quartile", round(load.w_high / load.s_high, 1), "x",
-                    load.high_start, load.high_end)] if load.s_high > 0 else []),
+        *(
+            [
+                Evidence(
+                    "median queue wait / median inference time, high-load quartile",
+                    round(load.w_high / load.s_high, 1),
+                    "x",
+                    load.high_start,
+                    load.high_end,
+                )
+            ]
+            if load.s_high > 0
+            else []
+        ),
         Evidence("p99 / median inference time, high-load quartile", round(tail, 2) if np.isfinite(tail) else None, "ratio"),
         Evidence("Kendall tau, inference time vs load met", round(load.tau_s, 3), "tau"),
         Evidence("median queue wait, high-load quartile", round(load.w_high, 4), "s", load.high_start, load.high_end),

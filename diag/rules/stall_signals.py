@@ -32,7 +32,11 @@ from diag.timeline import Series, Timeline
 
 # PSI some/full (percent of wall time) and page-in floors (per second): shared with the cause alerts
 PSI_SOME_UP, PSI_FULL_UP, FAULTS_UP, REFAULTS_UP, SWAP_UP = (
-    levels.PSI_SOME_UP, levels.PSI_FULL_UP, levels.FAULTS_UP, levels.REFAULTS_UP, levels.SWAP_UP
+    levels.PSI_SOME_UP,
+    levels.PSI_FULL_UP,
+    levels.FAULTS_UP,
+    levels.REFAULTS_UP,
+    levels.SWAP_UP,
 )
 RATE_FACTOR = 3.0  # a counter rate is up at this many times its calm level (and above its floor)
 RATE_ALWAYS = 10.0  # a rate at 10x its floor is a stall even when the whole recording was already stalling

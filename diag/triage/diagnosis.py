@@ -236,9 +236,12 @@ class DiagnosisWorker:
         since_s = max(60.0, now - (inc["starts_at"] - self.lookback_s))
         labels = json.loads(inc["labels"])
         selector = promql_selector(labels, self.source.selector_labels)
-        firing = self._db.execute(
-            "SELECT COUNT(*) FROM alerts WHERE incident_id = ? AND status = 'firing'", (inc["id"],)
-        ).fetchone()[0] > 0
+        firing = (
+            self._db.execute("SELECT COUNT(*) FROM alerts WHERE incident_id = ? AND status = 'firing'", (inc["id"],)).fetchone()[
+                0
+            ]
+            > 0
+        )
         future: Future[dict[str, Any]] = self._pool.submit(
             run_analysis, self.source.kind, self.source.target, selector, since_s, now, labels, firing, dict(self.source.headers)
         )

@@ -167,8 +167,10 @@ def test_the_journal_masks_prompts_and_completions_of_the_request_log() -> None:
     out = redactor.text(VLLM_LINES, "raw/journal.txt", PROMPT_MASKS)
     assert CANARY not in out and "4093" not in out and "318, 2" not in out
     lines = out.splitlines()
-    assert lines[0].endswith("Received request cmpl-9f1: prompt: <redacted>, params: SamplingParams(n=1, temperature=0.7, "
-                             "max_tokens=64), prompt_token_ids: <redacted>, prompt_embeds shape: None, lora_request: None.")
+    assert lines[0].endswith(
+        "Received request cmpl-9f1: prompt: <redacted>, params: SamplingParams(n=1, temperature=0.7, "
+        "max_tokens=64), prompt_token_ids: <redacted>, prompt_embeds shape: None, lora_request: None."
+    )
     assert lines[1].endswith("output: <redacted>, output_token_ids: <redacted>, finish_reason: stop")
     assert lines[2] == VLLM_LINES.splitlines()[2]  # a line without request text is left as it was
     assert redactor.report()["per_file"]["raw/journal.txt"] == {"request_log_text": 4}

@@ -36,7 +36,7 @@ def test_every_id_is_prefixed_and_the_figure_is_well_formed_xml() -> None:
 
 def test_labels_from_the_host_are_escaped() -> None:
     svg = _figure(svgplot.Line(T0 + np.arange(3.0), np.ones(3), "#000000", '/a<b>&"c" usage'))
-    assert '/a&lt;b&gt;&amp;&quot;c&quot; usage' in svg
+    assert "/a&lt;b&gt;&amp;&quot;c&quot; usage" in svg
     ET.fromstring(svg)
 
 

@@ -59,8 +59,9 @@ def test_make_run_takes_a_bundle_of_this_host(tmp_path: Path) -> None:
 def test_install_and_run_as_a_service_blocks(tmp_path: Path) -> None:
     """The install block into a fresh venv (at a temporary /opt/llm-diag), the unit-install block into a temporary
     /etc/systemd/system; the installed `diag` takes a snapshot, and both installed units verify."""
-    install, units = block_under("Install, run as a service, upgrade, uninstall", 0), block_under(
-        "Install, run as a service, upgrade, uninstall", 1
+    install, units = (
+        block_under("Install, run as a service, upgrade, uninstall", 0),
+        block_under("Install, run as a service, upgrade, uninstall", 1),
     )
     opt, etc = tmp_path / "opt" / "llm-diag", tmp_path / "etc" / "systemd" / "system"
     etc.mkdir(parents=True)

@@ -33,7 +33,6 @@ from tests.promserver import PromServer, prometheus, require_prometheus
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
 
-
 @dataclass
 class Stack:
     prom: PromServer

@@ -39,7 +39,6 @@ from tests.vmserver import VmServer, require_victoria_metrics, victoria_metrics
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
 
-
 @dataclass
 class Stores:
     prom: PromServer

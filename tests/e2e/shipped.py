@@ -61,7 +61,7 @@ class Rewrite:
     def word(self, word: str) -> str:
         """One command-line word: the install path, ``%S`` and any HOST:PORT value (``--opt=HOST:PORT`` too)."""
         if word.startswith(INSTALL_BIN):
-            word = str(self.bin_dir / word[len(INSTALL_BIN):])
+            word = str(self.bin_dir / word[len(INSTALL_BIN) :])
         word = word.replace("%S", str(self.state_root))
         prefix, eq, value = word.rpartition("=") if word.startswith("--") and "=" in word else ("", "", word)
         if ADDRESS.match(value):

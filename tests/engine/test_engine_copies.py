@@ -69,6 +69,6 @@ def test_three_servers_with_private_copies_are_duplicates_named_by_pid(tmp_path:
 def test_three_servers_sharing_one_mmap_are_not_duplicates(tmp_path: Path, engine_model: WrittenModel) -> None:
     analysis, _, _ = _three_servers(tmp_path, engine_model, use_mmap=True, name="shared")
     assert "private_copies.duplicate_models" in analysis.evaluated  # judged on the same evidence, not skipped
-    assert not any(f.cls == "duplicate_model_processes" and f.confidence >= 0.3 for f in analysis.findings), (
-        analysis.to_dict()["findings"]
-    )
+    assert not any(f.cls == "duplicate_model_processes" and f.confidence >= 0.3 for f in analysis.findings), analysis.to_dict()[
+        "findings"
+    ]

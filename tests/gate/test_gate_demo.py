@@ -47,8 +47,9 @@ def one_slot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("gate-demo")
     rec = tmp / "recorder.db"
     with _own_group() as group:
-        srv = start_demo(ONE_SLOT, weights_mb=16, weights_dir=tmp / "w", log_dir=tmp, recorder=rec, cgroup=group,
-                         nice=SERVER_NICE)
+        srv = start_demo(
+            ONE_SLOT, weights_mb=16, weights_dir=tmp / "w", log_dir=tmp, recorder=rec, cgroup=group, nice=SERVER_NICE
+        )
         try:
             yield srv, rec, group
         finally:

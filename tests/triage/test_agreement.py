@@ -74,7 +74,6 @@ def test_a_cause_alert_is_confirmed_or_contradicted_by_the_rules(recorders):
     assert differs["alert_check"]["status"] == "differs" and differs["verdict"]["primary"] == "queue_backlog"
 
 
-
 def test_a_confirmed_stated_class_is_the_incidents_class_even_under_an_earlier_problem():
     """An OOM kill minutes after a queue overload, both inside the lookback: the analysis ranks the backlog first;
     the OOM page's incident is still an OOM incident (the rules confirm it), and its check names the backlog too."""

@@ -180,7 +180,6 @@ def test_duration_and_size_options_name_themselves_and_suggest_what_they_accept(
         assert example in line
 
 
-
 def _defaults(**overrides: object) -> dict:
     """``serve``'s options at their defaults (as Typer would pass them), with some overridden."""
     import inspect
