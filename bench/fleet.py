@@ -183,22 +183,25 @@ def child(url: str, end: float, since: float, jobs: int, concurrency: int, rows_
     }))  # fmt: skip
 
 
-def _compacted(url: str, timeout_s: float = 900.0) -> None:
-    """Wait until Prometheus has merged the backfilled blocks into one.
+def _compacted(url: str, start: float, end: float, timeout_s: float = 900.0) -> None:
+    """Wait until Prometheus has merged the backfilled blocks: one per two-hour range the hour touches.
 
     Why: promtool writes one block per file, all over the same hour; Prometheus merges such overlapping blocks in
     the background a minute or so after it starts (~10 s of CPU at 200 targets), which would land in the middle of
-    the first measured run -- and a Prometheus that scraped its targets would have one block for the hour."""
+    the first measured run -- and a Prometheus that scraped its targets would have one block for the hour. Blocks
+    are aligned on two-hour boundaries (promtool's default block duration), so an hour across one (17:34-18:34)
+    stays two blocks after the merge: waiting for one would wait out the whole timeout."""
     import httpx
 
+    want = int(end // 7200) - int(start // 7200) + 1
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         text = httpx.get(f"{url}/metrics", timeout=30).text
         loaded = re.search(r"^prometheus_tsdb_blocks_loaded (\S+)$", text, re.M)
-        if loaded and float(loaded[1]) <= 1:
+        if loaded and float(loaded[1]) <= want:
             return
         time.sleep(5)
-    print("Prometheus had not merged its backfilled blocks; measuring anyway", flush=True)
+    print(f"Prometheus had not merged its backfilled blocks into {want}; measuring anyway", flush=True)
 
 
 def _loadavg() -> str:
@@ -264,7 +267,7 @@ def main() -> None:
                     sent = sum(server.remote_write(p) for p in files)
                     print(f"{n} targets: {sent} samples sent by remote write", flush=True)
                 else:
-                    _compacted(server.url)
+                    _compacted(server.url, start, end)
                 print(f"{n} targets: {kind} loaded and ready in {time.perf_counter() - t:.1f} s", flush=True)
                 since = (points - 1) * args.step
                 for conc in args.concurrency.split(","):
