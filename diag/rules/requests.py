@@ -247,19 +247,7 @@ def queue_backlog(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | 
         Evidence("median inference time, low-load quartile (baseline)", round(load.s_base, 4), "s"),
         Evidence("median inference time, high-load quartile", round(load.s_high, 4), "s", load.high_start, load.high_end),
         Evidence("inference time inflation (worst of by-load and by-time)", round(infl, 2), "x"),
-        *(
-            [
-                Evidence(
-                    "median queue wait / median inference time, high-load quartile",
-                    round(load.w_high / load.s_high, 1),
-                    "x",
-                    load.high_start,
-                    load.high_end,
-                )
-            ]
-            if load.s_high > 0
-            else []
-        ),
+        *_wait_over_service(load),
         Evidence(
             "requests in system met at arrival, low / high quartile", f"{load.load_low:.0f} / {load.load_high:.0f}", "requests"
         ),
@@ -325,6 +313,16 @@ def queue_backlog(tl: Timeline, ac: AnalysisContext | None = None) -> Finding | 
     )
 
 
+def _wait_over_service(load: RequestLoad) -> list[Evidence]:
+    """The high-load quartile's queue wait over its inference time, where there was inference time to divide by:
+    both the backlog's and the thrash's evidence show it, since it is the figure that tells the two apart."""
+    if load.s_high <= 0:
+        return []
+    ratio = round(load.w_high / load.s_high, 1)
+    what = "median queue wait / median inference time, high-load quartile"
+    return [Evidence(what, ratio, "x", load.high_start, load.high_end)]
+
+
 def _thrash_evidence(load: RequestLoad, stall: list[StallSignal], tail: float) -> list[Evidence]:
     """The numbers behind a thrashing finding: inference inflation, goodput vs concurrency, the USL fit, the stalls."""
     infl = load.s_inflation
@@ -333,19 +331,7 @@ def _thrash_evidence(load: RequestLoad, stall: list[StallSignal], tail: float) -
         Evidence("median inference time, high-load quartile", round(load.s_high, 4), "s", load.high_start, load.high_end),
         Evidence("median inference time, first fifth vs worst fifth by time", f"{load.s_early:.4g} vs {load.s_worst:.4g}", "s"),
         Evidence("inference time inflation (worst of by-load and by-time)", round(infl, 2), "x"),
-        *(
-            [
-                Evidence(
-                    "median queue wait / median inference time, high-load quartile",
-                    round(load.w_high / load.s_high, 1),
-                    "x",
-                    load.high_start,
-                    load.high_end,
-                )
-            ]
-            if load.s_high > 0
-            else []
-        ),
+        *_wait_over_service(load),
         Evidence("p99 / median inference time, high-load quartile", round(tail, 2) if np.isfinite(tail) else None, "ratio"),
         Evidence("Kendall tau, inference time vs load met", round(load.tau_s, 3), "tau"),
         Evidence("median queue wait, high-load quartile", round(load.w_high, 4), "s", load.high_start, load.high_end),
