@@ -74,11 +74,6 @@ class ScenarioContext:
     dialects: tuple[str, ...] = ("llmdiag",)
 
     @property
-    def dialect(self) -> str:
-        """The first dialect served (the one at /metrics)."""
-        return self.dialects[0]
-
-    @property
     def groups(self) -> list[MemoryGroup]:
         return self.cgroups.groups
 
