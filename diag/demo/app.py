@@ -132,7 +132,7 @@ def create_app(settings: DemoSettings, tracker: RequestTracker | None = None) ->
     leak = _Leak(settings.leak_kib_per_request)
     kv = KvBudget(settings.kv_tokens)
     dialect = None
-    engines = [d for d in (settings.metrics_dialect, *settings.also_metrics_dialects) if d != OURS]
+    engines = settings.engine_dialects
     if engines:  # with the tracker's first, the engines' families are served beside it (at /metrics/<dialect> only)
         dialect = DialectMetrics(engines[0], settings.model_name, kv,
                                  max_prompt_tokens=settings.max_prompt_tokens or settings.max_batch_tokens,

@@ -94,7 +94,7 @@ class DemoSettings:
         bad = [d for d in also if d not in DIALECTS or d == OURS]
         if bad or len(set((self.metrics_dialect, *also))) != 1 + len(also):
             raise ValueError(f"more metrics dialects must be other engines' dialects, each once, not {', '.join(also)}")
-        if self.serves_engine_metrics and self.workers != 1:
+        if self.engine_dialects and self.workers != 1:
             served = ",".join((self.metrics_dialect, *also))
             raise ValueError(f"--metrics-dialect {served} needs --workers 1: an engine's /metrics is one process's "
                              "state, and a scrape reaches one worker")  # fmt: skip
@@ -109,9 +109,10 @@ class DemoSettings:
                                  f"+ --max-output-tokens (+ a block): at least {longest}")  # fmt: skip
 
     @property
-    def serves_engine_metrics(self) -> bool:
-        """Whether any engine's dialect is served (at /metrics, or beside the tracker's at /metrics/<dialect>)."""
-        return self.metrics_dialect != OURS or bool(self.also_metrics_dialects)
+    def engine_dialects(self) -> tuple[str, ...]:
+        """The engines' dialects served, in order (at /metrics first unless the tracker's is, each at
+        /metrics/<dialect> when there are several or the tracker's is first); () for the tracker's alone."""
+        return tuple(d for d in (self.metrics_dialect, *self.also_metrics_dialects) if d != OURS)
 
     @property
     def kv_tokens(self) -> int:

@@ -118,9 +118,9 @@ def test_settings_refuse_more_dialects_unknown_ours_or_twice_and_survive_the_wor
         DemoSettings(also_metrics_dialects=("llmdiag",))
     for first, also in (("vllm", ("tgi", "llamacpp")), ("llmdiag", ("vllm", "tgi"))):
         settings = DemoSettings(metrics_dialect=first, also_metrics_dialects=also)
-        assert settings.serves_engine_metrics
+        assert settings.engine_dialects == tuple(d for d in (first, *also) if d != "llmdiag")
         assert DemoSettings.from_json(settings.to_json()) == settings  # how the spawned workers get them
-    assert not DemoSettings().serves_engine_metrics
+    assert DemoSettings().engine_dialects == ()
     with pytest.raises(ValueError, match="needs --workers 1"):  # the engines' beside ours: still one process's state
         DemoSettings(also_metrics_dialects=("vllm",), workers=2)
 

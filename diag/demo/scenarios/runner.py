@@ -155,10 +155,10 @@ def dialect_view(records: list[dict[str, Any]], dialect: str) -> list[dict[str, 
 
 
 def _scraped_dialect(record: dict[str, Any]) -> bool:
-    from diag.demo.dialects import DIALECTS
+    from diag.demo.dialects import PINNED  # the engines' dialects the reference backend serves
 
     target = str(record.get("target", ""))
-    return any(target.endswith(f"/metrics/{d}") for d in DIALECTS if d != "llmdiag")
+    return any(target.endswith(f"/metrics/{d}") for d in PINNED)
 
 
 @dataclass
