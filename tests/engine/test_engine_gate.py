@@ -155,6 +155,10 @@ def _assert_streamed(doc: dict[str, Any], tokens_each: int) -> None:
         assert 0 < m["itl_p50_s"] <= m["e2e_p99_s"], m
 
 
+@pytest.mark.host_quiet(
+    reason="a 64 MiB model in a 1 GiB group, CPU only; OOM kills counted for --pid alone, the host's PSI asserted read "
+    "but not judged, and the one diagnosis asserted (the failed peak's) is only asked not to be healthy"
+)
 @pytest.mark.parametrize("endpoint", ENDPOINTS)
 def test_the_shipped_example_spec_against_llama_cpp_server(tmp_path: Path, engine_model: WrittenModel, endpoint: str) -> None:
     require_live()
@@ -211,6 +215,10 @@ def test_the_shipped_example_spec_against_llama_cpp_server(tmp_path: Path, engin
     _assert_consistent(doc, run.stdout)
 
 
+@pytest.mark.host_quiet(
+    reason="a 64 MiB model in a 1 GiB group, CPU only; the spec's criteria are latency, errors and OOM kills of --pid "
+    "alone (no PSI, no infrastructure requirement), and no diagnosis is asserted"
+)
 @pytest.mark.parametrize(("endpoint", "stream"), [("/v1/completions", False), ("/v1/chat/completions", True)])
 def test_a_spec_sized_for_the_engine_passes_and_sigterm_drains_only_plain_requests(
     tmp_path: Path, engine_model: WrittenModel, endpoint: str, stream: bool
