@@ -27,8 +27,13 @@ measured the same way, side by side, in one session on a machine whose load chan
 ``--floor`` splits one reader's JSON load of the largest size into SQLite, msgspec and the rest, and times reading the
 same numbers back from typed blocks in a scratch file: what a recorder storing its numbers typed would cost to load.
 
+``--blocks`` stores each recorder's complete hours decoded beside it first (``diag.sources.compact``, what
+``diag collect`` does once an hour) and measures this tree both ways, alternating: reading every row's JSON
+(``use_blocks=False``) and reading the stored hours (the default ``load_recorder``). The compaction's own time and
+size are printed.
+
     .venv/bin/python bench/analyze.py [--scales 1,4,16] [--keep DIR] [--profile] [--workers N] [--repeat N]
-                                      [--order kind|time] [--compare-rev main] [--floor]
+                                      [--order kind|time] [--compare-rev main] [--floor] [--blocks]
 
 Prints figures; asserts nothing.
 """
@@ -254,7 +259,7 @@ def _vm_rss() -> int:
     return -1
 
 
-def child(path: str, profile: bool, workers: int | None) -> None:
+def child(path: str, profile: bool, workers: int | None, use_blocks: bool | None = None) -> None:
     import resource
 
     from diag.rules.base import RULES
@@ -271,7 +276,8 @@ def child(path: str, profile: bool, workers: int | None) -> None:
         prof.enable()
     c0 = time.process_time()
     t0 = time.perf_counter()
-    timeline = load_recorder(path, workers=workers)
+    # use_blocks None: the tree's own default (a revision from before the stored hours has no such option)
+    timeline = load_recorder(path, workers=workers, **({} if use_blocks is None else {"use_blocks": use_blocks}))
     t1 = time.perf_counter()
     c1 = time.process_time()
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -416,9 +422,11 @@ def _tree_at(rev: str, folder: Path) -> Path:
     return folder
 
 
-def _run(tree: Path, path: Path, workers: int | None, profile: bool) -> dict | None:
+def _run(tree: Path, path: Path, workers: int | None, profile: bool, use_blocks: bool | None = None) -> dict | None:
     """One measured load + analysis in a fresh process: this script's measurement, ``tree``'s code."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(path)]
+    if use_blocks is not None:
+        cmd += ["--use-blocks", "1" if use_blocks else "0"]
     if workers is not None:
         cmd += ["--workers", str(workers)]
     if profile:
@@ -431,6 +439,20 @@ def _run(tree: Path, path: Path, workers: int | None, profile: bool) -> dict | N
     if profile:
         print(out.stderr)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _compact(path: Path) -> None:
+    """Store ``path``'s complete hours decoded (this tree's ``compact``, in a fresh process as ``diag collect``
+    runs it), as if the agent had done it every hour of the recorded day; print its cost."""
+    code = ("import json, sys, time, resource; from diag.sources.compact import compact; "
+            f"d = compact(sys.argv[1], now={T0 + 2 * DAY_S}); "
+            "print(json.dumps({**d.__dict__, 'maxrss': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=ROOT, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"compact {path}: rc {out.returncode}\n{out.stderr[-3000:]}")
+    d = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"     {path.name}: {d['written']} hours stored ({d['kept']} kept) in {d['seconds']:.2f} s, "
+          f"{d['bytes_written'] / 2**20:.0f} MiB, peak RSS {d['maxrss'] / 1024:.0f} MiB")  # fmt: skip
 
 
 def _report_floor(path: Path) -> None:
@@ -492,6 +514,10 @@ def main() -> None:
     ap.add_argument("--floor", action="store_true",
                     help="also split one reader's JSON load of the largest size into SQLite, decoding and the rest, "
                     "and time reading the same numbers stored typed (a prototype's floor)")  # fmt: skip
+    ap.add_argument("--blocks", action="store_true",
+                    help="store each recorder's complete hours decoded first (as diag collect does hourly) and measure "
+                    "this tree reading them and reading the JSON, alternating")  # fmt: skip
+    ap.add_argument("--use-blocks", choices=("0", "1"), help=argparse.SUPPRESS)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--floor-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -499,7 +525,7 @@ def main() -> None:
         floor(args.floor_child)
         return
     if args.child:
-        child(args.child, args.profile, args.workers)
+        child(args.child, args.profile, args.workers, None if args.use_blocks is None else args.use_blocks == "1")
         return
     scales = sorted({int(s) for s in args.scales.split(",")})
     if args.repeat < 1 or (args.workers is not None and args.workers < 1):
@@ -515,9 +541,11 @@ def main() -> None:
         folder = Path(tmp.name)
     other = tempfile.TemporaryDirectory(prefix="llmdiag-bench-rev-") if args.compare_rev else None
     try:
-        trees = [("this tree", ROOT)]
+        trees: list[tuple[str, Path, bool | None]] = [("this tree", ROOT, None)]
+        if args.blocks:
+            trees = [("this tree, JSON rows", ROOT, False), ("this tree, stored hours", ROOT, True)]
         if other is not None:
-            trees.append((f"git {args.compare_rev}", _tree_at(args.compare_rev, Path(other.name))))
+            trees.append((f"git {args.compare_rev}", _tree_at(args.compare_rev, Path(other.name)), None))
         full = folder / "x16.db"
         if not full.exists():
             t = time.perf_counter()
@@ -530,11 +558,13 @@ def main() -> None:
             path = full if scale == 16 and not in_time else folder / f"x{scale}{'-time' if in_time else ''}.db"
             if not path.exists():
                 subset(full, path, DAY_S * scale / 16, in_time_order=in_time)
-            runs: dict[str, list[dict]] = {label: [] for label, _ in trees}
+            if args.blocks:
+                _compact(path)
+            runs: dict[str, list[dict]] = {label: [] for label, _, _ in trees}
             for k in range(args.repeat):
                 order = trees if k % 2 == 0 else trees[::-1]  # alternate which tree runs first
-                for label, tree in order:
-                    res = _run(tree, path, args.workers, args.profile and scale == max(scales))
+                for label, tree, use_blocks in order:
+                    res = _run(tree, path, args.workers, args.profile and scale == max(scales), use_blocks)
                     if res is not None:
                         runs[label].append(res)
             for label, got in runs.items():

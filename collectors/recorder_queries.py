@@ -155,6 +155,11 @@ class RecorderReader:
     def begin(self) -> None:
         self.db.execute("BEGIN")
 
+    def end(self) -> None:
+        """End the snapshot ``begin`` opened (a long-lived reader would keep the writer's WAL from being reset)."""
+        if self.db.in_transaction:
+            self.db.execute("COMMIT")
+
     def _one(self, sql: str, params: Sequence[Any]) -> Any:
         row = self.db.execute(sql, params).fetchone()
         return None if row is None else row[0]
@@ -248,6 +253,18 @@ class RecorderReader:
 
     def max_id(self) -> int:
         return int(self._one("SELECT max(id) FROM records", ()) or 0)
+
+    def ts_range(self) -> tuple[float, float] | None:
+        """(first, last) row time, None when empty: two seeks on the time index."""
+        row = self.db.execute("SELECT min(ts), max(ts) FROM records").fetchone()
+        return None if row is None or row[0] is None else (float(row[0]), float(row[1]))
+
+    def ids_between(self, lo: float, hi: float) -> tuple[int, int, int]:
+        """(count, sum, max) of the row ids with ``lo <= ts < hi``: what tells that a time range still holds exactly the
+        rows it held when last read -- a row added late, or one trimmed, changes the count or the sum. The time index
+        holds every row's id, so this reads the index alone."""
+        row = self.db.execute("SELECT count(*), total(id), max(id) FROM records WHERE ts >= ? AND ts < ?", (lo, hi)).fetchone()
+        return int(row[0]), int(row[1]), int(row[2] or 0)
 
     def count_from(self, since: float, up_to_id: int) -> int:
         """Rows at or after ``since`` among those with an id up to ``up_to_id``."""

@@ -19,6 +19,7 @@ from collectors.snapshot import SamplerConfig
 from diag.cli import options as opts
 from diag.cli.errors import fail
 from diag.cli.sampling import Cgroups, ModelExt, Pids, ProcRoot, SysRoot, TopN, sampler_config
+from diag.live.compaction import start_compaction
 from diag.live.diagnosis import MIN_EVERY_S, WINDOW_S, start_live_diagnosis
 from diag.units import format_bytes, format_duration, parse_duration
 
@@ -124,6 +125,7 @@ class _CollectPlan:
     scrape_auto: bool = False
     scrape_timeout_s: float = 5.0
     caps: SeriesCaps = field(default_factory=SeriesCaps)
+    compact_every_s: float | None = 3600.0
 
 
 def _collect_plan(
@@ -131,6 +133,7 @@ def _collect_plan(
     max_size: str | None, samples: int | None, kmsg: bool | None, diagnose_every: float | None = None,
     scrape: list[str] | None = None, scrape_timeout: str | None = None,
     max_processes: int = DEFAULT_MAX_PROCESSES, max_cgroups: int = DEFAULT_MAX_CGROUPS,
+    compact_every: str | None = None,
 ) -> _CollectPlan:  # fmt: skip
     """Validate every collect option (values first, then combinations); exit 2 naming the accepted forms."""
     from collectors.agent import ListenAddress
@@ -162,20 +165,24 @@ def _collect_plan(
                 raise opts.OptionError("--scrape-timeout cannot be used without --scrape (there is nothing to scrape)")
             timeout_s = opts.duration("--scrape-timeout", scrape_timeout, low=0.1, high=60,
                                       examples=SCRAPE_TIMEOUT_EXAMPLES)  # fmt: skip
+        compact_every_s: float | None = None
+        if (compact_every or "1h").lower() != "off":
+            compact_every_s = opts.duration("--compact-every", compact_every or "1h", low=1, high=86400,
+                                            examples=("30m", "1h", "6h"))  # fmt: skip
         if once:
             opts.refuse(
                 {"--interval": interval is not None, "--listen": listen is not None, "--recorder": recorder is not None,
                  "--retention": retention is not None,
                  "--max-size": max_size is not None, "--samples": samples is not None, "--kmsg": kmsg is True,
                  "--diagnose-every": diagnose_every is not None, "--scrape": bool(scrape),
-                 "--scrape-timeout": scrape_timeout is not None},
+                 "--scrape-timeout": scrape_timeout is not None, "--compact-every": compact_every is not None},
                 "with --once (it prints one exposition and records nothing)",
             )  # fmt: skip
     except opts.OptionError as exc:
         fail(str(exc))
     return _CollectPlan(interval_s, once, address, path, retention_s, max_size_bytes, retention or "2h",
                         max_size or "256MiB", scrape_urls, scrape_auto, timeout_s,
-                        SeriesCaps(max_processes, max_cgroups))  # fmt: skip
+                        SeriesCaps(max_processes, max_cgroups), compact_every_s)  # fmt: skip
 
 
 def collect(
@@ -244,6 +251,14 @@ def collect(
             "--max-cgroups", help='Cgroups labelled on /metrics (largest by working set; the rest summed into cgroup="other").'
         ),
     ] = DEFAULT_MAX_CGROUPS,
+    compact_every: Annotated[
+        str | None,
+        typer.Option(
+            "--compact-every",
+            help="Store the recorder's complete hours decoded beside it (diag compact, as a nice-19 child) this often, "
+            "so analysing a long history reads columns, not every JSON row; 'off' never. Default: 1h.",
+        ),
+    ] = None,
 ) -> None:
     """Run the host agent: sample every INTERVAL, write the flight recorder, serve /metrics.
 
@@ -265,7 +280,7 @@ def collect(
     """
     every_s: float | None = diagnose_every  # type: ignore[assignment]  # the option's callback made it seconds
     plan = _collect_plan(interval, listen, once, recorder, retention, max_size, samples, kmsg, every_s, scrape,
-                         scrape_timeout, max_processes, max_cgroups)  # fmt: skip
+                         scrape_timeout, max_processes, max_cgroups, compact_every)  # fmt: skip
     config = sampler_config(proc_root, sys_root, pid, cgroup, top, model_ext, kmsg=kmsg is not False and not once, gpu=gpu)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     if plan.once:
@@ -315,6 +330,7 @@ def _run_agent(
                    "(kept) and started a fresh recorder", err=True)  # fmt: skip
     agent.install_signal_handlers()
     start_live_diagnosis(agent, plan.recorder, diagnose_every_s)
+    start_compaction(agent, plan.recorder, plan.compact_every_s)
     if plan.address is not None:
         try:
             agent.serve(plan.address)

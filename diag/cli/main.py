@@ -32,6 +32,7 @@ def _register_subcommands() -> None:
     from diag.cli.analyze import register as register_analyze
     from diag.cli.bundle import register as register_bundle
     from diag.cli.collect import register as register_collect
+    from diag.cli.compact import register as register_compact
     from diag.cli.dashboards import register as register_dashboards
     from diag.cli.demo import register as register_demo
     from diag.cli.gate import register as register_gate
@@ -41,6 +42,7 @@ def _register_subcommands() -> None:
 
     register_snapshot(app)
     register_collect(app)
+    register_compact(app)
     register_analyze(app)
     register_alerts(app)
     register_bundle(app)

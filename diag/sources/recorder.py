@@ -38,6 +38,7 @@ import numpy as np
 from collectors.recorder import FlightRecorder
 from collectors.recorder_queries import RecorderReader
 from collectors.records import WatchScope, record_from_dict
+from diag.sources import blocks
 from diag.timeline import Timeline, TimelineBuilder
 from diag.timeline.fastdecode import TYPED_KINDS, paused_gc
 
@@ -51,22 +52,39 @@ SEGMENT_S = 15.0  # RecorderWindow: rows of about this many seconds per decoded 
 
 
 def load_recorder(
-    path: str | Path, since_s: float | None = None, until: float | None = None, *, workers: int | None = None
+    path: str | Path,
+    since_s: float | None = None,
+    until: float | None = None,
+    *,
+    workers: int | None = None,
+    use_blocks: bool = True,
 ) -> Timeline:
     """Records of the last ``since_s`` seconds (all when None) from a flight recorder file (opened read-only).
 
     ``workers``: processes reading in parallel (default: the CPUs this process may use, at most
     ``MAX_WORKERS``, when the recorder is large and this process is single-threaded; 1 = never).
+    ``use_blocks``: take the complete hours from the blocks kept beside the recorder where they still describe
+    it (``diag/sources/blocks.py``); the same Timeline either way.
     """
     since = None if since_s is None else (until or time.time()) - since_s
     source = f"recorder:{path}"
     FlightRecorder(path, readonly=True).close()  # a clear error when there is no recorder file
-    parts = _plan(Path(path), since, until, _workers(workers))
     with paused_gc():  # millions of short-lived acyclic objects: see diag/timeline/fastdecode.py
-        if len(parts) <= 1:
-            timeline = _read_part(Path(path), since, until, source).build()
+        cached = blocks.usable(path, since, until) if use_blocks else []
+        if not cached:
+            timeline = _read_range(Path(path), since, until, source, _workers(workers)).build()
         else:
-            timeline = _load_parallel(Path(path), parts, source)
+            # The hours kept decoded (diag/sources/blocks.py) and the rest read from JSON, merged in time order.
+            pieces: list[tuple[float, blocks.Cached | tuple[float | None, float | None]]] = [(b.lo, b) for b in cached]
+            pieces += [(-math.inf if lo is None else lo, (lo, hi)) for lo, hi in blocks.gaps(cached, since, until)]
+            builder = TimelineBuilder(source=source)
+            for _, piece in sorted(pieces, key=itemgetter(0)):
+                if isinstance(piece, blocks.Cached):
+                    builder.merge(piece.builder)
+                else:
+                    builder.merge(_read_range(Path(path), *piece, source, _workers(workers)))
+            del cached, pieces
+            timeline = builder.build()
     if since is not None:
         timeline.watch_scopes[:0] = _scope_before(Path(path), since)
     return timeline
@@ -95,18 +113,24 @@ def _read_part(path: Path, since: float | None, until: float | None, source: str
     saves more than the SQLite read itself costs. The windows of all kinds advance through time
     together (earliest first), so the table pages they share are still in SQLite's cache.
     """
-    builder = TimelineBuilder(source=source)
     with RecorderReader.open(path) as reader:
         reader.begin()  # one snapshot for all the window queries, as one SELECT would see (the agent may be writing)
-        streams = [_KindStream(reader, kind, since, until) for kind in reader.kinds()]
-        heap = [(stream.lo, i) for i, stream in enumerate(streams) if stream.lo is not None]
-        heapq.heapify(heap)
-        while heap:
-            _, i = heapq.heappop(heap)
-            stream = streams[i]
-            stream.read_window(builder)
-            if stream.lo is not None:
-                heapq.heappush(heap, (stream.lo, i))
+        return read_range(reader, since, until, source)
+
+
+def read_range(reader: RecorderReader, since: float | None, until: float | None, source: str) -> TimelineBuilder:
+    """``_read_part`` on an open reader, in whatever snapshot its caller holds (``blocks.compact`` reads an hour in
+    the snapshot it summarised the hour's row ids in)."""
+    builder = TimelineBuilder(source=source)
+    streams = [_KindStream(reader, kind, since, until) for kind in reader.kinds()]
+    heap = [(stream.lo, i) for i, stream in enumerate(streams) if stream.lo is not None]
+    heapq.heapify(heap)
+    while heap:
+        _, i = heapq.heappop(heap)
+        stream = streams[i]
+        stream.read_window(builder)
+        if stream.lo is not None:
+            heapq.heappush(heap, (stream.lo, i))
     return builder
 
 
@@ -195,6 +219,14 @@ def _plan(path: Path, since: float | None, until: float | None, workers: int) ->
     return list(zip(starts, ends, strict=True))
 
 
+def _read_range(path: Path, since: float | None, until: float | None, source: str, workers: int) -> TimelineBuilder:
+    """[since, until] from JSON: by one reader, or split among ``workers`` processes when it is large."""
+    parts = _plan(path, since, until, workers)
+    if len(parts) <= 1:
+        return _read_part(path, since, until, source)
+    return _load_parallel(path, parts, source)
+
+
 def _worker(conn: Connection, path: Path, since: float | None, until: float | None, source: str) -> None:
     try:
         _send_builder(conn, _read_part(path, since, until, source).compact())
@@ -232,7 +264,7 @@ def _receive_builder(conn: Connection) -> tuple[str, object]:
     return "ok", pickle.loads(head, buffers=buffers)
 
 
-def _load_parallel(path: Path, parts: list[tuple[float | None, float | None]], source: str) -> Timeline:
+def _load_parallel(path: Path, parts: list[tuple[float | None, float | None]], source: str) -> TimelineBuilder:
     """Parts 1.. in forked workers, part 0 here; merged in time order."""
     ctx = multiprocessing.get_context("fork")
     started = []
@@ -257,7 +289,7 @@ def _load_parallel(path: Path, parts: list[tuple[float | None, float | None]], s
         else:
             log.warning("parallel reader of %s failed (%s); reading that part here", path, payload)
             builder.merge(_read_part(path, since, until, source))
-    return builder.build()
+    return builder
 
 
 # --------------------------------------------------------------------------- the live window, read incrementally

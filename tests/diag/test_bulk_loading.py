@@ -21,68 +21,12 @@ from hypothesis import strategies as st
 import diag.sources.recorder as loaders
 from collectors.recorder import FlightRecorder
 from collectors.records import (
-    CgroupSnapshot,
     HostSnapshot,
-    LoaderEvent,
-    OomEvent,
     ProcessSample,
-    Psi,
-    PsiLine,
     RequestTiming,
-    ServiceConfig,
 )
 from diag.timeline import Timeline, TimelineBuilder, builder, fastdecode
-
-T0 = 1_790_000_000.0
-
-
-def _records(rng: np.random.Generator, n: int, odd_rows: bool) -> list[tuple[float, str, int, str]]:
-    rows = []
-    for i in range(n):
-        ts = T0 + i
-        memory = {"total": 24 << 30, "available": int(rng.integers(8 << 30, 9 << 30))}
-        if i % 7 == 3:
-            memory["dirty"] = int(rng.integers(0, 1 << 20))  # a key that comes and goes
-        full = None if i % 5 == 0 else PsiLine(0.1, 0, 0, 10 * i)
-        psi = {"memory": Psi(some=PsiLine(float(rng.random()), 0.5, 0.1, 1000 * i), full=full)}
-        recs: list[Any] = [
-            HostSnapshot(ts=ts, psi=psi, memory=memory, vmstat={"pgmajfault": 3 * i}),
-            CgroupSnapshot(ts=ts, path="/a" if i % 2 else "/b", version="v1", usage_bytes=100 + i, limit_bytes=None,
-                           events={"max": i // 3}, under_oom=bool(i % 11 == 0) if i % 4 else None,
-                           pressure=Psi(some=PsiLine(0.1, 0, 0, i)) if i % 3 else None),
-            ProcessSample(ts=ts, pid=42, comm="python" if i % 9 and i != n - 1 else "", start_time_s=5.0,
-                          rss_bytes=int(rng.integers(1, 1 << 30)), model_files=["/m.gguf"] if i % 10 == 0 else [],
-                          memory_cgroup="/a"),
-            ProcessSample(ts=ts + 0.5, pid=43, comm="worker", start_time_s=None, rss_bytes=None, major_faults=i),
-            RequestTiming(ts=ts, arrival=ts - 1, start=None if i % 13 == 0 else ts - 0.5, finish=ts,
-                          outcome="rejected" if i % 13 == 0 else "ok", route="/v1/x" if i % 2 else "", model="m",
-                          prompt_tokens=int(rng.integers(1, 500))),
-        ]  # fmt: skip
-        rows += [(r.ts, r.KIND, r.SCHEMA, r.to_json()) for r in recs]
-    odd = [
-        ("request", "{not json"),
-        ("request", json.dumps({"kind": "request", "ts": "abc", "arrival": 1})),  # ts not a number
-        ("request", json.dumps({"kind": "request", "arrival": 1})),  # no ts
-        ("request", json.dumps({"kind": "request", "ts": T0 + 3.5, "arrival": [1, 2], "route": 7, "model": None})),
-        ("request", json.dumps({"kind": "request", "ts": T0 + 4.5, "arrival": "12.5", "prompt_tokens": True})),
-        ("request", json.dumps({"kind": "request", "ts": T0 + 5.5, "route": 7, "model": 0, "outcome": None})),
-        ("request", json.dumps({"kind": "loader", "ts": T0 + 2, "name": "x", "duration_s": 0.5})),  # stored under another kind
-        ("request", json.dumps([1, 2, 3])),
-        ("host", json.dumps({"kind": "host", "ts": T0 + 1.5, "memory": [1, 2]})),  # memory not an object
-        ("host", json.dumps({"kind": "host", "ts": T0 + 2.5, "memory": {"total": {"x": 1}}})),
-        ("process", json.dumps({"kind": "process", "ts": T0 + 6, "comm": "nopid"})),  # no pid
-        ("process", json.dumps({"kind": "process", "ts": T0 + 7, "pid": "42", "start_time_s": 5.0, "rss_bytes": "9"})),
-        ("cgroup", json.dumps({"kind": "cgroup", "ts": T0 + 8, "path": "/a", "pressure": {"some": "x"}})),
-    ]
-    if odd_rows:
-        rows += [(T0 + 0.25 * k, kind, 1, body) for k, (kind, body) in enumerate(odd)]
-    extra: list[Any] = [
-        LoaderEvent(ts=T0 + 3, name="ckpt", start=T0 + 2.5, duration_s=0.5, in_request_path=True),
-        OomEvent(ts=T0 + 9, constraint="CONSTRAINT_MEMCG", pid=7),
-        ServiceConfig(ts=T0, service="demo", settings={"workers": 2}),
-    ]
-    rows += [(r.ts, r.KIND, r.SCHEMA, r.to_json()) for r in extra]
-    return rows
+from tests.diag.loader_rows import T0, assert_same, records
 
 
 def _per_row(path: Path) -> Timeline:
@@ -93,36 +37,9 @@ def _per_row(path: Path) -> Timeline:
     return b.build()
 
 
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    if a.dtype == object or b.dtype == object:
-        return a.shape == b.shape and all(x == y for x, y in zip(a, b, strict=True))
-    return bool(np.array_equal(a, b, equal_nan=True))
-
-
-def _assert_same(a: Timeline, b: Timeline) -> None:
-    assert (a.start, a.end, a.source, a.counts, a.skipped) == (b.start, b.end, b.source, b.counts, b.skipped)
-    groups = [("host", a.host, b.host)] + [(f"cgroup {p}", a.cgroups[p], b.cgroups.get(p, {})) for p in a.cgroups]
-    assert set(a.cgroups) == set(b.cgroups) and set(a.processes) == set(b.processes)
-    for key, track in a.processes.items():
-        other = b.processes[key]
-        assert (track.pid, track.start_time_s, track.comm, track.cmdline, track.memory_cgroup, track.model_files) == (
-            other.pid, other.start_time_s, other.comm, other.cmdline, other.memory_cgroup, other.model_files)  # fmt: skip
-        groups.append((f"process {key}", track.series, other.series))
-    for where, sa, sb in groups:
-        assert set(sa) == set(sb), where
-        for name in sa:
-            assert _same(sa[name].ts, sb[name].ts) and _same(sa[name].values, sb[name].values), (where, name)
-    for table in ("requests", "batches", "routing", "loader", "torch", "gpu_processes"):
-        ta, tb = getattr(a, table), getattr(b, table)
-        assert set(ta.columns) == set(tb.columns), table
-        for col in ta.columns:
-            assert _same(ta[col], tb[col]), (table, col)
-    assert (a.ooms, a.cuda_ooms, a.configs) == (b.ooms, b.cuda_ooms, b.configs)
-
-
 def _write(path: Path, odd_rows: bool) -> Path:
     with FlightRecorder(path) as rec:
-        rec.write_rows(_records(np.random.default_rng(3), 400, odd_rows))
+        rec.write_rows(records(np.random.default_rng(3), 400, odd_rows))
     return path
 
 
@@ -139,21 +56,21 @@ def recorder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_bulk_equals_per_row(clean: Path, recorder: Path) -> None:
     reference = _per_row(clean)
     assert not reference.skipped and len(reference.requests) == 400 and len(reference.processes) == 2
-    _assert_same(reference, loaders.load_recorder(clean, workers=1))  # every batch through the bulk handlers
+    assert_same(reference, loaders.load_recorder(clean, workers=1))  # every batch through the bulk handlers
     reference = _per_row(recorder)
     assert reference.skipped  # the odd rows are there, and are counted the same way
-    _assert_same(reference, loaders.load_recorder(recorder, workers=1))
+    assert_same(reference, loaders.load_recorder(recorder, workers=1))
 
 
 @pytest.mark.process
 def test_small_batches_and_parallel_parts_equal_per_row(recorder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     reference = _per_row(recorder)
     monkeypatch.setattr(loaders, "BATCH_ROWS", 7)  # many batches, odd rows land in different ones
-    _assert_same(reference, loaders.load_recorder(recorder, workers=1))
+    assert_same(reference, loaders.load_recorder(recorder, workers=1))
     monkeypatch.setattr(loaders, "PARALLEL_MIN_ROWS", 10)
     parts = loaders._plan(recorder, None, None, 3)
     assert len(parts) == 3  # really split: three readers, two of them forked
-    _assert_same(reference, loaders.load_recorder(recorder, workers=3))
+    assert_same(reference, loaders.load_recorder(recorder, workers=3))
 
 
 def test_a_readers_builder_crosses_the_pipe_whole_and_writable(clean: Path) -> None:
@@ -169,7 +86,7 @@ def test_a_readers_builder_crosses_the_pipe_whole_and_writable(clean: Path) -> N
     assert status == "ok" and isinstance(got, TimelineBuilder)
     (ts, values), *_ = got.groups["host"][None].chunks["memory.total"]
     assert ts.flags.writeable and values.flags.writeable and ts.size == 400
-    _assert_same(loaders._read_part(clean, None, None, "x").build(), got.build())
+    assert_same(loaders._read_part(clean, None, None, "x").build(), got.build())
 
 
 @pytest.mark.process
@@ -200,7 +117,7 @@ def _per_row_of(by_kind: dict[str, list[str]]) -> Timeline:
 
 
 def test_clean_rows_take_the_typed_path_and_equal_per_row() -> None:
-    by_kind = _bodies_by_kind(_records(np.random.default_rng(5), 120, odd_rows=False))
+    by_kind = _bodies_by_kind(records(np.random.default_rng(5), 120, odd_rows=False))
     for as_bytes in (False, True):
         b = TimelineBuilder(source="x")
         for kind, bodies in by_kind.items():
@@ -209,7 +126,7 @@ def test_clean_rows_take_the_typed_path_and_equal_per_row() -> None:
         # not silently falling back: typed, or strict for the cgroup rows (the host rows' meminfo keys come and go)
         assert fastdecode.AVAILABLE and b.decode_paths["typed"] + b.decode_paths["strict"] == hot
         assert b.decode_paths["strict"] == len(by_kind["cgroup"])
-        _assert_same(_per_row_of(by_kind), b.build())
+        assert_same(_per_row_of(by_kind), b.build())
 
 
 def _body(kind: str, ts: float, **fields: Any) -> str:
@@ -240,7 +157,7 @@ def test_a_row_typed_decoding_rejects_costs_only_its_batch() -> None:
             b.add_bodies(kind, batch)
         assert b.decode_paths["typed"] + b.decode_paths["strict"] == len(first) + len(third), kind
         assert b.decode_paths["json"] + b.decode_paths["per_row"] == len(second), kind
-        _assert_same(_per_row_of({kind: first + second + third}), b.build())
+        assert_same(_per_row_of({kind: first + second + third}), b.build())
 
 
 def test_typed_keeps_what_the_track_key_and_facts_look_like() -> None:
@@ -255,7 +172,7 @@ def test_typed_keeps_what_the_track_key_and_facts_look_like() -> None:
     tl = b.build()
     assert set(tl.processes) == {"7@5", "7@5.0"} and tl.processes["7@5"].model_files == {"/m"}
     assert tl.processes["7@5.0"].comm == "a" and tl.processes["7@5"].comm == "a"
-    _assert_same(_per_row_of({"process": rows}), tl)
+    assert_same(_per_row_of({"process": rows}), tl)
     # the json path groups the same way: "42" and 42 are one track, 0.0 and -0.0 two
     odd = [_body("process", T0 + i, pid="42" if i % 3 == 0 else 42, start_time_s=-0.0 if i % 2 else 0.0,
                  comm=f"c{i}", rss_bytes=i) for i in range(9)]  # fmt: skip
@@ -264,7 +181,7 @@ def test_typed_keeps_what_the_track_key_and_facts_look_like() -> None:
     assert b.decode_paths["json"] == 9
     tl = b.build()
     assert set(tl.processes) == {"42@0.0", "42@-0.0"} and tl.processes["42@0.0"].comm == "c8"
-    _assert_same(_per_row_of({"process": odd}), tl)
+    assert_same(_per_row_of({"process": odd}), tl)
 
 
 _FLOAT_TEXTS = st.one_of(
@@ -293,7 +210,7 @@ def test_small_byte_batches_equal_per_row(recorder: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(loaders, "BATCH_BYTES", 2000)  # a couple of host rows per batch, a few requests
     builder = loaders._read_part(recorder, None, None, f"recorder:{recorder}")
     assert builder.decode_paths["typed"] and builder.decode_paths["per_row"]  # clean batches typed, odd ones not
-    _assert_same(reference, builder.build())
+    assert_same(reference, builder.build())
     assert loaders.batch_rows(["x" * 1000] * 4) == 2 and loaders.batch_rows(["x"] * 4) == 2000
 
 
@@ -316,7 +233,7 @@ def test_windows_of_one_instant_and_out_of_order_bodies(tmp_path: Path, monkeypa
     tl = loaders.load_recorder(tmp_path / "r.db", workers=1)
     assert tl.counts == {"request": 30, "process": 20}
     assert tl.processes["9@None"].comm == "c19"  # the last row in stored order, not the one with the latest body time
-    _assert_same(_per_row(tmp_path / "r.db"), tl)
+    assert_same(_per_row(tmp_path / "r.db"), tl)
 
 
 def test_add_array_is_all_or_nothing() -> None:
@@ -345,7 +262,7 @@ def test_late_writers_are_read_in_time_order(tmp_path: Path, monkeypatch: pytest
     tl = loaders.load_recorder(tmp_path / "r.db", workers=1)
     assert tl.counts == {"host": 300, "process": 6, "request": 20}
     assert tl.processes["9@None"].comm == "c5" and tl.requests["route"][0] == "/r0"
-    _assert_same(_per_row(tmp_path / "r.db"), tl)
+    assert_same(_per_row(tmp_path / "r.db"), tl)
 
 
 def _host(i: int, **changes: Any) -> dict[str, Any]:
@@ -401,7 +318,7 @@ def test_strict_decoding_reads_what_the_json_path_reads_or_hands_the_batch_back(
     typed = TimelineBuilder(source="x")
     assert typed._add_typed("host", builder._BULK["host"], "[" + ",".join(bodies) + "]", len(bodies), strict=False)
     per_row, fast, before = _per_row_of({"host": bodies}), b.build(), typed.build()
-    _assert_same(per_row, fast)
+    assert_same(per_row, fast)
     assert list(fast.host) == list(before.host), case
 
 
@@ -415,6 +332,6 @@ def test_strict_batches_follow_their_own_first_rows_key_order() -> None:
         assert typed._add_typed("host", builder._BULK["host"], "[" + ",".join(batch) + "]", len(batch), strict=False)
     assert b.decode_paths["strict"] == 6
     per_row, fast = _per_row_of({"host": first + second}), b.build()
-    _assert_same(per_row, fast)
+    assert_same(per_row, fast)
     assert list(fast.host) == list(typed.build().host)
     assert [n for n in fast.host if n.startswith("memory.")] == ["memory.total", "memory.free", "memory.dirty"]

@@ -1,0 +1,69 @@
+"""From inside ``diag collect``: ``diag compact`` on the agent's recorder every so often, as a low-priority child.
+
+Why a child and not a thread: storing an hour decodes it (a fraction of a second of CPU, tens of MiB of decoded
+rows); in a child that memory goes back to the system when it exits, and the agent's own footprint -- sampling every
+second for days -- stays what it was. At nice 19 it yields the CPU to the service the agent watches.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+FIRST_AFTER_S = 60.0  # the first run, a minute after the agent starts: hours an older agent left are stored soon
+TIMEOUT_S = 1800.0  # a run that takes longer than this is stopped (and tried again next time)
+
+
+def _lower_priority() -> None:
+    os.nice(19)
+
+
+def compact_once(recorder: Path, stop: threading.Event, timeout_s: float = TIMEOUT_S) -> int | None:
+    """One ``diag compact --quiet`` on ``recorder``: its exit status, or None when it was stopped (the agent stopping,
+    or the run outliving ``timeout_s``). What it printed goes to the agent's log when it failed."""
+    cmd = [sys.executable, "-m", "diag.cli", "compact", "--recorder", str(recorder), "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_lower_priority)  # fmt: skip
+    waited = 0.0
+    while proc.poll() is None:
+        if stop.wait(0.5) or waited >= timeout_s:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.warning("diag compact of %s stopped (%s)", recorder, "agent stopping" if stop.is_set() else "timeout")
+            return None
+        waited += 0.5
+    err = proc.stderr.read() if proc.stderr is not None else ""
+    if proc.returncode != 0:
+        log.warning("diag compact of %s failed (exit %d): %s", recorder, proc.returncode, err.strip()[-500:])
+    return proc.returncode
+
+
+def compaction_loop(recorder: Path, every_s: float, stop: threading.Event, first_after_s: float = FIRST_AFTER_S) -> None:
+    """``compact_once`` ``first_after_s`` after the start (at most ``every_s``), then every ``every_s``, until ``stop``."""
+    wait = min(first_after_s, every_s)
+    while not stop.wait(wait):
+        compact_once(recorder, stop)
+        wait = every_s
+
+
+def start_compaction(agent: Any, recorder: Path, every_s: float | None) -> threading.Thread | None:
+    """Attach the hourly compaction to a ``collectors.agent.Agent`` (no-op when ``every_s`` is None): a daemon thread
+    that stops, and stops its child, with the agent."""
+    if every_s is None:
+        return None
+    thread = threading.Thread(target=compaction_loop, args=(Path(recorder), every_s, agent.stop_event),
+                              name="llmdiag-compaction", daemon=True)  # fmt: skip
+    thread.start()
+    log.info("storing the recorder's complete hours every %gs (diag compact, nice 19)", every_s)
+    return thread

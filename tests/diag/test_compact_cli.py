@@ -1,0 +1,98 @@
+"""``diag compact`` and ``diag collect --compact-every``, as shipped: real subprocesses on a recorder holding three
+past hours. The command stores them and says so; the agent runs it itself as a nice-19 child and stops it with
+itself; what reading through the stored hours gives is ``test_recorder_blocks.py``'s."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from collectors.recorder import FlightRecorder
+from collectors.records import HostSnapshot, RequestTiming
+from diag.sources.blocks import BlockFile, blocks_path
+from tests.procs import poll_until
+
+DIAG = [sys.executable, "-m", "diag.cli"]
+pytestmark = pytest.mark.process
+
+
+def _past_hours(path: Path, hours: int = 3) -> float:
+    """A recorder with a host row every 30 s and a request every 10 s over ``hours`` whole UTC hours and a bit, a day
+    ago (long over, inside the retention used here); the first whole hour's start."""
+    first = (time.time() // 3600 - 24) * 3600
+    start = first - 600
+    records: list[object] = []
+    for k in range(int((hours * 3600 + 1200) / 10)):
+        ts = start + 10 * k
+        records.append(RequestTiming(ts=ts, arrival=ts - 0.5, start=ts - 0.4, finish=ts, outcome="ok", route="/v1/x"))
+        if k % 3 == 0:
+            records.append(HostSnapshot(ts=ts, memory={"total": 8 << 30, "available": (4 << 30) + k}))
+    with FlightRecorder(path, retention_s=10 * 86400) as rec:
+        rec.write(records)
+    return first
+
+
+def _stored(recorder: Path) -> list[float]:
+    store = BlockFile.open_for_reading(recorder)
+    if store is None:
+        return []
+    try:
+        return [b.lo for b in store.index()]
+    finally:
+        store.close()
+
+
+def test_compact_stores_the_past_hours_and_says_so(tmp_path: Path) -> None:
+    recorder = tmp_path / "r.db"
+    first = _past_hours(recorder)
+    run = subprocess.run([*DIAG, "compact", "--recorder", str(recorder)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "4 hour(s) stored" in run.stderr and "0 still valid" in run.stderr, run.stderr  # 3 whole + the last part
+    assert _stored(recorder) == [first + 3600 * k for k in range(4)]
+    again = subprocess.run([*DIAG, "compact", "--recorder", str(recorder), "-q"], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+
+
+def test_compact_refuses_what_is_not_a_recorder(tmp_path: Path) -> None:
+    missing = subprocess.run([*DIAG, "compact", "--recorder", str(tmp_path / "no.db")], capture_output=True, text=True)
+    assert missing.returncode == 2 and "no flight recorder at" in missing.stderr
+    (tmp_path / "text.db").write_text("not sqlite\n" * 100)
+    bad = subprocess.run([*DIAG, "compact", "--recorder", str(tmp_path / "text.db")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "is not a readable flight recorder" in bad.stderr and "Traceback" not in bad.stderr
+    assert not blocks_path(tmp_path / "text.db").exists()
+
+
+@pytest.mark.slow
+def test_the_agent_stores_the_hours_itself_and_stops_its_child_with_it(tmp_path: Path) -> None:
+    recorder = tmp_path / "r.db"
+    first = _past_hours(recorder)
+    agent = subprocess.Popen(
+        [*DIAG, "collect", "--recorder", str(recorder), "--retention", "10d", "--compact-every", "1s", "--listen", "off",
+         "--interval", "1s", "--no-gpu", "--no-kmsg", "-v"],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert poll_until(lambda: len(_stored(recorder)) == 4, timeout_s=60), "the agent stored no hour in 60 s"
+        assert _stored(recorder)[0] == first
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=60)
+    assert agent.returncode == 0, err
+    assert "storing the recorder's complete hours every 1s" in err
+    assert "diag compact of" not in err  # no run failed or was cut
+    children = subprocess.run(["pgrep", "-P", str(agent.pid)], capture_output=True, text=True)
+    assert children.stdout == ""  # nothing of it outlives the agent
+
+
+def test_the_agents_compaction_is_hourly_by_default_and_off_when_asked(tmp_path: Path) -> None:
+    from diag.cli.collect import _collect_plan
+
+    def plan(every: str | None) -> float | None:
+        return _collect_plan(None, "off", False, tmp_path / "r.db", None, None, None, None, compact_every=every).compact_every_s
+
+    assert plan(None) == 3600.0 and plan("30m") == 1800.0 and plan("off") is None and plan("OFF") is None
