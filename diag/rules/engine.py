@@ -31,6 +31,8 @@ from diag.rules.classes import CAUSAL_WEIGHT, HEALTHY, INCONCLUSIVE
 from diag.rules.context import AnalysisContext
 from diag.rules.precedence import apply_precedence
 from diag.timeline import Timeline
+from diag.timeline.builder import TRIM_FROM_ROWS
+from diag.timeline.columns import give_back_freed_memory
 
 PRIMARY_CONFIDENCE = 0.5
 SUSPECT_CONFIDENCE = 0.3
@@ -120,6 +122,9 @@ def analyze(timeline: Timeline) -> Analysis:
     not_evaluated: list[dict[str, Any]] = []
     evaluated: list[str] = []
     too_little: list[dict[str, Any]] = []
+    # A day's rules free tens of MiB of temporaries each; handed back between rules, the next one's are mapped afresh
+    # instead of stacking on pages glibc kept (the analysis's peak over a day: measured in bench/analyze.py).
+    large = sum(timeline.counts.values()) >= TRIM_FROM_ROWS
     for rule_id, r in sorted(RULES.items()):
         lacking = r.missing(signals)
         if lacking:
@@ -130,6 +135,9 @@ def analyze(timeline: Timeline) -> Analysis:
         except Exception as exc:  # a broken rule must not hide the others' verdicts
             not_evaluated.append({"rule": rule_id, "class": r.cls, "missing": [f"rule error: {type(exc).__name__}: {exc}"]})
             continue
+        finally:
+            if large:
+                give_back_freed_memory()
         evaluated.append(rule_id)
         if isinstance(result, TooLittleData):
             too_little.append({"rule": rule_id, "class": r.cls, **result.to_dict()})

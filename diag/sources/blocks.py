@@ -113,16 +113,29 @@ class Block:
 
 
 class _Unpickler(pickle.Unpickler):
-    """Builds only what a builder is made of: the Timeline's classes, numpy arrays and builtin containers."""
+    """Builds only what a builder is made of: the Timeline's own classes, the records it keeps whole, numpy arrays,
+    dtypes and scalars, and builtin containers -- no other callable, numpy's included."""
 
-    _MODULES = ("diag.timeline.", "collectors.records", "numpy", "collections")
     _BUILTINS = frozenset({"set", "frozenset", "dict", "list", "tuple", "float", "int", "str", "bytes", "bool", "complex",
-                           "bytearray", "slice", "range"})  # fmt: skip
+                           "bytearray"})  # fmt: skip
+    _NUMPY = frozenset({("numpy", "dtype"), ("numpy", "ndarray")}) | {
+        (f"numpy.{core}.{module}", name)
+        for core in ("_core", "core")  # numpy 2 and numpy 1 spell the same functions' modules differently
+        for module, name in (("multiarray", "_reconstruct"), ("multiarray", "scalar"), ("numeric", "_frombuffer"))
+    }
 
     def find_class(self, module: str, name: str) -> Any:
-        if (module == "builtins" and name in self._BUILTINS) or module.startswith(self._MODULES):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"a block may not name {module}.{name}")
+        allowed = (
+            (module == "builtins" and name in self._BUILTINS)
+            or (module, name) in self._NUMPY
+            or (module == "numpy.dtypes" and name.endswith("DType"))
+            or (module == "collections" and name in ("defaultdict", "OrderedDict"))
+            or module.startswith("diag.timeline.")
+            or module == "collectors.records"
+        )
+        if not allowed:
+            raise pickle.UnpicklingError(f"a block may not name {module}.{name}")
+        return super().find_class(module, name)
 
 
 def dumps(builder: TimelineBuilder) -> tuple[bytes, list[int], bytes]:
@@ -134,12 +147,13 @@ def dumps(builder: TimelineBuilder) -> tuple[bytes, list[int], bytes]:
 
 
 def loads(head: bytes, sizes: list[int], data: bytes) -> TimelineBuilder:
-    """The builder ``dumps`` stored. Its arrays are made over one writable copy of ``data``, as a builder read from
-    JSON holds ordinary writable arrays."""
-    whole = memoryview(bytearray(data))
+    """The builder ``dumps`` stored. Each array gets its own writable copy of its bytes, as a builder read from JSON
+    holds ordinary arrays: rules may write to them, and ``build`` frees each group's pieces once it has joined them
+    (arrays sharing one buffer would keep every block whole until the last of them went)."""
+    whole = memoryview(data)
     buffers, at = [], 0
     for size in sizes:
-        buffers.append(whole[at : at + size])
+        buffers.append(bytearray(whole[at : at + size]))
         at += size
     if at != len(whole):
         raise pickle.UnpicklingError(f"the block's arrays are {len(whole)} bytes, its head names {at}")

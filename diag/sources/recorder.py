@@ -40,6 +40,7 @@ from collectors.recorder_queries import RecorderReader
 from collectors.records import WatchScope, record_from_dict
 from diag.sources import blocks
 from diag.timeline import Timeline, TimelineBuilder
+from diag.timeline.columns import prefer_mapped_memory
 from diag.timeline.fastdecode import TYPED_KINDS, paused_gc
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ def load_recorder(
     since = None if since_s is None else (until or time.time()) - since_s
     source = f"recorder:{path}"
     FlightRecorder(path, readonly=True).close()  # a clear error when there is no recorder file
+    prefer_mapped_memory()  # see diag/timeline/columns.py: a day's arrays come and go without piling up
     with paused_gc():  # millions of short-lived acyclic objects: see diag/timeline/fastdecode.py
         cached = blocks.usable(path, since, until) if use_blocks else []
         if not cached:

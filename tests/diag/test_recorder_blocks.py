@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from collectors.recorder import FlightRecorder
-from collectors.records import HostSnapshot
+from collectors.records import HostSnapshot, LoaderEvent, OomEvent, ServiceConfig
 from diag.sources import blocks, load_recorder
 from diag.sources.compact import compact
 from tests.diag.loader_rows import T0, assert_same, records
@@ -35,8 +35,14 @@ def short_hours(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="module")
 def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("blocks") / "rec.db"
+    kept_whole = [  # records the Timeline keeps whole, inside a stored block (the unpickler must build them)
+        ServiceConfig(ts=FIRST_HOUR + 30, service="demo", settings={"workers": 2, "max_concurrency": 8}),
+        OomEvent(ts=FIRST_HOUR + 40, constraint="CONSTRAINT_MEMCG", pid=77, task="python"),
+        LoaderEvent(ts=FIRST_HOUR + HOUR + 5, name="ckpt", start=FIRST_HOUR + HOUR + 4, duration_s=1.0, in_request_path=True),
+    ]
     with FlightRecorder(path, retention_s=10**9) as rec:
         rec.write_rows(records(np.random.default_rng(5), SECONDS, odd_rows=True))
+        rec.write(kept_whole)
     return path
 
 
@@ -56,6 +62,8 @@ def _both(path: Path, **window: float) -> None:
 
 def test_the_stored_hours_give_the_timeline_the_json_gives(recorder: Path) -> None:
     done = compact(recorder, now=LATER)
+    stored = blocks.usable(recorder, None, None)
+    assert stored[0].builder.kept["configs"][0].settings["max_concurrency"] == 8  # kept whole, and stored
     assert (done.written, done.kept, done.dropped) == (3, 0, 0)  # two whole hours after the first partial one, a partial
     assert [b.lo for b in blocks.BlockFile.open_for_reading(recorder).index()] == [FIRST_HOUR + k * HOUR for k in range(3)]
     assert len(blocks.usable(recorder, None, None)) == 3
@@ -128,6 +136,8 @@ def test_a_block_that_names_code_is_refused(recorder: Path, caplog: pytest.LogCa
         db.execute("UPDATE blocks SET head = ?, sizes = '[]', data = x'' WHERE lo = ?", (pickle.dumps(Evil()), FIRST_HOUR))
     with pytest.raises(pickle.UnpicklingError, match="may not name"):
         blocks.loads(pickle.dumps(Evil()), [], b"")
+    with pytest.raises(pickle.UnpicklingError, match=r"may not name numpy\.testing\..*assert_equal"):  # numpy's too
+        blocks.loads(pickle.dumps(np.testing.assert_equal), [], b"")
     with caplog.at_level(logging.WARNING):
         assert blocks.usable(recorder, None, None) == []
     assert "may not name posix.system" in caplog.text or "may not name os.system" in caplog.text
