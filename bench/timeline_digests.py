@@ -12,7 +12,7 @@ and of the Timeline itself (every series, table column, track, record and count,
   in one reader, in tiny batches, and in two forked readers;
 - ``live``: ``RecorderWindow`` (the live diagnosis's incremental reader) at several instants;
 - ``bundle-dir`` / ``bundle-tar``: a bundle's ``timeline/*.jsonl`` as a folder and as a .tar.gz;
-- ``recorder+blocks``: the recorder read through its stored blocks (``diag.sources.blocks``, 10 s "hours" here),
+- ``recorder+blocks``: the recorder read through its stored blocks (``diag.sources.blocks``, "hours" of 10 s here),
   whole and over the windows: each digest must equal its ``recorder`` view's, in the same run;
 - ``prometheus``: ``load_prometheus`` against an in-process stand-in for the HTTP API (the test suite's
   approach: every catalog family answered, per selection of families; values rise, fall and skip).
@@ -185,22 +185,25 @@ def views(fixture: Path, work: Path) -> Iterator[tuple[str, Callable[[], Any]]]:
     yield "bundle-dir", lambda: load_bundle(folder)
     yield "bundle-tar", lambda: load_bundle(archive)
     # Last, as they leave a blocks file beside the recorder: the same recorder read through stored "hours" of 10 s
-    # (diag/sources/blocks.py), so a minute's fixture spans several: each must digest as its "recorder" view does.
-    yield "recorder+blocks", lambda: _through_blocks(db, None, None, hi=float(windows[0][2]))
+    # (diag/sources/blocks.py; a sixth of a shorter recording), so a fixture spans several: each must digest as its
+    # "recorder" view does.
+    first, last = windows[2][1], windows[0][2]
+    block = min(10.0, max(0.5, (last - first) / 6))  # a short recording still spans several
+    yield "recorder+blocks", lambda: _through_blocks(db, None, None, last, block)
     for name, lo, hi in windows:
-        yield f"recorder+blocks@{name}", lambda lo=lo, hi=hi: _through_blocks(db, hi - lo, hi, hi=float(windows[0][2]))
+        yield f"recorder+blocks@{name}", lambda lo=lo, hi=hi: _through_blocks(db, hi - lo, hi, last, block)
 
 
-def _through_blocks(db: Path, since_s: float | None, until: float | None, hi: float) -> Any:
-    """``load_recorder`` after every 10 s block of ``db`` was stored (once ``hi`` is LATE_S past)."""
+def _through_blocks(db: Path, since_s: float | None, until: float | None, last: float, block: float) -> Any:
+    """``load_recorder`` after every ``block``-second block of ``db`` was stored (``last``: the latest record)."""
     from diag.sources import blocks, load_recorder
     from diag.sources.compact import compact
 
     saved = blocks.BLOCK_S, blocks.LATE_S
-    blocks.BLOCK_S, blocks.LATE_S = 10.0, 0.0
+    blocks.BLOCK_S, blocks.LATE_S = block, 0.0
     try:
         if not blocks.blocks_path(db).exists():
-            done = compact(db, now=hi + 20.0)
+            done = compact(db, now=last + 2 * block)
             assert done.written > 1, done
         assert blocks.usable(db, None, None), "no stored block was used"
         return load_recorder(db, since_s=since_s, until=until, workers=1)
