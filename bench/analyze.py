@@ -28,9 +28,10 @@ measured the same way, side by side, in one session on a machine whose load chan
 same numbers back from typed blocks in a scratch file: what a recorder storing its numbers typed would cost to load.
 
 ``--blocks`` stores each recorder's complete hours decoded beside it first (``diag.sources.compact``, what
-``diag collect`` does once an hour) and measures this tree both ways, alternating: reading every row's JSON
-(``use_blocks=False``) and reading the stored hours (the default ``load_recorder``). The compaction's own time and
-size are printed.
+``diag collect`` does once an hour), as they stand at the last row's time -- the analysis made right then, whose
+last 13 minutes (the hour under way) are still JSON -- and measures this tree both ways, alternating: reading every
+row's JSON (``use_blocks=False``) and reading the stored hours (the default ``load_recorder``). The compaction's
+own time, size and peak RSS are printed.
 
     .venv/bin/python bench/analyze.py [--scales 1,4,16] [--keep DIR] [--profile] [--workers N] [--repeat N]
                                       [--order kind|time] [--compare-rev main] [--floor] [--blocks]
@@ -441,11 +442,12 @@ def _run(tree: Path, path: Path, workers: int | None, profile: bool, use_blocks:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _compact(path: Path) -> None:
+def _compact(path: Path, end: float) -> None:
     """Store ``path``'s complete hours decoded (this tree's ``compact``, in a fresh process as ``diag collect``
-    runs it), as if the agent had done it every hour of the recorded day; print its cost."""
+    runs it), as the agent's hourly runs would have left them at ``end``, the last row's time: the analysis is then
+    the one made at that moment, its last 13 minutes (the hour under way) read from JSON; print the cost."""
     code = ("import json, sys, time, resource; from diag.sources.compact import compact; "
-            f"d = compact(sys.argv[1], now={T0 + 2 * DAY_S}); "
+            f"d = compact(sys.argv[1], now={end}); "
             "print(json.dumps({**d.__dict__, 'maxrss': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=ROOT, check=False)
     if out.returncode != 0:
@@ -559,7 +561,7 @@ def main() -> None:
             if not path.exists():
                 subset(full, path, DAY_S * scale / 16, in_time_order=in_time)
             if args.blocks:
-                _compact(path)
+                _compact(path, T0 + DAY_S * scale / 16)
             runs: dict[str, list[dict]] = {label: [] for label, _, _ in trees}
             for k in range(args.repeat):
                 order = trees if k % 2 == 0 else trees[::-1]  # alternate which tree runs first
