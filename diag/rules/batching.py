@@ -24,7 +24,7 @@ import numpy as np
 from diag.rules import numstats
 from diag.rules.base import Evidence, Finding, TooLittleData, rule
 from diag.rules.context import AnalysisContext
-from diag.rules.stats import ServiceContext, excerpt_arrays, memory_series, service_context, spearman_test
+from diag.rules.stats import ServiceContext, excerpt_arrays, memory_series, service_context, spearman_test, text_masks
 from diag.rules.usl import covered_time
 from diag.timeline import Series, Timeline
 
@@ -377,16 +377,17 @@ def _split_prompts(req: Any) -> PromptSplit | None:
     if has.sum() < MIN_PROMPTS:
         return None
     p = prompt[has]
-    outcome = req["outcome"][has].astype(str) if "outcome" in req else np.full(p.size, "ok")
+    masks = text_masks(req["outcome"][has]) if "outcome" in req else {"ok": np.ones(p.size, dtype=bool)}
+    nothing = np.zeros(p.size, dtype=bool)
     started = np.isfinite(req["start"][has])
-    early = ~started & np.isin(outcome, _EARLY)
+    early = ~started & np.logical_or.reduce([masks.get(text, nothing) for text in _EARLY])
     cut = float(np.quantile(p, LONG_QUANTILE))
     long_ = p >= cut
     if long_.mean() > TIES_AT_CUT:  # many ties at the cut: take strictly longer ones
         long_ = p > cut
     if long_.sum() < MIN_PER_SIDE or (~long_).sum() < MIN_PER_SIDE:
         return None
-    failed = (outcome != "ok") & ~early
+    failed = ~masks.get("ok", nothing) & ~early
     counted = ~early
     return PromptSplit(
         has, p, long_, early, started, cut, float(np.median(p[long_])), float(np.median(p[~long_])),

@@ -187,8 +187,11 @@ def _analyse(tl: Timeline) -> RequestLoad | None:
     outcomes: dict[str, int] = {}
     if "outcome" in req:
         # counted over the objects themselves: astype(str) + np.unique made two fixed-width copies of the column
-        # (2 x 68 MiB for a million requests, the analysis's peak)
-        counted = Counter(str(v) for v in req["outcome"].tolist())
+        # (2 x 68 MiB for a million requests, the analysis's peak); then named by their text (a few distinct values:
+        # str() on each of a million rows cost 0.17 s more than the count)
+        counted: Counter[str] = Counter()
+        for value, count in Counter(req["outcome"].tolist()).items():
+            counted[str(value)] += count
         outcomes = {v: counted[v] for v in sorted(counted)}
     s_high_vals = s[high]
     return RequestLoad(

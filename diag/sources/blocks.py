@@ -38,7 +38,8 @@ import logging
 import math
 import pickle
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -258,39 +259,75 @@ class Cached:
     builder: TimelineBuilder
 
 
-def usable(recorder: str | Path, since: float | None, until: float | None) -> list[Cached]:
-    """The stored hours inside [since, until] that still describe the recorder exactly, decoded, in time order.
+@dataclass
+class Plan:
+    """The stored hours a read may use, before any of them is read: ``wanted`` in time order, from ``store``."""
 
-    [] when there is no blocks file, nothing fits, or anything about it is odd (the caller then reads JSON, as
-    always). ``until`` is inclusive, as ``load_recorder``'s: an hour ``[lo, hi)`` fits when ``hi <= until``.
-    """
+    store: BlockFile
+    wanted: list[Block]
+
+
+def plan(recorder: str | Path, since: float | None, until: float | None) -> Plan | None:
+    """The stored hours inside [since, until] written by this code, or None when there are none (no blocks file, a
+    damaged one, nothing fits: the caller reads JSON, as always). ``until`` is inclusive, as ``load_recorder``'s: an
+    hour ``[lo, hi)`` fits when ``hi <= until``. Cheap: the blocks' index only, so the caller can start reading the
+    hours around them before ``load`` reads the blocks themselves."""
     current = version()
     if current is None:
-        return []
+        return None
     store = BlockFile.open_for_reading(recorder)
     if store is None:
-        return []
-    out: list[Cached] = []
+        return None
     try:
         wanted = [b for b in store.index() if b.version == current and (since is None or b.lo >= since)
                   and (until is None or b.hi <= until)]  # fmt: skip
-        if not wanted:
-            return []
-        with RecorderReader.open(recorder) as reader:
-            reader.begin()
-            fresh = [b for b in wanted if reader.ids_between(b.lo, b.hi) == b.ids]
-        for block in fresh:
-            out.append(Cached(block.lo, block.hi, store.load(block.lo)))
+    except sqlite3.Error as exc:
+        log.warning("%s could not be used (%s): the recorder's rows are decoded instead", store.path, exc)
+        wanted = []
+    if not wanted:
+        store.close()
+        return None
+    return Plan(store, wanted)
+
+
+def load(planned: Plan, recorder: str | Path) -> list[Cached]:
+    """The planned blocks that still describe the recorder exactly, decoded, in time order ([] when the blocks file
+    fails to be read: said in the log). Closes the plan's store."""
+    store = planned.store
+    try:
+        # The recorder's row-id summaries are read beside the blocks' own bytes (SQLite lets go of the interpreter while
+        # it walks the time index): each would cost a third of a second for a day on its own. A block whose hour no
+        # longer matches is read for nothing, and dropped.
+        with ThreadPoolExecutor(1, thread_name_prefix="llmdiag-blocks") as pool:
+            summaries = pool.submit(_summaries, recorder, planned.wanted)
+            loaded = [(block, store.load(block.lo)) for block in planned.wanted]
+            fresh = summaries.result()
+        return [Cached(block.lo, block.hi, builder) for block, builder in loaded if fresh[block.lo] == block.ids]
     except (sqlite3.Error, pickle.UnpicklingError, ValueError, TypeError, KeyError, AttributeError, EOFError) as exc:
         log.warning("%s could not be used (%s): the recorder's rows are decoded instead", store.path, exc)
         return []
     finally:
         store.close()
-    return out
 
 
-def gaps(cached: list[Cached], since: float | None, until: float | None) -> Iterator[tuple[float | None, float | None]]:
-    """The inclusive ranges of [since, until] the blocks leave to be read from JSON, in time order (``None``: open)."""
+def usable(recorder: str | Path, since: float | None, until: float | None) -> list[Cached]:
+    """``plan`` and ``load`` in one: the stored hours inside [since, until] that a read may take, decoded."""
+    planned = plan(recorder, since, until)
+    return [] if planned is None else load(planned, recorder)
+
+
+def _summaries(recorder: str | Path, wanted: list[Block]) -> dict[float, tuple[int, int, int]]:
+    """The recorder's row-id summary of each block's hour now, in one snapshot (its own connection: another thread)."""
+    with RecorderReader.open(recorder) as reader:
+        reader.begin()
+        return {b.lo: reader.ids_between(b.lo, b.hi) for b in wanted}
+
+
+def gaps(
+    cached: Sequence[Cached | Block], since: float | None, until: float | None
+) -> Iterator[tuple[float | None, float | None]]:
+    """The inclusive ranges of [since, until] the blocks (in time order) leave to be read from JSON, in time order
+    (``None``: open)."""
     lo = since
     for block in cached:
         if lo is None or lo < block.lo:

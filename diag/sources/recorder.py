@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import itertools
 import json
 import logging
 import math
@@ -49,6 +50,7 @@ BATCH_BYTES = 256 * 1024  # JSON per batch of one kind decoded at once: cache-si
 BATCH_ROWS = 20_000  # and at most this many rows
 PARALLEL_MIN_ROWS = 200_000  # below this, starting processes costs more than it saves
 MAX_WORKERS = 4
+GAP_READERS_MIN_ROWS = 20_000  # beside stored hours, the rest is read by forked readers from this many rows (~0.1 s)
 SEGMENT_S = 15.0  # RecorderWindow: rows of about this many seconds per decoded segment
 
 
@@ -72,24 +74,41 @@ def load_recorder(
     FlightRecorder(path, readonly=True).close()  # a clear error when there is no recorder file
     prefer_mapped_memory()  # see diag/timeline/columns.py: a day's arrays come and go without piling up
     with paused_gc():  # millions of short-lived acyclic objects: see diag/timeline/fastdecode.py
-        cached = blocks.usable(path, since, until) if use_blocks else []
-        if not cached:
+        planned = blocks.plan(path, since, until) if use_blocks else None
+        if planned is None:
             timeline = _read_range(Path(path), since, until, source, _workers(workers)).build()
         else:
-            # The hours kept decoded (diag/sources/blocks.py) and the rest read from JSON, merged in time order.
-            pieces: list[tuple[float, blocks.Cached | tuple[float | None, float | None]]] = [(b.lo, b) for b in cached]
-            pieces += [(-math.inf if lo is None else lo, (lo, hi)) for lo, hi in blocks.gaps(cached, since, until)]
-            builder = TimelineBuilder(source=source)
-            for _, piece in sorted(pieces, key=itemgetter(0)):
-                if isinstance(piece, blocks.Cached):
-                    builder.merge(piece.builder)
-                else:
-                    builder.merge(_read_range(Path(path), *piece, source, _workers(workers)))
-            del cached, pieces
-            timeline = builder.build()
+            timeline = _with_blocks(Path(path), since, until, source, planned, _workers(workers)).build()
     if since is not None:
         timeline.watch_scopes[:0] = _scope_before(Path(path), since)
     return timeline
+
+
+def _with_blocks(path: Path, since: float | None, until: float | None, source: str, planned: blocks.Plan,
+                 workers: int) -> TimelineBuilder:  # fmt: skip
+    """The stored hours (``diag/sources/blocks.py``) and the rest read from JSON, merged in time order.
+
+    The hours around the stored ones (the one under way, the oldest, any not stored) are read by forked readers
+    while this process reads the blocks (when it may fork: ``workers`` > 1); a block that no longer describes its
+    hour is read from JSON here."""
+    ranges = list(blocks.gaps(planned.wanted, since, until))
+    readers = _start_readers(path, ranges, source) if workers > 1 and _rows(path, ranges) >= GAP_READERS_MIN_ROWS else []
+    cached = blocks.load(planned, path)
+    pieces: list[tuple[float, TimelineBuilder | tuple[float | None, float | None]]] = [(b.lo, b.builder) for b in cached]
+    for (lo, hi), reader in itertools.zip_longest(ranges, readers):
+        pieces.append((-math.inf if lo is None else lo, _received(reader, path, source) if reader else (lo, hi)))
+    taken = {b.lo for b in cached}
+    pieces += [(b.lo, (b.lo, math.nextafter(b.hi, -math.inf))) for b in planned.wanted if b.lo not in taken]
+    del cached
+    builder = TimelineBuilder(source=source)
+    for _, piece in sorted(pieces, key=itemgetter(0)):
+        builder.merge(piece if isinstance(piece, TimelineBuilder) else _read_part(path, *piece, source))
+    return builder
+
+
+def _rows(path: Path, ranges: Sequence[tuple[float | None, float | None]]) -> int:
+    with RecorderReader.open(path) as reader:
+        return sum(reader.count(lo, hi) for lo, hi in ranges)
 
 
 def _scope_before(path: Path, since: float) -> list[WatchScope]:
@@ -266,31 +285,49 @@ def _receive_builder(conn: Connection) -> tuple[str, object]:
     return "ok", pickle.loads(head, buffers=buffers)
 
 
-def _load_parallel(path: Path, parts: list[tuple[float | None, float | None]], source: str) -> TimelineBuilder:
-    """Parts 1.. in forked workers, part 0 here; merged in time order."""
+@dataclass
+class _Reader:
+    """A forked process reading [since, until] and sending its builder back through ``recv``."""
+
+    proc: multiprocessing.process.BaseProcess
+    recv: Connection
+    since: float | None
+    until: float | None
+
+
+def _start_readers(path: Path, parts: Sequence[tuple[float | None, float | None]], source: str) -> list[_Reader]:
     ctx = multiprocessing.get_context("fork")
     started = []
-    for since, until in parts[1:]:
+    for since, until in parts:
         recv, send = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=_worker, args=(send, path, since, until, source), daemon=True)
         proc.start()
         send.close()
-        started.append((proc, recv, since, until))
+        started.append(_Reader(proc, recv, since, until))
+    return started
+
+
+def _received(reader: _Reader, path: Path, source: str) -> TimelineBuilder:
+    """What ``reader`` read, or the same range read here when it failed."""
+    result: tuple[str, object] = ("error", "no answer")
+    with contextlib.suppress(EOFError, OSError, pickle.UnpicklingError):
+        result = _receive_builder(reader.recv)
+    reader.recv.close()
+    reader.proc.join()
+    status, payload = result
+    del result
+    if status == "ok" and isinstance(payload, TimelineBuilder):
+        return payload
+    log.warning("parallel reader of %s failed (%s); reading that part here", path, payload)
+    return _read_part(path, reader.since, reader.until, source)
+
+
+def _load_parallel(path: Path, parts: list[tuple[float | None, float | None]], source: str) -> TimelineBuilder:
+    """Parts 1.. in forked workers, part 0 here; merged in time order."""
+    started = _start_readers(path, parts[1:], source)
     builder = _read_part(path, *parts[0], source)
-    for proc, recv, since, until in started:
-        result: tuple[str, object] = ("error", "no answer")
-        with contextlib.suppress(EOFError, OSError, pickle.UnpicklingError):
-            result = _receive_builder(recv)
-        recv.close()
-        proc.join()
-        status, payload = result
-        del result
-        if status == "ok" and isinstance(payload, TimelineBuilder):
-            builder.merge(payload)
-            del payload  # its arrays now belong to ``builder``, which lets go of each as it is joined
-        else:
-            log.warning("parallel reader of %s failed (%s); reading that part here", path, payload)
-            builder.merge(_read_part(path, since, until, source))
+    for reader in started:
+        builder.merge(_received(reader, path, source))  # its arrays now belong to ``builder``, let go as joined
     return builder
 
 

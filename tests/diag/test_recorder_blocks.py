@@ -156,3 +156,18 @@ def test_the_gaps_the_blocks_leave() -> None:
     assert list(blocks.gaps(cached, None, None)) == [(None, np.nextafter(3600.0, 0)), (10800.0, None)]
     assert list(blocks.gaps(cached, 3600.0, 10800.0)) == [(10800.0, 10800.0)]  # until is inclusive
     assert list(blocks.gaps([], 5.0, 9.0)) == [(5.0, 9.0)]
+
+
+@pytest.mark.process
+def test_the_hours_around_the_stored_ones_read_by_forked_readers(recorder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beside the blocks, the hours left to JSON are read by forked readers while the blocks are read (from
+    ``GAP_READERS_MIN_ROWS`` rows): the same Timeline as one reader of JSON."""
+    import diag.sources.recorder as loaders
+
+    compact(recorder, now=LATER)
+    monkeypatch.setattr(loaders, "GAP_READERS_MIN_ROWS", 0)
+    started = []
+    real = loaders._start_readers
+    monkeypatch.setattr(loaders, "_start_readers", lambda *a: started.append(a[1]) or real(*a))
+    assert_same(load_recorder(recorder, workers=2), load_recorder(recorder, workers=1, use_blocks=False))
+    assert started and len(started[0]) == 2  # the partial hour before the stored ones and the open end after
