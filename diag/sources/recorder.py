@@ -92,7 +92,11 @@ def _with_blocks(path: Path, since: float | None, until: float | None, source: s
     while this process reads the blocks (when it may fork: ``workers`` > 1); a block that no longer describes its
     hour is read from JSON here."""
     ranges = list(blocks.gaps(planned.wanted, since, until))
-    readers = _start_readers(path, ranges, source) if workers > 1 and _rows(path, ranges) >= GAP_READERS_MIN_ROWS else []
+    readers = []
+    if workers > 1 and _rows(path, ranges) >= GAP_READERS_MIN_ROWS:
+        # each range split as a read without blocks would split it (a recorder stored for its last hours only)
+        ranges = [part for lo, hi in ranges for part in _plan(path, lo, hi, workers)]
+        readers = _start_readers(path, ranges, source)
     cached = blocks.load(planned, path)
     pieces: list[tuple[float, TimelineBuilder | tuple[float | None, float | None]]] = [(b.lo, b.builder) for b in cached]
     for (lo, hi), reader in itertools.zip_longest(ranges, readers):

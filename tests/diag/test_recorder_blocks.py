@@ -169,5 +169,9 @@ def test_the_hours_around_the_stored_ones_read_by_forked_readers(recorder: Path,
     started = []
     real = loaders._start_readers
     monkeypatch.setattr(loaders, "_start_readers", lambda *a: started.append(a[1]) or real(*a))
-    assert_same(load_recorder(recorder, workers=2), load_recorder(recorder, workers=1, use_blocks=False))
+    reference = load_recorder(recorder, workers=1, use_blocks=False)
+    assert_same(load_recorder(recorder, workers=2), reference)
     assert started and len(started[0]) == 2  # the partial hour before the stored ones and the open end after
+    monkeypatch.setattr(loaders, "PARALLEL_MIN_ROWS", 10)  # large ranges: each split among the readers, as without blocks
+    assert_same(load_recorder(recorder, workers=2), reference)
+    assert len(started[1]) == 4
