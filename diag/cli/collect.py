@@ -167,8 +167,11 @@ def _collect_plan(
                                       examples=SCRAPE_TIMEOUT_EXAMPLES)  # fmt: skip
         compact_every_s: float | None = None
         if (compact_every or "1h").lower() != "off":
-            compact_every_s = opts.duration("--compact-every", compact_every or "1h", low=1, high=86400,
-                                            examples=("30m", "1h", "6h"))  # fmt: skip
+            try:
+                compact_every_s = opts.duration("--compact-every", compact_every or "1h", low=1, high=86400,
+                                                examples=("30m", "1h", "6h"))  # fmt: skip
+            except opts.OptionError as exc:
+                raise opts.OptionError(f"{exc}, or off") from None
         if once:
             opts.refuse(
                 {"--interval": interval is not None, "--listen": listen is not None, "--recorder": recorder is not None,
