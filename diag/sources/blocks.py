@@ -38,6 +38,7 @@ import logging
 import math
 import pickle
 import sqlite3
+import stat
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -189,26 +190,28 @@ class BlockFile:
     def open_for_writing(cls, recorder: str | Path) -> BlockFile:
         """Open or create it; a file that is not a blocks database is replaced (it only ever holds a copy)."""
         path = blocks_path(recorder)
+        mode = stat.S_IMODE(Path(recorder).stat().st_mode) & 0o666  # who may read the recorder may read its hours
         try:
-            return cls._writable(path)
+            return cls._writable(path, mode)
         except sqlite3.DatabaseError as exc:
             log.warning("%s was not a blocks file (%s): started again", path, exc)
-            for stale in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            for stale in (path, path.with_name(path.name + "-journal")):
                 stale.unlink(missing_ok=True)
-            return cls._writable(path)
+            return cls._writable(path, mode)
 
     @classmethod
-    def _writable(cls, path: Path) -> BlockFile:
+    def _writable(cls, path: Path, mode: int) -> BlockFile:
+        # SQLite's rollback journal, not WAL: one writer an hour, and a reader that may not write beside the file (an
+        # analyst who can read the recorder, not its folder) still opens it read-only.
         db = sqlite3.connect(path, timeout=30.0)
         try:
-            db.execute("PRAGMA journal_mode=WAL")
             db.execute(_SCHEMA)
             db.commit()
         except sqlite3.Error:
             db.close()
             raise
         with contextlib.suppress(OSError):
-            path.chmod(0o600)  # the recorder's own mode: the rows it is made from are the recorder's
+            path.chmod(mode)
         return cls(db, path)
 
     def close(self) -> None:
