@@ -189,10 +189,10 @@ def scenario_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def leak_scenario(joint_runs: dict[str, SharedScenario]) -> SharedScenario:
-    """The ``leak`` scenario's real runs, made once per session: the joint run, whose instrumented view's recorder the
-    triage suite diagnoses (live tests only: they need root and cgroups)."""
-    return joint_runs["leak"]
+def leak_scenario(tmp_path_factory: pytest.TempPathFactory, scenario_weights: Path) -> SharedScenario:
+    """The ``leak`` scenario's real runs, made once per session (live tests only: they need root and cgroups)."""
+    livecg.require_live()
+    return SharedScenario("leak", scenario_weights, tmp_path_factory.mktemp("leak-scenario"))
 
 
 @pytest.fixture(scope="session")

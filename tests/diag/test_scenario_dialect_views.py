@@ -107,33 +107,10 @@ def test_the_joint_views_of_the_scenario_suite() -> None:
     assert joint_views("queue") == ("llmdiag", "vllm", "tgi", "llamacpp")
     assert joint_views("kv-saturation") == ("vllm", "tgi", "llamacpp")  # its own run is vLLM's, uninstrumented
     assert joint_views("healthy") == ()  # two workers
-    assert joint_views("leak") == ("llmdiag", "vllm", "tgi", "llamacpp")  # its view's recorder goes to the triage suite
+    assert joint_views("leak") == ()  # its recorder goes whole to the triage suite
     assert joint_views("loader-refresh") == ()  # read from the tracker's records only
 
 
 def test_an_engine_scenario_refuses_the_reference_backends_dialects() -> None:
     with pytest.raises(ValueError, match="cannot apply"):
         run_scenario_in_dialects("engine-queue", ["vllm", "tgi"])
-
-
-def test_a_views_recorder_holds_exactly_that_views_records(tmp_path) -> None:
-    """A joint run keeps its instrumented view as a flight recorder (the triage suite diagnoses it as a service's):
-    every record of the view comes back, kind by kind, and none of the engines' scrapes."""
-    import json
-
-    from collectors.recorder_queries import RecorderReader
-    from diag.demo.scenarios.recording import write_recorder
-
-    records = [
-        {"kind": "host", "ts": 1.0, "schema": 1},
-        {"kind": "request", "ts": 1.5, "schema": 1, "id": "r1"},
-        _backend("/metrics", 2.0),
-        _backend("/metrics/vllm", 2.0),
-        {"kind": "cgroup", "ts": 3.0, "path": "/llmdiag/service"},
-    ]
-    view = dialect_view(records, "llmdiag")
-    assert write_recorder(view, tmp_path / "kept.db") == 4
-    with RecorderReader.open(tmp_path / "kept.db") as reader:
-        kept = [json.loads(body) for _ts, _kind, body in reader.rows(None, None)]
-    assert sorted(kept, key=lambda r: (r["ts"], r["kind"])) == sorted(view, key=lambda r: (r["ts"], r["kind"]))
-    assert not any(str(r.get("target", "")).endswith("/metrics/vllm") for r in kept)

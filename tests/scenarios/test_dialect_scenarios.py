@@ -83,8 +83,8 @@ def _problems(name: str, dialect: str, result: ScenarioResult) -> list[str]:
 # same load, fault and host for the three judgements, at a third of the real time of a run per dialect; the
 # bench's matrix (`bench/accuracy.py --dialects`) runs each dialect on its own. Most of these runs are the scenario
 # suite's own too (``joint_runs``: the tracker instruments the server as well, and ``test_scenarios.py`` judges
-# the same run as the instrumented service); the rest (healthy: its instrumented run has two workers) run here
-# for the engines alone.
+# the same run as the instrumented service); the rest (several workers, or a run another module needs whole) run
+# here for the engines alone.
 CASES = [name for name in SCENARIO_NAMES if name in SCENARIOS and SCENARIOS[name].speaks_dialects and name not in TRACKER_ONLY]
 
 

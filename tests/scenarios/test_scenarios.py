@@ -44,6 +44,10 @@ FIXTURES = REPO / "tests" / "fixtures" / "scenarios"
 RECORD_ENV = "LLMDIAG_RECORD_SCENARIO_FIXTURES"
 
 
+# Scenarios whose runs other modules check too: made once per session (tests/conftest.py), attempts included.
+SHARED_RUNS = {"leak": "leak_scenario"}
+
+
 @pytest.fixture
 def weights_dir(scenario_weights: Path) -> Path:
     return scenario_weights
@@ -96,18 +100,21 @@ def test_scenario_reproduces_its_incident(name: str, weights_dir: Path, tmp_path
     Cleanup is asserted after every attempt. The verdict gets one second attempt (``ATTEMPTS``):
     these runs share a 2-core host with whatever else runs there, and a neighbour's burst can
     legitimately change what a 45-60 s recording shows. A first failure is printed in full, so a
-    pass on the second attempt is visible in the output, never silent. A scenario an engine's /metrics can
-    show takes its attempts from the session's runs (tests/sharedruns.py): its run serves the engines' dialects
-    too, judged as each engine by ``test_dialect_scenarios.py`` (``joint_runs``); here it is judged as the scenario
-    itself runs, on every record but the engines' scrapes.
+    pass on the second attempt is visible in the output, never silent. A scenario in ``SHARED_RUNS``
+    takes its attempts from the session's runs (another module checks them too; tests/sharedruns.py), and so does
+    one an engine's /metrics can show: its run serves the engines' dialects too, judged as each engine by
+    ``test_dialect_scenarios.py`` (``joint_runs``); here it is judged as the scenario itself runs, on every record
+    but the engines' scrapes.
     """
     require_live()
     problems: list[str] = []
     for attempt in range(1, ATTEMPTS + 1):
         t0 = time.monotonic()
         export = tmp_path / f"{name}-{attempt}.jsonl.gz"
-        if joint_views(name):
-            shared = request.getfixturevalue("joint_runs")[name].attempt(attempt)
+        if name in SHARED_RUNS or joint_views(name):
+            fixture = SHARED_RUNS.get(name, "joint_runs")
+            runs = request.getfixturevalue(fixture)
+            shared = (runs if name in SHARED_RUNS else runs[name]).attempt(attempt)
             result, export = shared.result, shared.export
         else:
             result = run_scenario(

@@ -118,19 +118,6 @@ def copy_recorder(src: str | Path, dst: str | Path) -> None:
         reader.backup(dst)
 
 
-def write_recorder(records: Iterable[dict[str, Any]], path: str | Path) -> int:
-    """``records`` written into a new flight recorder at ``path``, as the agent stores them (one row per record).
-
-    Why: a joint run's recorder holds every dialect's scrapes; a view of it (``runner.dialect_view``) is what one
-    service's recorder would have held, and a reader of recorders (the triage receiver) takes it as one."""
-    rows = [(float(r["ts"]), str(r["kind"]), int(r.get("schema", 1)), json.dumps(r)) for r in records]
-    recorder = FlightRecorder(path, retention_s=10**9, max_size_bytes=MAX_RECORDER_BYTES)
-    try:
-        return recorder.write_rows(rows)
-    finally:
-        recorder.close()
-
-
 def write_jsonl_gz(records: Iterable[dict[str, Any]], path: str | Path) -> int:
     """One JSON record per line, gzip-compressed (the fixture format). Returns the number of records."""
     n = 0

@@ -28,7 +28,7 @@ from typing import Any
 from diag.demo.scenarios.cgroups import CgroupUnavailable, ScenarioCgroups, terminate_as_interrupt, unavailable_reason
 from diag.demo.scenarios.context import MiB, Progress, ScenarioContext, evict_from_page_cache, stderr_progress
 from diag.demo.scenarios.library import SCENARIOS
-from diag.demo.scenarios.recording import copy_recorder, scenario_records, write_jsonl_gz, write_recorder
+from diag.demo.scenarios.recording import copy_recorder, scenario_records, write_jsonl_gz
 from diag.demo.scenarios.registry import Scenario
 
 __all__ = [
@@ -98,7 +98,6 @@ def run_scenario_in_dialects(
     weights_dir: str | os.PathLike[str] | None = None,
     progress: Progress = stderr_progress,
     fixture: str | os.PathLike[str] | None = None,
-    keep_recorder: str | os.PathLike[str] | None = None,
 ) -> dict[str, ScenarioResult]:
     """Run scenario ``name`` once with the reference backend speaking several engines' dialects at once, and judge
     the run as each engine: one result per dialect, from the records that engine's /metrics would leave.
@@ -113,8 +112,7 @@ def run_scenario_in_dialects(
     engines' judgements in one. What the engines' views lose by it is nothing they would have held: the tracker runs
     its admission in an uninstrumented server too; its recorder's writes are the only addition. A scenario with
     several workers cannot run so (an engine's /metrics is one process's state), and is refused. ``fixture``: the
-    first view's records written as a replay fixture; ``keep_recorder``: written into a flight recorder, the one
-    that view's service would have kept (the run's own recorder holds every dialect's scrapes).
+    first view's records written as a replay fixture.
     """
     names = list(dict.fromkeys(dialects))
     engines = [d for d in names if d != "llmdiag"]
@@ -131,9 +129,6 @@ def run_scenario_in_dialects(
         if fixture is not None:
             n = write_jsonl_gz(views[names[0]], fixture)
             progress(f"{n} records written to {fixture}")
-        if keep_recorder is not None:
-            n = write_recorder(views[names[0]], keep_recorder)
-            progress(f"{n} records of the {names[0]} view kept in the recorder {keep_recorder}")
         return {d: _judge(run, scenario.expected, views[d], d, progress) for d in names}
     finally:
         shutil.rmtree(run.workdir, ignore_errors=True)
