@@ -40,7 +40,10 @@ def compact_once(recorder: Path, stop: threading.Event, timeout_s: float = TIMEO
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-            log.warning("diag compact of %s stopped (%s)", recorder, "agent stopping" if stop.is_set() else "timeout")
+            if stop.is_set():  # an ordinary stop of the agent: the hour is stored by the next run
+                log.info("diag compact of %s stopped (agent stopping)", recorder)
+            else:
+                log.warning("diag compact of %s stopped (timeout after %gs)", recorder, timeout_s)
             return None
         waited += 0.5
     err = proc.stderr.read() if proc.stderr is not None else ""
