@@ -7,6 +7,7 @@ second for days -- stays what it was. At nice 19 it yields the CPU to the servic
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -18,19 +19,19 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 FIRST_AFTER_S = 60.0  # the first run, a minute after the agent starts: hours an older agent left are stored soon
+NICE = 19  # the child yields the CPU to the service the agent watches
 TIMEOUT_S = 1800.0  # a run that takes longer than this is stopped (and tried again next time)
-
-
-def _lower_priority() -> None:
-    os.nice(19)
 
 
 def compact_once(recorder: Path, stop: threading.Event, timeout_s: float = TIMEOUT_S) -> int | None:
     """One ``diag compact --quiet`` on ``recorder``: its exit status, or None when it was stopped (the agent stopping,
     or the run outliving ``timeout_s``). What it printed goes to the agent's log when it failed."""
     cmd = [sys.executable, "-m", "diag.cli", "compact", "--recorder", str(recorder), "--quiet"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_lower_priority)  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # Lowered from here, not in the child before exec: the agent has threads (scrapers, the live diagnosis, /metrics),
+    # and a preexec_fn in a threaded process can deadlock the child. Its imports, the first moments, run at ours.
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, proc.pid, NICE)
     waited = 0.0
     while proc.poll() is None:
         if stop.wait(0.5) or waited >= timeout_s:

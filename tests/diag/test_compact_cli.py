@@ -4,6 +4,7 @@ itself; what reading through the stored hours gives is ``test_recorder_blocks.py
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -35,6 +36,13 @@ def _past_hours(path: Path, hours: int = 3) -> float:
     with FlightRecorder(path, retention_s=10 * 86400) as rec:
         rec.write(records)
     return first
+
+
+def _priority(pid: int) -> int | None:
+    try:
+        return os.getpriority(os.PRIO_PROCESS, pid)
+    except OSError:  # gone since it was listed
+        return None
 
 
 def _stored(recorder: Path) -> list[float]:
@@ -76,9 +84,15 @@ def test_the_agent_stores_the_hours_itself_and_stops_its_child_with_it(tmp_path:
          "--interval", "1s", "--no-gpu", "--no-kmsg", "-v"],
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+
+    def child_at_nice_19() -> bool:  # the compaction child, seen while it runs (it runs about once a second)
+        kids = subprocess.run(["pgrep", "-P", str(agent.pid)], capture_output=True, text=True).stdout.split()
+        return 19 in [_priority(int(k)) for k in kids]
+
     try:
         assert poll_until(lambda: len(_stored(recorder)) == 4, timeout_s=60), "the agent stored no hour in 60 s"
         assert _stored(recorder)[0] == first
+        assert poll_until(child_at_nice_19, timeout_s=30, every_s=0.02), "no compaction child seen at nice 19"
     finally:
         agent.send_signal(signal.SIGTERM)
         _, err = agent.communicate(timeout=60)
