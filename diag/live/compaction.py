@@ -53,9 +53,9 @@ def compact_once(recorder: Path, stop: threading.Event, timeout_s: float = TIMEO
     return proc.returncode
 
 
-def compaction_loop(recorder: Path, every_s: float, stop: threading.Event, first_after_s: float = FIRST_AFTER_S) -> None:
-    """``compact_once`` ``first_after_s`` after the start (at most ``every_s``), then every ``every_s``, until ``stop``."""
-    wait = min(first_after_s, every_s)
+def compaction_loop(recorder: Path, every_s: float, stop: threading.Event) -> None:
+    """``compact_once`` ``FIRST_AFTER_S`` after the start (at most ``every_s``), then every ``every_s``, until ``stop``."""
+    wait = min(FIRST_AFTER_S, every_s)
     while not stop.wait(wait):
         compact_once(recorder, stop)
         wait = every_s

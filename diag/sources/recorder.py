@@ -76,7 +76,7 @@ def load_recorder(
     with paused_gc():  # millions of short-lived acyclic objects: see diag/timeline/fastdecode.py
         planned = blocks.plan(path, since, until) if use_blocks else None
         if planned is None:
-            timeline = _read_range(Path(path), since, until, source, _workers(workers)).build()
+            timeline = _read_json(Path(path), since, until, source, _workers(workers)).build()
         else:
             timeline = _with_blocks(Path(path), since, until, source, planned, _workers(workers)).build()
     if since is not None:
@@ -93,9 +93,10 @@ def _with_blocks(path: Path, since: float | None, until: float | None, source: s
     hour is read from JSON here."""
     ranges = list(blocks.gaps(planned.wanted, since, until))
     readers = []
-    if workers > 1 and _rows(path, ranges) >= GAP_READERS_MIN_ROWS:
+    counts = _rows(path, ranges) if workers > 1 else []
+    if sum(counts) >= GAP_READERS_MIN_ROWS:
         # each range split as a read without blocks would split it (a recorder stored for its last hours only)
-        ranges = [part for lo, hi in ranges for part in _plan(path, lo, hi, workers)]
+        ranges = [part for (lo, hi), n in zip(ranges, counts, strict=True) for part in _plan(path, lo, hi, workers, n)]
         readers = _start_readers(path, ranges, source)
     cached = blocks.load(planned, path)
     pieces: list[tuple[float, TimelineBuilder | tuple[float | None, float | None]]] = [(b.lo, b.builder) for b in cached]
@@ -110,9 +111,10 @@ def _with_blocks(path: Path, since: float | None, until: float | None, source: s
     return builder
 
 
-def _rows(path: Path, ranges: Sequence[tuple[float | None, float | None]]) -> int:
+def _rows(path: Path, ranges: Sequence[tuple[float | None, float | None]]) -> list[int]:
+    """The rows of each range (counted once: ``_plan`` is handed them)."""
     with RecorderReader.open(path) as reader:
-        return sum(reader.count(lo, hi) for lo, hi in ranges)
+        return [reader.count(lo, hi) for lo, hi in ranges]
 
 
 def _scope_before(path: Path, since: float) -> list[WatchScope]:
@@ -214,11 +216,13 @@ def _workers(requested: int | None) -> int:
     return max(1, min(cpus, MAX_WORKERS))
 
 
-def _plan(path: Path, since: float | None, until: float | None, workers: int) -> list[tuple[float | None, float | None]]:
+def _plan(path: Path, since: float | None, until: float | None, workers: int,
+          count: int | None = None) -> list[tuple[float | None, float | None]]:  # fmt: skip
     """Split [since, until] into ``workers`` time ranges holding about the same number of rows.
 
     Each range but the last ends just below the next one's start, so no row is read twice (the
     recorder's ``rows()`` bounds are inclusive). One range when small or when anything is odd.
+    ``count``: the rows in [since, until] when the caller has counted them already.
     """
     if workers <= 1:
         return [(since, until)]
@@ -227,7 +231,8 @@ def _plan(path: Path, since: float | None, until: float | None, workers: int) ->
     except sqlite3.Error:
         return [(since, until)]
     try:
-        count = reader.count(since, until)
+        if count is None:
+            count = reader.count(since, until)
         if count < PARALLEL_MIN_ROWS:
             return [(since, until)]
         bounds: list[float] = []
@@ -244,7 +249,7 @@ def _plan(path: Path, since: float | None, until: float | None, workers: int) ->
     return list(zip(starts, ends, strict=True))
 
 
-def _read_range(path: Path, since: float | None, until: float | None, source: str, workers: int) -> TimelineBuilder:
+def _read_json(path: Path, since: float | None, until: float | None, source: str, workers: int) -> TimelineBuilder:
     """[since, until] from JSON: by one reader, or split among ``workers`` processes when it is large."""
     parts = _plan(path, since, until, workers)
     if len(parts) <= 1:
