@@ -423,27 +423,39 @@ def test_llm_spans_are_children_of_the_server_span(tmp_path: Path, spans: Any) -
 
 def test_queue_span_only_when_the_request_waited(tmp_path: Path, spans: Any) -> None:
     provider, exporter = spans
-    tracker = _tracker(
-        tmp_path, CollectorRegistry(), provider, ratio=1.0, queue_span_min_s=0.2,
-        admission=AdmissionConfig(max_concurrency=1, queue_timeout_s=0.5),
-    )  # fmt: skip
-    app = make_app(tracker)
-    with serve(app) as base:
 
-        async def behind_a_holder(release_after_s: float) -> list[httpx.Response]:
-            app.state.gate.clear()
-            async with httpx.AsyncClient(base_url=base, timeout=30) as client:
-                holder = asyncio.create_task(client.get("/hold"))  # an instant grant
-                while tracker.health()["active_inference"] < 1:
-                    await asyncio.sleep(0.005)
-                queued = asyncio.create_task(client.get("/work?ms=1"))
-                await asyncio.sleep(release_after_s)
-                app.state.gate.set()
-                return [await holder, await queued]
+    # Each step waits for what it needs, not for a time that stands for it: the slot is released once the request
+    # has queued and then 0.3 s passed (it arrived before it queued: it waited at least that), or once its queue
+    # timeout has answered it. Timed from the client's send instead, a send that a loaded host delayed by 0.1 s
+    # would give a wait under the 0.2 s that makes a queue span, and a release delayed by 0.2 s would come after the
+    # 0.5 s queue timeout. So the request that waits and then runs has no queue timeout to race (a tracker of its own).
+    async def behind_a_holder(base: str, app: FastAPI, tracker: RequestTracker, gives_up: bool) -> list[httpx.Response]:
+        app.state.gate.clear()
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            holder = asyncio.create_task(client.get("/hold"))  # an instant grant
+            while tracker.health()["active_inference"] < 1:
+                await asyncio.sleep(0.005)
+            queued = asyncio.create_task(client.get("/work?ms=1"))
+            while tracker.health()["queue_depth"] < 1 and not queued.done():
+                await asyncio.sleep(0.005)
+            if gives_up:
+                await asyncio.wait({queued})  # its queue timeout answers it while the holder keeps the slot
+            else:
+                await asyncio.sleep(0.3)
+            app.state.gate.set()
+            return [await holder, await queued]
 
-        responses = asyncio.run(behind_a_holder(0.3))  # waits 0.3 s, then runs
-        responses += asyncio.run(behind_a_holder(1.0))  # gives up after 0.5 s
-    tracker.close()
+    responses: list[httpx.Response] = []
+    for name, queue_timeout_s in (("waits", None), ("gives-up", 0.5)):
+        (tmp_path / name).mkdir()
+        tracker = _tracker(
+            tmp_path / name, CollectorRegistry(), provider, ratio=1.0, queue_span_min_s=0.2,
+            admission=AdmissionConfig(max_concurrency=1, queue_timeout_s=queue_timeout_s),
+        )  # fmt: skip
+        app = make_app(tracker)
+        with serve(app) as base:
+            responses += asyncio.run(behind_a_holder(base, app, tracker, gives_up=queue_timeout_s is not None))
+        tracker.close()
     assert [r.status_code for r in responses] == [200, 200, 200, 503]
     by_trace: dict[int, dict[str, Any]] = {}
     for span in exporter.get_finished_spans():

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from collectors.tracking import AdmissionConfig, InferenceTimeout, RequestTracker
 from collectors.tracking.deadlines import DeadlineSweeper
+from collectors.tracking.request import TrackedRequest
 
 
 def _tracker(budget: float) -> RequestTracker:
@@ -22,22 +23,35 @@ def _tracker(budget: float) -> RequestTracker:
 
 def test_work_past_the_budget_times_out_and_work_within_it_does_not() -> None:
     tracker = _tracker(0.05)
+    cuts: list[tuple[float, float]] = []  # each cut work's (deadline, perf_counter when the cancellation reached it)
+
+    async def work(req: TrackedRequest, seconds: float) -> None:
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            cuts.append((req._deadline, time.perf_counter()))  # type: ignore[arg-type]
+            raise
 
     async def one(seconds: float) -> str:
         try:
             async with tracker.request(route="/x") as req:
                 await req.acquire()
-                await req.run(asyncio.sleep(seconds))
+                await req.run(work(req, seconds))
                 return "ok"
         except InferenceTimeout:
             return "timeout"
 
     async def main() -> list[str]:
-        return await asyncio.gather(*(one(s) for s in (0.0, 5.0, 0.001, 5.0, 0.0)))
+        return await asyncio.gather(*(one(s) for s in (0.0, 5.0, 0.0, 5.0, 0.0)))
 
+    # The work within the budget ends at its first resumption, which the loop runs before any timer that fell due
+    # meanwhile, so no stall of the host can put the sweep ahead of it. Work that waits on a timer of its own
+    # (a 1 ms sleep) could: a loop stalled past the 50 ms budget runs that timer and the sweep in one pass, and the
+    # sweep cancels the task before it resumes. A sweep that cut too early is caught by the times of the cuts.
     started = time.monotonic()
     assert asyncio.run(main()) == ["ok", "timeout", "ok", "timeout", "ok"]
     assert time.monotonic() - started < 4.0  # the slow ones were cut at their deadline, not left to finish
+    assert len(cuts) == 2 and all(cut_at >= deadline for deadline, cut_at in cuts), cuts  # and not before it
 
 
 def test_a_later_request_with_an_earlier_deadline_is_cut_at_its_own_deadline() -> None:

@@ -97,6 +97,7 @@ def test_queue_wait_is_split_at_the_model_lock_and_statuses_become_outcomes(tmp_
     holds: list[tuple[float, float]] = []
     app = WrappedApp(_app(engine_locks.StartMarkingLock(asyncio.Lock()), holds), tracker, WrapConfig(metrics_path="/metrics"))
     calls = [("POST", "/v1/completions", {"max_tokens": 2})] * 6 + [("GET", "/busy", None), ("GET", "/boom", None)]
+    sent = time.time()  # before the client sends anything: no request can arrive earlier
     responses = asyncio.run(_drive(app, calls))
     assert [r.status_code for r in responses] == [200] * 6 + [429, 500]
     tracker.close()
@@ -108,10 +109,15 @@ def test_queue_wait_is_split_at_the_model_lock_and_statuses_become_outcomes(tmp_
     # loop after a hold (it did, 0.3 s, in a loaded CI), but nothing can fall between the lock's acquire and the
     # app's first line. The slack is the recorder's microsecond rounding and two clocks, not scheduling.
     waits = sorted(r["start"] - r["arrival"] for r in completions)
-    assert waits[0] < INFERENCE_S / 2 and waits[-1] >= 4 * INFERENCE_S, waits
+    assert waits[-1] >= 4 * INFERENCE_S, waits
     by_start = sorted(completions, key=lambda r: r["start"])
     assert len(holds) == 6
     slack = 0.002
+    # The first waited for no one: it arrived after the client sent it and before it got the lock. Bracketed so
+    # rather than held under a fraction of a hold: its wait is the loop's own work on eight requests, which a
+    # loaded host stretched past 25 ms (41 ms in one of 15 runs at load 8 on two cores).
+    assert all(r["arrival"] >= sent - slack for r in completions), (sent, [r["arrival"] for r in completions])
+    assert by_start[0]["arrival"] <= holds[0][0] + slack, (by_start[0]["arrival"], holds[0])
     for i, (row, (got, released)) in enumerate(zip(by_start, holds, strict=True)):
         assert got - slack <= row["start"] <= got + slack, (i, row["start"], got)
         assert row["finish"] >= released - slack, (i, row["finish"], released)

@@ -56,6 +56,38 @@ def _append_later(batcher: Batcher, job: _Job, after_s: float) -> threading.Thre
     return thread
 
 
+LATE_S = 2.5  # a job that comes this late joins only a batch that waits seconds, far past a half step or the cap
+
+
+def _append_unless_taken(batcher: Batcher, job: _Job, taken: threading.Event) -> threading.Thread:
+    """Append ``job`` after ``LATE_S`` unless ``taken`` is set first (the batch went without it): the test then
+    never waits out ``LATE_S``, and a batcher that waited seconds would still be caught taking it."""
+
+    def append() -> None:
+        if taken.wait(LATE_S):
+            return
+        with batcher._cond:
+            batcher._queue.append(job)
+            batcher._cond.notify()
+
+    thread = threading.Thread(target=append)
+    thread.start()
+    return thread
+
+
+def _record_waits(batcher: Batcher) -> list[float | None]:
+    """The timeout of each wait on the batcher's condition, as the batcher asked for it."""
+    waits: list[float | None] = []
+    wait = batcher._cond.wait
+
+    def recorded(timeout: float | None = None) -> bool:
+        waits.append(timeout)
+        return wait(timeout)
+
+    batcher._cond.wait = recorded  # type: ignore[method-assign]
+    return waits
+
+
 def test_a_late_job_joins_a_batch_short_of_the_recent_size(loop: asyncio.AbstractEventLoop, long_cap: None) -> None:
     batcher = _batcher([4] * 8, step_s=10.0)  # the window: half a step, 5 s
     batcher._queue.extend(_job(loop) for _ in range(3))
@@ -70,25 +102,37 @@ def test_a_late_job_joins_a_batch_short_of_the_recent_size(loop: asyncio.Abstrac
     assert elapsed < 2.5  # it went when the fourth came, not at the 5 s deadline
 
 
+# The two below judge the wait by the timeout the batcher asked its condition for, not by a stopwatch, and give the
+# late job no deadline to race: with a job appended 0.3 s later and a 0.25 s limit on the take, a test thread that
+# a loaded host stalled that long would fail a batcher that waited only its 5 ms (the job queued by the time it ran).
+# A stall only makes a wait return later; the timeout it asked for is the bound under test, exactly.
+
+
 def test_the_extra_wait_is_at_most_half_a_step(loop: asyncio.AbstractEventLoop, long_cap: None) -> None:
     batcher = _batcher([4] * 8, step_s=0.01)  # half a step: 5 ms (the cap, 5 s, does not bind)
+    waits = _record_waits(batcher)
     batcher._queue.extend(_job(loop) for _ in range(3))
-    thread = _append_later(batcher, _job(loop), 0.3)
-    started = time.monotonic()
+    taken = threading.Event()
+    thread = _append_unless_taken(batcher, _job(loop), taken)
     batch = batcher._take_batch()
-    elapsed = time.monotonic() - started
+    taken.set()
     thread.join()
-    assert batch is not None and len(batch) == 3
-    assert elapsed < 0.25  # did not wait for the late job
+    assert batch is not None and len(batch) == 3  # did not wait for the late job
+    # none at all when the host stalled the thread past the 5 ms before it could wait: nothing to judge then
+    assert all(w is not None and 0 < w <= 0.01 / 2 for w in waits), waits
 
 
 def test_the_cap_bounds_the_extra_wait(loop: asyncio.AbstractEventLoop) -> None:
     batcher = _batcher([4] * 8, step_s=10.0)  # half a step, 5 s, is over the 50 ms cap
+    waits = _record_waits(batcher)
     batcher._queue.extend(_job(loop) for _ in range(3))
-    thread = _append_later(batcher, _job(loop), 1.5)
+    taken = threading.Event()
+    thread = _append_unless_taken(batcher, _job(loop), taken)
     batch = batcher._take_batch()
+    taken.set()
     thread.join()
     assert batch is not None and len(batch) == 3
+    assert all(w is not None and 0 < w <= batcher_module.MAX_EXTRA_WAIT_S for w in waits), waits
 
 
 # The two below ask whether the batcher waits past the fixed window at all. A window that would wait is 5 s long here

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from diag.demo.scenarios.load import Phase, completion, drive, idle
 
@@ -20,18 +21,28 @@ NOWHERE = "http://127.0.0.1:1"  # connection refused at once
 LONG_S = 60.0  # every phase would run this long without the stop: a stopped run ends far sooner
 
 
-def _stop_after(seconds: float) -> threading.Event:
+def _stop_after_start_of(phase: str, seconds: float) -> tuple[threading.Event, Callable[[str], None]]:
+    """A stop set ``seconds`` after the driver announces ``phase``, and the progress callback that starts its clock.
+
+    Counted from the phase, not from the call to ``drive``: the driver first builds its HTTP client, which took
+    0.03-0.13 s on a loaded two-core host and can take longer than the whole wait when the host stalls the test,
+    and a stop set before the phase begins rightly skips the phase this test means to see stopped."""
     stop = threading.Event()
     timer = threading.Timer(seconds, stop.set)
     timer.daemon = True
-    timer.start()
-    return stop
+
+    def progress(message: str) -> None:
+        if message.startswith(f"load phase {phase}:"):
+            timer.start()
+
+    return stop, progress
 
 
 def test_a_stop_ends_a_closed_loop_phase_and_skips_the_rest() -> None:
     phases = [Phase("busy", LONG_S, 2, completion(8, 4)), idle("after", LONG_S)]
+    stop, progress = _stop_after_start_of("busy", 0.5)
     t0 = time.monotonic()
-    report = drive(NOWHERE, phases, request_timeout_s=5.0, stop=_stop_after(0.5))
+    report = drive(NOWHERE, phases, request_timeout_s=5.0, stop=stop, progress=progress)
     took = time.monotonic() - t0
     assert took < 10, f"the stop was not noticed: the run took {took:.1f} s"
     assert report.stopped
@@ -43,8 +54,9 @@ def test_a_stop_ends_a_closed_loop_phase_and_skips_the_rest() -> None:
 
 def test_a_stop_ends_an_idle_phase_before_the_load_starts() -> None:
     phases = [idle("quiet", LONG_S), Phase("never", LONG_S, 4, completion(8, 4))]
+    stop, progress = _stop_after_start_of("quiet", 0.3)
     t0 = time.monotonic()
-    report = drive(NOWHERE, phases, stop=_stop_after(0.3))
+    report = drive(NOWHERE, phases, stop=stop, progress=progress)
     assert time.monotonic() - t0 < 10
     assert report.stopped and [p.name for p in report.phases] == ["quiet"]
     assert report.phases[0].stopped and report.sent == 0
