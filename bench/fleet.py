@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import resource
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -98,38 +100,43 @@ class _Profile:
         self.split_s = 0.0
 
     def install(self) -> None:
+        """Time each query's request (``_Prometheus._post``, inside the fleet's in-flight limit) and its decoding, per
+        thread: the parts of the query set run on several threads even with one query in flight."""
         import diag.sources.fleet as fleet_mod
 
         prof = self
-        call, lazy, split = fleet_mod._LazyPrometheus._call, fleet_mod._lazy_matrix, fleet_mod._split
+        local, lock = threading.local(), threading.Lock()
+        import diag.sources.prometheus as prom_mod
+
+        call, post = fleet_mod._LazyPrometheus._call, prom_mod._Prometheus._post  # the request, inside the limit
+        lazy, split = fleet_mod._lazy_matrix, fleet_mod._split
 
         def timed_call(client, path, params):  # type: ignore[no-untyped-def]
-            post = client.http.post
             row = {"query": params.get("query", ""), "http_s": 0.0, "bytes": 0, "wire_bytes": 0, "encoding": ""}
-
-            def timed_post(*a, **k):  # type: ignore[no-untyped-def]
-                t = time.perf_counter()
-                resp = post(*a, **k)
-                row["http_s"] = time.perf_counter() - t
-                row["bytes"], row["wire_bytes"] = len(resp.content), resp.num_bytes_downloaded
-                row["encoding"] = resp.headers.get("content-encoding", "")
-                return resp
-
-            client.http.post = timed_post
-            try:
-                t = time.perf_counter()
-                out = call(client, path, params)
-                row["call_s"] = time.perf_counter() - t
-            finally:
-                del client.http.post
-            prof.queries.append(row)
+            local.row = row
+            t = time.perf_counter()
+            out = call(client, path, params)
+            row["call_s"] = time.perf_counter() - t
+            with lock:
+                prof.queries.append(row)
             return out
+
+        def timed_post(client, where, params):  # type: ignore[no-untyped-def]
+            t = time.perf_counter()
+            resp = post(client, where, params)
+            row = local.row
+            row["http_s"] = time.perf_counter() - t
+            row["bytes"], row["wire_bytes"] = len(resp.content), resp.num_bytes_downloaded
+            row["encoding"] = resp.headers.get("content-encoding", "") or "identity"
+            return resp
 
         def timed_lazy(*a, **k):  # type: ignore[no-untyped-def]
             t = time.perf_counter()
             out = lazy(*a, **k)
-            prof.queries[-1]["decode_s"] = time.perf_counter() - t  # one query in flight: the last one's reply
-            prof.queries[-1]["series"] = len(out)
+            row = getattr(local, "row", None)
+            if row is not None:
+                row["decode_s"] = time.perf_counter() - t
+                row["series"] = len(out)
             return out
 
         def timed_split(*a, **k):  # type: ignore[no-untyped-def]
@@ -139,6 +146,7 @@ class _Profile:
             return out
 
         fleet_mod._LazyPrometheus._call = timed_call  # type: ignore[method-assign]
+        prom_mod._Prometheus._post = timed_post  # type: ignore[method-assign]
         fleet_mod._lazy_matrix = timed_lazy
         fleet_mod._split = timed_split
 
@@ -155,20 +163,28 @@ class _Profile:
         }  # fmt: skip
 
 
+ACCEPT_ENCODING_ENV = "LLMDIAG_BENCH_ACCEPT_ENCODING"
+
+
 def child(url: str, end: float, since: float, jobs: int, concurrency: int, rows_to: str) -> None:
     """One measured run, printed as JSON on stdout (and its rows, target by target, to ``rows_to`` if given)."""
     from diag.cli.fleet import judge_fleet
     from diag.sources.fleet import load_fleet
 
     prof = _Profile()
-    if concurrency == 1:  # the per-query figures assume one query at a time
+    if concurrency == 1:  # the per-query figures are each query's own with one in flight
         prof.install()
     t0 = time.perf_counter()
-    fleet = load_fleet(url, selector=SELECTOR, since_s=since, until=end, timeout_s=600, concurrency=concurrency)
+    encoding = os.environ.get(ACCEPT_ENCODING_ENV)  # --gzip-too: the reply compressed as a remote store's would be
+    fleet = load_fleet(url, selector=SELECTOR, since_s=since, until=end, timeout_s=600, concurrency=concurrency,
+                       headers={"Accept-Encoding": encoding} if encoding else None)  # fmt: skip
     t1 = time.perf_counter()
     rss_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    load_cpu = time.process_time()
     rows = judge_fleet(fleet.targets, jobs, lambda _m: None)
     t2 = time.perf_counter()
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = time.process_time() + usage.ru_utime + usage.ru_stime
     verdicts: dict[str, int] = defaultdict(int)
     for r in rows:
         verdicts[r["verdict"]] += 1
@@ -176,7 +192,7 @@ def child(url: str, end: float, since: float, jobs: int, concurrency: int, rows_
         Path(rows_to).write_text(json.dumps(sorted(rows, key=lambda r: r["target"]), sort_keys=True, default=str))
     print(json.dumps({
         "targets": len(fleet.targets), "queries": fleet.queries, "step": fleet.step, "load_s": t1 - t0,
-        "judge_s": t2 - t1, "rss_load_mib": rss_load / 1024,
+        "judge_s": t2 - t1, "rss_load_mib": rss_load / 1024, "load_cpu_s": load_cpu, "cpu_s": cpu,
         "rss_self_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "rss_worker_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, "verdicts": verdicts,
         "profile": prof.summary() if prof.queries else None,
@@ -204,6 +220,15 @@ def _compacted(url: str, start: float, end: float, timeout_s: float = 900.0) -> 
     print(f"Prometheus had not merged its backfilled blocks into {want}; measuring anyway", flush=True)
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far, its threads included.
+
+    Why: the store shares this host's cores with the analysing process, so its own CPU time for the query set,
+    over the cores, is a floor under the load's wall time that no client-side change can go below."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
@@ -218,6 +243,17 @@ def main() -> None:
     ap.add_argument("--keep", type=Path)
     ap.add_argument("--store", default="prometheus,vm", help="the servers queried, each size on each in turn")
     ap.add_argument("--rows", type=Path, help="write each run's rows, target by target, to DIR (to compare verdicts)")
+    ap.add_argument(
+        "--compare-code",
+        type=Path,
+        metavar="TREE",
+        help="also run each measurement with the code of TREE (a checkout of another commit), alternately",
+    )
+    ap.add_argument(
+        "--gzip-too",
+        action="store_true",
+        help="also run each measurement with the replies gzip-compressed (as from a store elsewhere)",
+    )
     ap.add_argument("--child", nargs=6, metavar=("URL", "END", "SINCE", "JOBS", "CONC", "ROWS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -270,17 +306,31 @@ def main() -> None:
                     _compacted(server.url, start, end)
                 print(f"{n} targets: {kind} loaded and ready in {time.perf_counter() - t:.1f} s", flush=True)
                 since = (points - 1) * args.step
+                variants = [("this tree", Path(__file__), None)]
+                if args.gzip_too:
+                    variants.append(("this tree, gzip", Path(__file__), "gzip"))
+                if args.compare_code:
+                    variants.append((f"{args.compare_code}", args.compare_code / "bench" / "fleet.py", None))
                 for conc in args.concurrency.split(","):
-                    rows_to = str(args.rows / f"{kind}-{n}-c{conc}.json") if args.rows else ""
-                    cmd = [sys.executable, __file__, "--child", server.url, str(end), str(since), str(args.jobs), conc,
-                           rows_to]  # fmt: skip
-                    loadavg = _loadavg()
-                    out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=3600)
-                    if out.returncode != 0:
-                        print(out.stderr[-3000:])
-                        continue
-                    r = json.loads(out.stdout.strip().splitlines()[-1])
-                    _report(n, kind, conc, args.jobs, loadavg, r)
+                    for label, script, encoding in variants:
+                        tag = f"-{label.replace('/', '_').replace(' ', '_').replace(',', '')}" if len(variants) > 1 else ""
+                        rows_to = str(args.rows / f"{kind}-{n}-c{conc}{tag}.json") if args.rows else ""
+                        cmd = [sys.executable, str(script), "--child", server.url, str(end), str(since), str(args.jobs),
+                               conc, rows_to]  # fmt: skip
+                        env = {**os.environ, ACCEPT_ENCODING_ENV: encoding} if encoding else None
+                        loadavg = _loadavg()
+                        store_cpu0 = _cpu_s(server.pid)
+                        out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=3600, env=env,
+                                             cwd=script.parent.parent)  # fmt: skip
+                        store_cpu = _cpu_s(server.pid) - store_cpu0
+                        if out.returncode != 0:
+                            print(out.stderr[-3000:])
+                            continue
+                        r = json.loads(out.stdout.strip().splitlines()[-1])
+                        r["store_cpu_s"] = store_cpu
+                        if len(variants) > 1:
+                            print(f"[{label}]", end=" ")
+                        _report(n, kind, conc, args.jobs, loadavg, r)
         for p in files:
             p.unlink()
         if not args.keep:
@@ -294,11 +344,19 @@ def _report(n: int, store: str, conc: str, jobs: int, loadavg: str, r: dict) -> 
           f"total {r['load_s'] + r['judge_s']:.1f} s; peak RSS {r['rss_self_mib']:.0f} MiB "
           f"(after load {r['rss_load_mib']:.0f}), largest worker {r['rss_worker_mib']:.0f} MiB; "
           f"verdicts {dict(r['verdicts'])}", flush=True)  # fmt: skip
+    cores = len(os.sched_getaffinity(0))
+    if "cpu_s" in r:  # an older tree's child (--compare-code) does not count its own
+        print(f"  the store's own CPU over the run: {r['store_cpu_s']:.1f} s (the analysing process: {r['cpu_s']:.1f} s); "
+              f"on {cores} shared cores the load cannot take less than "
+              f"{(r['store_cpu_s'] + r['load_cpu_s']) / cores:.1f} s", flush=True)  # fmt: skip
+    else:
+        print(f"  the store's own CPU over the run: {r['store_cpu_s']:.1f} s", flush=True)
     p = r.get("profile")
     if p:
         print(f"  load: HTTP {p['http_s']:.1f} s for {p['mib']:.0f} MiB of JSON ({p['wire_mib']:.0f} MiB on the wire, "
-              f"encoding {p['encodings']}), decoding {p['decode_s']:.1f} s, split {p['split_s']:.1f} s, "
-              f"other {r['load_s'] - p['call_s'] - p['split_s']:.1f} s", flush=True)  # fmt: skip
+              f"encoding {p['encodings']}), decoding {p['decode_s']:.1f} s (beside the next requests), "
+              f"split {p['split_s']:.1f} s, no request in flight {r['load_s'] - p['http_s'] - p['split_s']:.1f} s",
+              flush=True)  # fmt: skip
         for q in p["top"]:
             print(f"    {q['http_s']:6.2f} s HTTP {q['decode_s']:5.2f} s decode {q['mib']:6.1f} MiB "
                   f"{q['series']:6d} series  {q['query']}", flush=True)  # fmt: skip

@@ -125,8 +125,9 @@ def load_fleet(
 ) -> Fleet:
     """Every target ``selector`` matches, over the last ``since_s`` seconds, split by label ``by``.
 
-    ``concurrency``: queries in flight at once (independent parts of the set, and a histogram's statistics), for
-    a Prometheus with cores to spare; the queries issued are the same whatever it is. ``headers``: sent with every
+    ``concurrency``: queries in flight at once, for a Prometheus with cores to spare: the host parts, every signal's
+    first feed and a histogram's statistics are asked side by side, each reply decoded while the store works on the
+    next ones. The queries issued are the same whatever it is. ``headers``: sent with every
     query (``prometheus.request_headers``: authentication, the tenant), never shown.
 
     Raises ValueError (one line) on a bad label, an unreachable server or a refused query.
@@ -136,18 +137,28 @@ def load_fleet(
     say = progress or (lambda _msg: None)
     end = float(until) if until is not None else time.time()
     start = end - float(since_s)
-    prom = _LazyPrometheus(url, selector, timeout_s, headers)
+    prom = _LazyPrometheus(url, selector, timeout_s, headers, in_flight=concurrency)
     try:
         step, window = _resolution(prom, end, since_s, step_s)
         loaded = _Loaded()
-        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            q = _FleetQueries(prom, start, end, step, window, by, pool if concurrency > 1 else None)
-            say(f"querying host, cgroup, process, GPU and OOM series ({concurrency} at a time)")
-            # Each part fills its own lists of ``loaded`` (and of ``q.fallback``): they run side by side.
-            for future in [pool.submit(getattr(q, part), loaded) for part in ("host", "cgroups", "processes", "gpus", "ooms")]:
+        parts = ("host", "cgroups", "processes", "gpus", "ooms")
+        signals = bk.signals()
+        # Threads for every part and every signal's first feed, so that the store always has ``concurrency`` queries
+        # to work on (``_LazyPrometheus`` holds the rest back); a histogram's statistics on threads of their own, as
+        # their callers wait for them.
+        with ThreadPoolExecutor(max_workers=len(parts) + len(signals)) as pool, \
+                ThreadPoolExecutor(max_workers=max(1, concurrency) * len(_QUANTILES)) as stats:  # fmt: skip
+            q = _FleetQueries(prom, start, end, step, window, by, stats if concurrency > 1 else None)
+            say(f"querying host, cgroup, process, GPU and OOM series and the request side ({concurrency} at a time)")
+            # Each part fills its own lists of ``loaded`` (and of ``q.fallback``): they run side by side. Every
+            # signal's first feed is queried whatever the parts find, so it is asked meanwhile (``service``).
+            host = [pool.submit(getattr(q, part), loaded) for part in parts]
+            first = {signal: pool.submit(q.feed_by_target, bk.feeds_of(signal)[0]) for signal in signals} \
+                if concurrency > 1 else {}  # fmt: skip
+            for future in host:
                 future.result()
-            say(f"querying the request side ({prom.queries} queries so far)")
-            q.service(loaded)
+            say(f"host, cgroup, process, GPU and OOM series read; the request side ({prom.queries} queries so far)")
+            q.service(loaded, {signal: future.result() for signal, future in first.items()})
         queries = prom.queries
     finally:
         prom.close()
@@ -227,14 +238,23 @@ class _LazyPrometheus(_Prometheus):
     the next is decoded. Same checks and errors as the single path's client.
     """
 
-    def __init__(self, url: str, selector: str, timeout_s: float, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(self, url: str, selector: str, timeout_s: float, headers: Mapping[str, str] | None = None,
+                 in_flight: int = 1) -> None:  # fmt: skip
         super().__init__(url, selector, timeout_s, headers)
         self._lock = threading.Lock()  # queries run on several threads (httpx's client is thread-safe)
+        # The store's share: at most ``in_flight`` requests at once, however many threads have one to make. Only the
+        # request is inside (the server evaluating and encoding, the reply on the wire); decoding it is not, so the
+        # store is handed its next query while this process decodes the last reply.
+        self._in_flight = threading.BoundedSemaphore(max(1, in_flight))
         self.grids = _Grids()  # times shared by the series of every reply
 
     def _count(self) -> None:
         with self._lock:
             self.queries += 1
+
+    def _post(self, where: str, params: dict[str, Any]) -> httpx.Response:
+        with self._in_flight:
+            return super()._post(where, params)
 
     def _decode(self, resp: httpx.Response) -> Any:
         reply = msgspec.json.decode(resp.content, type=_Reply)
@@ -376,13 +396,17 @@ class _FleetQueries(_Queries):
                 got[target] = stats
         return got
 
-    def service(self, out: _Loaded) -> None:
-        """Each signal from, per target, the first feed with data for it; the next feed only while a target lacks it."""
+    def service(self, out: _Loaded, first: Mapping[str, dict[str, dict[str, Series]]] | None = None) -> None:
+        """Each signal from, per target, the first feed with data for it; the next feed only while a target lacks it.
+
+        ``first``: what each signal's first feed gave, when it was queried already (``load_fleet``)."""
         known = {t for t in (_target_of(r, self.by) for r in [*_results(out), *_results(self.fallback)]) if t}
+        first = first or {}
         for signal in bk.signals():
             have: set[str] = set()
-            for feed in bk.feeds_of(signal):
-                for target, series in self.feed_by_target(feed).items():
+            for i, feed in enumerate(bk.feeds_of(signal)):
+                given = first.get(signal) if i == 0 else None
+                for target, series in (given if given is not None else self.feed_by_target(feed)).items():
                     if target in have:
                         continue
                     have.add(target)

@@ -84,6 +84,7 @@ receive and query-frontend) go with every request and are never shown: they usua
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import re
@@ -92,6 +93,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
@@ -224,6 +226,22 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
+def _on_loopback(base: str) -> bool:
+    """True when the server is this machine (127.0.0.0/8, ::1, localhost): its replies are then asked uncompressed.
+
+    Why: Prometheus and VictoriaMetrics gzip a reply whenever the client accepts it, and over loopback that buys
+    nothing -- the server spends its CPU compressing (measured at 200 targets: 398 MiB of JSON to 16 MiB) and this
+    process decompresses, on the cores they share. Over a network the compression is kept: there it saves the
+    transfer."""
+    host = (urlsplit(base).hostname or "").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class _Prometheus:
     """A thin query client: every failure becomes a ValueError with a one-line reason.
 
@@ -240,8 +258,11 @@ class _Prometheus:
         self.authenticated = bool(headers)
         # No redirects while headers are set: httpx drops Authorization when a redirect changes the host, but
         # not a token in another header (X-Api-Key ...), which would follow the redirect to the other host.
+        sent = dict(headers or {})
+        if _on_loopback(base) and not any(k.lower() == "accept-encoding" for k in sent):
+            sent["Accept-Encoding"] = "identity"  # see ``_on_loopback``
         self.http = httpx.Client(timeout=timeout_s, follow_redirects=not headers, trust_env=False,
-                                 headers=dict(headers or {}))  # fmt: skip
+                                 headers=sent)  # fmt: skip
         self.queries = 0
 
     def close(self) -> None:
@@ -269,11 +290,14 @@ class _Prometheus:
     def _count(self) -> None:
         self.queries += 1
 
+    def _post(self, where: str, params: dict[str, Any]) -> httpx.Response:
+        return self.http.post(where, data=params)
+
     def _call(self, path: str, params: dict[str, Any]) -> Any:
         self._count()
         where = f"{self.base}{path}"
         try:
-            resp = self.http.post(where, data=params)
+            resp = self._post(where, params)
         except httpx.TimeoutException:
             raise ValueError(f"Prometheus at {self.base} did not answer within {self.timeout_s:g} s") from None
         except httpx.HTTPError as exc:
