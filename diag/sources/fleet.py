@@ -59,9 +59,10 @@ from diag.timeline import signals as sig
 log = logging.getLogger(__name__)
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Queries in flight. 2: a query is evaluated and encoded on one core of the store, so two at once use two. Measured by
-# bench/fleet.py at 200 targets x 1 h on a quiet 2-core host, Prometheus 2.42 on the same cores: load 51.4 s with one
-# in flight, 33.9 s with two (peak RSS 408 -> 537 MiB: two replies held at once). On a host loaded by other work the
-# same comparison showed no gain (the cores were not free) -- a store on its own machine has them free.
+# bench/fleet.py at 200 targets x 1 h on a quiet 2-core host, Prometheus 2.42 on the same cores: load 36.0 s with one
+# in flight, 20.9-22.2 s with two, 20.6 s with three (the store's own CPU, ~33 s over two cores, is the floor). On a
+# host loaded by other work the same comparison showed no gain (the cores were not free) -- a store on its own
+# machine has them free.
 CONCURRENCY = 2
 MIN_POINTS = 12  # a target whose longest series has fewer steps is "too little data" (3 rate windows of 4 steps)
 
