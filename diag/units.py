@@ -1,4 +1,5 @@
-"""Human units on the command line: durations (``90s``, ``30m``, ``2h``, ``1d``) and sizes (``256MiB``, ``1G``).
+"""Human units on the command line: durations (``90s``, ``30m``, ``2h``, ``1d``) and sizes (``256MiB``, ``1G``),
+and whether a host given there is this machine.
 
 Errors say what was expected, because an on-call engineer typing under stress deserves better than
 a traceback.
@@ -6,6 +7,7 @@ a traceback.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 
@@ -97,3 +99,17 @@ def format_value(v: object, unit: str = "") -> str:
         return f"{v * 1000:.0f} ms"
     text = f"{v:.4g}" if isinstance(v, float) else str(v)
     return f"{text} {unit}".strip()
+
+
+def is_loopback(host: str) -> bool:
+    """True for a host that is this machine: ``localhost``, 127.0.0.0/8 or ``::1`` (bracketed as in a URL or not).
+
+    One answer for every command that treats this machine apart -- a receiver listening without a token, a gate
+    target reached without ``--allow-remote``, a store asked for uncompressed replies."""
+    host = host.strip().lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

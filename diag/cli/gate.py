@@ -4,7 +4,6 @@ host's memory, with the rules' diagnosis of every failure. Everything is checked
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import os
 import sys
@@ -18,17 +17,9 @@ import typer
 
 from diag.cli import options as opts
 from diag.cli.errors import fail
+from diag.units import is_loopback
 
 PROBE_S = 5.0
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def _target(text: str, allow_remote: bool) -> str:
@@ -37,7 +28,7 @@ def _target(text: str, allow_remote: bool) -> str:
     parts = urlsplit(text)
     if parts.query or parts.fragment:
         raise opts.OptionError(f"--target {text!r}: a base URL without ?query or #fragment; use e.g. http://127.0.0.1:8000")
-    if not allow_remote and not _loopback(parts.hostname or ""):
+    if not allow_remote and not is_loopback(parts.hostname or ""):
         raise opts.OptionError(
             f"--target {text!r}: not a loopback address; a gate sends real load, so another host needs --allow-remote"
         )

@@ -240,7 +240,8 @@ def serve(
       GITLAB_TOKEN=... diag triage serve --no-diagnosis --gitlab-project ops/llm-incidents\n
       LLMDIAG_TRIAGE_TOKEN=s3cret diag triage serve --listen 10.0.0.5:9095 --prometheus http://127.0.0.1:9090
     """
-    from diag.triage.server import Receiver, is_loopback
+    from diag.triage.server import Receiver
+    from diag.units import is_loopback
 
     config = _serve_config(**locals())
     if not is_loopback(config.host) and not config.token:

@@ -20,7 +20,6 @@ import contextlib
 import functools
 import hashlib
 import hmac
-import ipaddress
 import logging
 import re
 import socket
@@ -69,15 +68,6 @@ class ReceiverConfig:
     claim_lease_s: float = CLAIM_LEASE_S  # a shared store only: how long a claim on a ticket action holds
     request_timeout_s: float = REQUEST_TIMEOUT_S
     idle_timeout_s: float = IDLE_TIMEOUT_S
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class _Server(uvicorn.Server):
