@@ -44,27 +44,17 @@ def _batcher(recent: list[int], step_s: float) -> Batcher:
     return batcher
 
 
-def _append_later(batcher: Batcher, job: _Job, after_s: float) -> threading.Thread:
-    def append() -> None:
-        time.sleep(after_s)
-        with batcher._cond:
-            batcher._queue.append(job)
-            batcher._cond.notify()
-
-    thread = threading.Thread(target=append)
-    thread.start()
-    return thread
-
-
 LATE_S = 2.5  # a job that comes this late joins only a batch that waits seconds, far past a half step or the cap
 
 
-def _append_unless_taken(batcher: Batcher, job: _Job, taken: threading.Event) -> threading.Thread:
-    """Append ``job`` after ``LATE_S`` unless ``taken`` is set first (the batch went without it): the test then
-    never waits out ``LATE_S``, and a batcher that waited seconds would still be caught taking it."""
+def _append_later(batcher: Batcher, job: _Job, after_s: float, unless: threading.Event | None = None) -> threading.Thread:
+    """Append ``job`` after ``after_s`` -- or never, when ``unless`` is set first (the batch went without it: the test
+    then never waits out ``after_s``, and a batcher that waited that long would still be caught taking it)."""
 
     def append() -> None:
-        if taken.wait(LATE_S):
+        if unless is None:
+            time.sleep(after_s)
+        elif unless.wait(after_s):
             return
         with batcher._cond:
             batcher._queue.append(job)
@@ -113,7 +103,7 @@ def test_the_extra_wait_is_at_most_half_a_step(loop: asyncio.AbstractEventLoop, 
     waits = _record_waits(batcher)
     batcher._queue.extend(_job(loop) for _ in range(3))
     taken = threading.Event()
-    thread = _append_unless_taken(batcher, _job(loop), taken)
+    thread = _append_later(batcher, _job(loop), LATE_S, unless=taken)
     batch = batcher._take_batch()
     taken.set()
     thread.join()
@@ -127,7 +117,7 @@ def test_the_cap_bounds_the_extra_wait(loop: asyncio.AbstractEventLoop) -> None:
     waits = _record_waits(batcher)
     batcher._queue.extend(_job(loop) for _ in range(3))
     taken = threading.Event()
-    thread = _append_unless_taken(batcher, _job(loop), taken)
+    thread = _append_later(batcher, _job(loop), LATE_S, unless=taken)
     batch = batcher._take_batch()
     taken.set()
     thread.join()
