@@ -32,7 +32,8 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,11 +157,13 @@ def load_fleet(
             host = [pool.submit(getattr(q, part), loaded) for part in parts]
             first = {signal: pool.submit(q.feed_by_target, bk.feeds_of(signal)[0]) for signal in signals} \
                 if concurrency > 1 else {}  # fmt: skip
-            for future in host:
-                future.result()
+            _first_failure([*host, *first.values()])
             say(f"host, cgroup, process, GPU and OOM series read; the request side ({prom.queries} queries so far)")
             q.service(loaded, {signal: future.result() for signal, future in first.items()})
         queries = prom.queries
+    except _Aborted:  # a query not sent after another failed, reached first (a histogram's statistics, in order)
+        assert prom.failure is not None
+        raise prom.failure from None
     finally:
         prom.close()
     if q.shadowed:
@@ -173,6 +176,15 @@ def load_fleet(
                for name, share in sorted(shares.items())]  # fmt: skip
     say(f"{len(targets)} targets from {queries} queries (step {step:g} s)")
     return Fleet(targets, by, prom.selector, queries, step, (start, end), unlabelled)
+
+
+def _first_failure(futures: list[Future[Any]]) -> None:
+    """Wait for ``futures``; raise the first real failure among them (one not sent after it, ``_Aborted``, is not)."""
+    wait_futures(futures)
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    real = [e for e in errors if not isinstance(e, _Aborted)]
+    if real or errors:
+        raise (real or errors)[0]  # type: ignore[misc]
 
 
 def _target_selector(selector: str, by: str, name: str) -> str:
@@ -247,6 +259,10 @@ class _LazyPrometheus(_Prometheus):
         # request is inside (the server evaluating and encoding, the reply on the wire); decoding it is not, so the
         # store is handed its next query while this process decodes the last reply.
         self._in_flight = threading.BoundedSemaphore(max(1, in_flight))
+        # Set once a query failed: the other threads' queries are not sent (``load_fleet`` raises the first failure
+        # at once instead of after the dozens of queries still waiting for their turn).
+        self.aborted = threading.Event()
+        self.failure: BaseException | None = None  # the failure that set it
         self.grids = _Grids()  # times shared by the series of every reply
 
     def _count(self) -> None:
@@ -255,7 +271,32 @@ class _LazyPrometheus(_Prometheus):
 
     def _post(self, where: str, params: dict[str, Any]) -> httpx.Response:
         with self._in_flight:
-            return super()._post(where, params)
+            if self.aborted.is_set():
+                raise _Aborted
+            try:
+                resp = super()._post(where, params)
+            except BaseException:
+                self.aborted.set()
+                raise
+            if resp.status_code != 200:  # a refusal (``_call`` says which): set before the next request may go
+                self.aborted.set()
+            return resp
+
+    def _call(self, path: str, params: dict[str, Any]) -> Any:
+        try:
+            return super()._call(path, params)
+        except _Aborted:
+            raise
+        except BaseException as exc:
+            with self._lock:
+                if self.failure is None:
+                    self.failure = exc
+            self.aborted.set()
+            raise
+
+
+class _Aborted(Exception):
+    """A query not sent because another one failed first (never reaches the caller: that failure does)."""
 
     def _decode(self, resp: httpx.Response) -> Any:
         reply = msgspec.json.decode(resp.content, type=_Reply)
