@@ -242,6 +242,10 @@ def _decode_series(raw: msgspec.Raw) -> tuple[dict[str, str], np.ndarray, np.nda
         return strict.metric, ts, vals
 
 
+class _Aborted(Exception):
+    """A query not sent because another one failed first (never reaches the caller: that failure does)."""
+
+
 class _LazyPrometheus(_Prometheus):
     """The query client, decoding a reply's series one at a time.
 
@@ -293,10 +297,6 @@ class _LazyPrometheus(_Prometheus):
                     self.failure = exc
             self.aborted.set()
             raise
-
-
-class _Aborted(Exception):
-    """A query not sent because another one failed first (never reaches the caller: that failure does)."""
 
     def _decode(self, resp: httpx.Response) -> Any:
         reply = msgspec.json.decode(resp.content, type=_Reply)

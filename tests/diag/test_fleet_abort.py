@@ -1,4 +1,5 @@
-"""A fleet load stops sending at the first refused query and says why, instead of working through the rest.
+"""A fleet load stops sending at the first refused query and says why, instead of working through the rest; and its
+client decodes replies its own way (a series at a time, times shared).
 
 The fleet's queries run on many threads with a few in flight (``load_fleet``'s ``concurrency``); without a stop,
 one refusal -- a store's series limit on the host families, say -- would be raised only after every other
@@ -19,7 +20,7 @@ from urllib.parse import parse_qs
 
 import pytest
 
-from diag.sources.fleet import load_fleet
+from diag.sources.fleet import _LazyPrometheus, load_fleet
 
 pytestmark = pytest.mark.process
 END = 1_733_000_000.0
@@ -41,6 +42,11 @@ class _Store(BaseHTTPRequestHandler):
             with self.lock:
                 self.refused_at.append(time.monotonic())
             self._reply(422, {"status": "error", "errorType": "execution", "error": REFUSAL})
+            return
+        if self.path.startswith("/api/v1/query_range") and query == "two_series_on_one_grid":
+            values = [[END - 10, "1"], [END - 5, "2"], [END, "3"]]
+            result = [{"metric": {"instance": f"n{i}:9464"}, "values": values} for i in range(2)]
+            self._reply(200, {"status": "success", "data": {"resultType": "matrix", "result": result}})
             return
         if self.path.startswith("/api/v1/query_range"):
             time.sleep(0.3)
@@ -87,3 +93,17 @@ def test_the_first_refusal_is_raised_and_nothing_more_is_sent(store: str, concur
     # so a slot cannot be handed on twice before the refusal is read); without the stop, every query left would.
     assert len(after) <= concurrency, after
     assert len(_Store.received) < 20, len(_Store.received)  # the set is ~70 queries: most were never sent
+
+
+def test_the_fleet_client_decodes_each_series_onto_shared_read_only_grids(store: str) -> None:
+    """The fleet's own client, not the single path's, answers its queries (its replies are decoded a series at a time
+    and series on the same steps share one read-only time array: what keeps 200 targets' replies in memory bounds)."""
+    prom = _LazyPrometheus(store, "", 5.0, in_flight=2)
+    try:
+        first = prom.range("two_series_on_one_grid", END - 10, END, 5)
+        again = prom.range("two_series_on_one_grid", END - 10, END, 5)
+    finally:
+        prom.close()
+    grids = {id(r.ts) for r in [*first, *again]}
+    assert len(first) == 2 and len(grids) == 1, grids
+    assert not first[0].ts.flags.writeable and list(first[1].values) == [1.0, 2.0, 3.0]
