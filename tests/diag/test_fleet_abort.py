@@ -10,24 +10,23 @@ query after 0.3 s; it counts the requests that reach it after the refusal went o
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 from urllib.parse import parse_qs
 
 import pytest
 
 from diag.sources.fleet import _LazyPrometheus, load_fleet
+from tests.httpstub import JsonHandler, serving
 
 pytestmark = pytest.mark.process
 END = 1_733_000_000.0
 REFUSAL = "the query hit the store's series limit (a test refusal)"
 
 
-class _Store(BaseHTTPRequestHandler):
+class _Store(JsonHandler):
     protocol_version = "HTTP/1.1"
     lock = threading.Lock()
     refused_at: ClassVar[list[float]] = []
@@ -41,46 +40,27 @@ class _Store(BaseHTTPRequestHandler):
         if self.path.startswith("/api/v1/query_range") and "llmdiag_host_memory" in query:
             with self.lock:
                 self.refused_at.append(time.monotonic())
-            self._reply(422, {"status": "error", "errorType": "execution", "error": REFUSAL})
+            self.reply_json(422, {"status": "error", "errorType": "execution", "error": REFUSAL})
             return
         if self.path.startswith("/api/v1/query_range") and query == "two_series_on_one_grid":
             values = [[END - 10, "1"], [END - 5, "2"], [END, "3"]]
             result = [{"metric": {"instance": f"n{i}:9464"}, "values": values} for i in range(2)]
-            self._reply(200, {"status": "success", "data": {"resultType": "matrix", "result": result}})
+            self.reply_json(200, {"status": "success", "data": {"resultType": "matrix", "result": result}})
             return
         if self.path.startswith("/api/v1/query_range"):
             time.sleep(0.3)
-            self._reply(200, {"status": "success", "data": {"resultType": "matrix", "result": []}})
+            self.reply_json(200, {"status": "success", "data": {"resultType": "matrix", "result": []}})
             return
         # the probe of the scrape interval: one series sampled every 5 s
         series = {"metric": {"__name__": "up"}, "values": [[END - 60 + 5 * i, "1"] for i in range(12)]}
-        self._reply(200, {"status": "success", "data": {"resultType": "matrix", "result": [series]}})
-
-    def _reply(self, status: int, doc: dict) -> None:
-        body = json.dumps(doc).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_args: object) -> None:
-        pass
+        self.reply_json(200, {"status": "success", "data": {"resultType": "matrix", "result": [series]}})
 
 
 @pytest.fixture
 def store() -> Iterator[str]:
     _Store.refused_at, _Store.received = [], []
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Store)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
+    with serving(_Store) as url:
+        yield url
 
 
 @pytest.mark.parametrize("concurrency", [1, 2, 3])

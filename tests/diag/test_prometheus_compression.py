@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import gzip
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
 import pytest
 
 from diag.sources.fleet import _LazyPrometheus
 from diag.sources.prometheus import _Prometheus
+from tests.httpstub import JsonHandler, serving
 
 REPLY = {
     "status": "success",
@@ -27,39 +26,24 @@ REPLY = {
 }
 
 
-class _Recording(BaseHTTPRequestHandler):
+class _Recording(JsonHandler):
     offered: ClassVar[list[str]] = []
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", "0")))
         offered = self.headers.get("Accept-Encoding", "")
         self.offered.append(offered)
-        body = json.dumps(REPLY).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
         if "gzip" in offered:
-            body = gzip.compress(body)
-            self.send_header("Content-Encoding", "gzip")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_args: object) -> None:
-        pass
+            self.reply_json(200, None, {"Content-Encoding": "gzip"}, gzip.compress(json.dumps(REPLY).encode()))
+        else:
+            self.reply_json(200, REPLY)
 
 
 @pytest.fixture
 def server() -> Iterator[str]:
     _Recording.offered = []
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Recording)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
+    with serving(_Recording) as url:
+        yield url
 
 
 @pytest.mark.process
