@@ -94,7 +94,7 @@ def _with_blocks(path: Path, since: float | None, until: float | None, source: s
     ranges = list(blocks.gaps(planned.wanted, since, until))
     readers = []
     counts = _rows(path, ranges) if workers > 1 else []
-    if sum(counts) >= GAP_READERS_MIN_ROWS:
+    if workers > 1 and sum(counts) >= GAP_READERS_MIN_ROWS:
         # each range split as a read without blocks would split it (a recorder stored for its last hours only)
         ranges = [part for (lo, hi), n in zip(ranges, counts, strict=True) for part in _plan(path, lo, hi, workers, n)]
         readers = _start_readers(path, ranges, source)
