@@ -111,3 +111,22 @@ def test_the_agents_compaction_is_hourly_by_default_and_off_when_asked(tmp_path:
         return _collect_plan(None, "off", False, tmp_path / "r.db", None, None, None, None, compact_every=every).compact_every_s
 
     assert plan(None) == 3600.0 and plan("30m") == 1800.0 and plan("off") is None and plan("OFF") is None
+
+
+def test_a_failed_run_that_printed_more_than_a_pipe_holds_is_reported_with_its_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A child that prints 256 KiB (four pipes' worth) and fails: its exit status comes back as soon as it exits --
+    not a timeout, as when its stderr was a pipe read only after the exit (the child blocked on the full pipe) --
+    and the end of what it printed, its error, is in the agent's log."""
+    import threading
+
+    from diag.live import compaction
+
+    noisy = "import sys; sys.stderr.write('warning: row skipped\\n' * 12000); sys.stderr.write('the real error'); sys.exit(3)"
+    monkeypatch.setattr(compaction, "command", lambda recorder: [sys.executable, "-c", noisy])
+    caplog.set_level("WARNING", logger=compaction.log.name)
+    assert compaction.compact_once(tmp_path / "r.db", threading.Event(), timeout_s=20) == 3
+    [record] = [r for r in caplog.records if "failed (exit 3)" in r.getMessage()]
+    assert record.getMessage().endswith("the real error")
+    assert len(record.getMessage()) < compaction.ERROR_TAIL_BYTES + 200  # the tail, not the 256 KiB
