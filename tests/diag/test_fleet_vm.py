@@ -30,7 +30,7 @@ import pytest
 
 from diag.cli.fleet import judge_fleet
 from diag.rules.engine import analyze
-from diag.sources.fleet import load_fleet
+from diag.sources.fleet import _LazyPrometheus, load_fleet, runs_prometheus_engine
 from diag.sources.prometheus import load_prometheus
 from tests.diag.fleet_series import SCENARIO, SELECTOR, SICK, SINCE_S, THIN, recording, write_fleet
 from tests.promserver import PromServer, prometheus, require_prometheus
@@ -106,6 +106,17 @@ def test_one_target_gets_the_same_verdict_and_series(stores: Stores, name: str) 
         assert {n: len(s) for n, s in on_vm.processes[key].series.items()} == {
             n: len(s) for n, s in track.series.items()}, key  # fmt: skip
     assert len(on_vm.ooms) == len(on_prom.ooms)
+
+
+def test_prometheus_sends_the_buckets_and_victoria_metrics_its_own_quantiles(stores: Stores) -> None:
+    """Which stores the fleet asks for bucket rates (quantiles made here) is told by their build info: Prometheus
+    gives its version, VictoriaMetrics an empty document -- the table above is the same either way."""
+    clients = [_LazyPrometheus(s.url, "", 10.0) for s in (stores.prom, stores.vm)]
+    try:
+        assert [runs_prometheus_engine(c) for c in clients] == [True, False]
+    finally:
+        for c in clients:
+            c.close()
 
 
 def test_the_command_prints_the_same_table_from_victoria_metrics(stores: Stores) -> None:
