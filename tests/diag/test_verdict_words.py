@@ -154,6 +154,10 @@ def test_analyze_on_a_two_sample_recorder_says_it_had_too_little_data(tmp_path: 
         # file -- other tests' servers, when the suite runs in parallel) is a real verdict, named as such.
         assert document["primary"] in run.stdout, run.stdout
         return
-    assert document["suspects"] == []
-    assert "too little data" in headline and "suspect" not in headline, run.stdout
+    assert "too little data" in headline, run.stdout
+    # Likewise a fault elsewhere on the host between the two samples is a suspect that needs no history: in
+    # `make test` the live tier's groups hit their limits beside this test (measured in a CI: another test's group,
+    # failcnt +7602 in 50 ms, a memory_pressure suspect at 0.45). Then the headline names both reasons; otherwise
+    # it must not point at suspects that are not there.
+    assert ("suspect" in headline) == bool(document["suspects"]), run.stdout
     assert all(short["rule"] in headline for short in document["too_little_data"])
