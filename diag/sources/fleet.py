@@ -529,19 +529,19 @@ def quantile_results(buckets: Iterable[_Result], qs: Sequence[float]) -> list[li
         groups.setdefault(key, []).append((bound, res))
     keys = sorted(groups)  # the store's order: by labels
     answers: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
-    together: dict[tuple[int, tuple[float, ...]], list[tuple[int, np.ndarray]]] = defaultdict(list)
+    # Histograms side by side: same step grid (the reply's shared array, alive while its results are) and bounds.
+    together: dict[tuple[int, tuple[float, ...]], list[tuple[int, np.ndarray, np.ndarray]]] = defaultdict(list)
     for i, key in enumerate(keys):
         grid, les, counts = _bucket_matrix(groups[key])
         if grid.size and not np.isnan(counts).any():
-            together[(id(grid), tuple(les))].append((i, counts))
+            together[(id(grid), tuple(les))].append((i, grid, counts))
         else:
             answers[i] = _quantiles_by_pattern(grid, les, counts, qs)
-    for (_, les_key), members in together.items():
-        les = np.array(les_key)
-        grid = _bucket_matrix(groups[keys[members[0][0]]])[0]
-        cumulative = np.maximum.accumulate(np.hstack([counts for _, counts in members]), axis=0)
-        values = [bucket_quantile(q, les, cumulative).reshape(len(members), grid.size) for q in qs]
-        for m, (i, _) in enumerate(members):
+    for (_, bounds), members in together.items():
+        grid = members[0][1]
+        cumulative = np.maximum.accumulate(np.hstack([counts for *_, counts in members]), axis=0)
+        values = [bucket_quantile(q, np.array(bounds), cumulative).reshape(len(members), grid.size) for q in qs]
+        for m, (i, *_) in enumerate(members):
             answers[i] = [_kept(grid, v[m]) for v in values]
     out: list[list[_Result]] = [[] for _ in qs]
     for i, key in enumerate(keys):
